@@ -1,0 +1,1 @@
+//! vkd: a Virtual Kubelet provider daemon.
