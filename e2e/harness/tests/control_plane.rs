@@ -2,6 +2,7 @@
 //! e2e suite relies on, checked through the real kubectl.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -138,30 +139,32 @@ fn deployment_without_nodes_stays_unschedulable(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-const NODE: &str = "smoke-silent-node";
+const SILENT: &str = "smoke-silent-node";
+const HEALTHY: &str = "smoke-healthy-node";
 
-fn renew_lease(c: &Cluster) -> Result<()> {
+fn renew_lease(c: &Cluster, node: &str) -> Result<()> {
     let now = micro_time(SystemTime::now());
     c.apply(&format!(
         r#"
 apiVersion: coordination.k8s.io/v1
 kind: Lease
-metadata: {{name: {NODE}, namespace: kube-node-lease}}
-spec: {{holderIdentity: {NODE}, leaseDurationSeconds: 40, renewTime: "{now}"}}
+metadata: {{name: {node}, namespace: kube-node-lease}}
+spec: {{holderIdentity: {node}, leaseDurationSeconds: 40, renewTime: "{now}"}}
 "#
     ))
     .map(drop)
 }
 
-fn silent_node_goes_not_ready_and_unreachable(c: &Cluster) -> Result<()> {
+/// Registers a Node the way a kubelet does: object, Ready status, then a lease.
+fn register_node(c: &Cluster, node: &str) -> Result<()> {
     // Tainted so the other tests' Pods never land here.
     c.apply(&format!(
         r#"
 apiVersion: v1
 kind: Node
 metadata:
-  name: {NODE}
-  labels: {{kubernetes.io/hostname: {NODE}}}
+  name: {node}
+  labels: {{kubernetes.io/hostname: {node}}}
 spec:
   taints:
   - {{key: vkd.io/e2e, value: smoke, effect: NoSchedule}}
@@ -175,17 +178,50 @@ spec:
     c.kubectl(&[
         "patch",
         "node",
-        NODE,
+        node,
         "--subresource=status",
         "--type=merge",
         "-p",
         &status,
     ])?;
-    for _ in 0..3 {
-        renew_lease(c)?;
+    renew_lease(c, node)
+}
+
+/// The node lifecycle controller only taints NoExecute (and so evicts) while part
+/// of the zone is healthy: a zone whose every node is silent counts as a full
+/// disruption, where it stops evicting. So a second node keeps heartbeating.
+fn silent_node_goes_not_ready_and_unreachable(c: &Cluster) -> Result<()> {
+    register_node(c, HEALTHY)?;
+    register_node(c, SILENT)?;
+    let stop = AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        let heartbeat = s.spawn(|| -> Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                renew_lease(c, HEALTHY)?;
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            Ok(())
+        });
+        let result = watch_silent_node(c);
+        stop.store(true, Ordering::Relaxed);
+        match heartbeat.join() {
+            Ok(Err(e)) => Err(e.context("heartbeat of the healthy node")),
+            _ => result,
+        }
+    });
+    for node in [SILENT, HEALTHY] {
+        c.kubectl(&["delete", "node", node])?;
+        c.kubectl(&["delete", "lease", node, "-n", "kube-node-lease"])?;
+    }
+    result
+}
+
+fn watch_silent_node(c: &Cluster) -> Result<()> {
+    for _ in 0..2 {
+        renew_lease(c, SILENT)?;
         std::thread::sleep(Duration::from_secs(2));
     }
-    let node = c.kubectl_json(&["get", "node", NODE])?;
+    let node = c.kubectl_json(&["get", "node", SILENT])?;
     ensure!(
         condition(&node, "Ready").is_some_and(|r| r["status"] == "True"),
         "node not Ready while its lease is renewed: {}",
@@ -195,10 +231,10 @@ spec:
 
     // Stop renewing; the node lifecycle controller must notice after the grace period.
     let node = wait_for(
-        "the silent node to be NotReady and tainted unreachable",
+        "the silent node to be NotReady and tainted unreachable:NoExecute",
         Duration::from_secs(90),
         || {
-            let node = c.kubectl_json(&["get", "node", NODE])?;
+            let node = c.kubectl_json(&["get", "node", SILENT])?;
             let ready = condition(&node, "Ready").context("no Ready condition")?;
             let tainted = at(&node, "spec.taints").as_array().is_some_and(|ts| {
                 ts.iter().any(|t| {
@@ -219,16 +255,19 @@ spec:
         waited >= Duration::from_secs(10),
         "marked NotReady after {waited:?}, before the {GRACE} grace period could pass"
     );
-    let table = c.kubectl(&["get", "node", NODE, "--no-headers"])?;
+    let table = c.kubectl(&["get", "node", SILENT, "--no-headers"])?;
     ensure!(
         table.contains("NotReady"),
         "kubectl get node shows {table:?}"
     );
+    let healthy = c.kubectl_json(&["get", "node", HEALTHY])?;
+    ensure!(
+        condition(&healthy, "Ready").is_some_and(|r| r["status"] == "True"),
+        "the heartbeating node went NotReady too"
+    );
     eprintln!(
-        "silent node marked NotReady {:.1}s after its last lease renewal",
+        "silent node marked NotReady and unreachable {:.1}s after its last lease renewal",
         waited.as_secs_f64()
     );
-    c.kubectl(&["delete", "node", NODE])?;
-    c.kubectl(&["delete", "lease", NODE, "-n", "kube-node-lease"])?;
     Ok(())
 }

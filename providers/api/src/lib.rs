@@ -1,0 +1,435 @@
+//! The contract between vkd and a backend.
+//!
+//! A provider runs one *instance* per Pod, keyed by the Pod UID: `create` is
+//! idempotent on that key, so a retried or repeated create never starts a second
+//! copy. Every mutating call carries a [`Fence`]; a backend remembers the highest
+//! epoch it has seen for a node and refuses lower ones, which is what stops an old
+//! daemon from acting after a new one took over. Capacity is reported as host
+//! slices, admission is explicit, and optional capabilities default to
+//! [`ProviderError::Unsupported`].
+//!
+//! Providers depend on this crate only, never on vkd itself. The [`conformance`]
+//! module is a kit every provider runs in its own tests.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+pub mod conformance;
+pub mod quantity;
+
+/// The authority under which a mutation is made: which virtual node, at which epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fence {
+    pub node: String,
+    pub epoch: u64,
+}
+
+/// The Pod an instance belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PodRef {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What a backend may need to know about a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub image: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+}
+
+/// Resources a Pod asks for, summed the way the scheduler sums them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub gpus: u32,
+}
+
+/// How the kubelet restarts containers of a Pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
+/// Everything a backend is told about a Pod when it is admitted or created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceSpec {
+    pub pod: PodRef,
+    pub node: String,
+    pub containers: Vec<ContainerSpec>,
+    pub resources: Resources,
+    pub restart_policy: RestartPolicy,
+    /// The Pod's annotations; backends read their own keys (for example `sim.vkd.io/*`).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// Where admission placed the Pod; `None` lets the backend choose.
+    #[serde(default)]
+    pub placement: Option<Placement>,
+}
+
+/// Where an instance runs: a host slice and, for GPU Pods, which GPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub host: String,
+    #[serde(default)]
+    pub gpu_ids: Vec<String>,
+}
+
+/// The backend's answer to "could you run this Pod?", given before anything is created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Fits(Placement),
+    /// It could run once capacity frees; `reason` says what it waits for.
+    Queued { reason: String },
+    /// It can never run here.
+    Rejected { reason: String, message: String },
+}
+
+/// A backend instance, as the backend reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    /// The backend's own id for the instance (not the Pod UID).
+    pub id: String,
+    pub owner: PodRef,
+    pub node: String,
+    /// The epoch of the fence it was created under.
+    pub epoch: u64,
+    pub phase: InstancePhase,
+    pub containers: Vec<ContainerStatus>,
+    pub ip: Option<String>,
+    /// The host slice it runs on.
+    pub host: Option<String>,
+    pub created_at: SystemTime,
+    pub started_at: Option<SystemTime>,
+    /// A human-readable message for the whole instance (why it failed, for example).
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InstancePhase {
+    /// Accepted; containers are being created.
+    Pending,
+    Running,
+    /// Every container ended and none will restart; `Succeeded` when all exited 0.
+    Succeeded,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    pub name: String,
+    pub state: ContainerState,
+    /// The previous run's end, when the container restarted.
+    pub last_termination: Option<Terminated>,
+    pub ready: bool,
+    pub restart_count: u32,
+    /// `<backend>://<id>`, as the kubelet writes containerID.
+    pub container_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerState {
+    Waiting { reason: String, message: Option<String> },
+    Running { started_at: SystemTime },
+    Terminated(Terminated),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terminated {
+    pub exit_code: i32,
+    pub reason: String,
+    pub message: Option<String>,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: SystemTime,
+}
+
+/// A GPU on a host slice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub id: String,
+    pub model: String,
+    pub memory_mib: u64,
+    pub nvlink_domain: Option<String>,
+    pub numa_node: Option<u32>,
+    pub pcie_root: Option<String>,
+    pub free: bool,
+}
+
+/// One host of a backend: what it has and what is free on it now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostSlice {
+    pub name: String,
+    pub cpu_millis_total: u64,
+    pub cpu_millis_free: u64,
+    pub memory_bytes_total: u64,
+    pub memory_bytes_free: u64,
+    pub gpus: Vec<Gpu>,
+    pub rdma_domain: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cached_models: Vec<String>,
+    /// How many Pods the host can run.
+    pub max_pods: u32,
+}
+
+impl HostSlice {
+    pub fn gpus_free(&self) -> usize {
+        self.gpus.iter().filter(|g| g.free).count()
+    }
+}
+
+/// Whether a capacity figure is what is really free, or a ceiling the backend grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CapacityKind {
+    Live,
+    Quota,
+}
+
+impl fmt::Display for CapacityKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Live => "live",
+            Self::Quota => "quota",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub hosts: Vec<HostSlice>,
+    pub kind: CapacityKind,
+    pub observed_at: SystemTime,
+    pub refresh_interval: Duration,
+}
+
+/// Whether a provider offers an optional capability.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Support {
+    Supported,
+    #[default]
+    Unsupported,
+}
+
+/// Optional capabilities; everything defaults to unsupported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub logs: Support,
+    pub exec: Support,
+    pub attach: Support,
+    pub port_forward: Support,
+    pub stats: Support,
+}
+
+impl Capabilities {
+    /// The supported capability names, for the Node annotation.
+    pub fn supported(&self) -> Vec<&'static str> {
+        [
+            ("logs", self.logs),
+            ("exec", self.exec),
+            ("attach", self.attach),
+            ("port-forward", self.port_forward),
+            ("stats", self.stats),
+        ]
+        .into_iter()
+        .filter(|(_, s)| *s == Support::Supported)
+        .map(|(n, _)| n)
+        .collect()
+    }
+}
+
+/// Whether the backend can take work now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    Unhealthy { reason: String, message: String },
+}
+
+/// Something about an instance changed; the receiver calls `get` to see what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstanceEvent {
+    Changed { uid: String },
+    /// Events were lost (the receiver fell behind): list everything again.
+    Resync,
+}
+
+/// Options of a log read, mirroring the kubelet's /containerLogs query.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub previous: bool,
+    pub timestamps: bool,
+    pub tail_lines: Option<u64>,
+    pub limit_bytes: Option<u64>,
+    pub since: Option<SystemTime>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// No instance for that Pod UID.
+    #[error("no instance for pod {uid}")]
+    NotFound { uid: String },
+    /// The provider does not offer this capability.
+    #[error("provider {provider} does not support {capability}")]
+    Unsupported {
+        provider: String,
+        capability: &'static str,
+    },
+    /// The call's epoch is older than one the backend has seen for the node.
+    #[error("fenced: node {node} is at epoch {current}, call carried epoch {got}")]
+    Fenced { node: String, current: u64, got: u64 },
+    /// The Pod cannot run on this backend as specified; the Pod should fail.
+    #[error("{reason}: {message}")]
+    Invalid { reason: String, message: String },
+    /// The backend has no room for it.
+    #[error("rejected: {message}")]
+    Rejected { message: String },
+    /// Try again later.
+    #[error("transient backend error: {message}")]
+    Transient { message: String },
+}
+
+impl ProviderError {
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::Transient {
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "not_found",
+            Self::Unsupported { .. } => "unsupported",
+            Self::Fenced { .. } => "fenced",
+            Self::Invalid { .. } => "invalid",
+            Self::Rejected { .. } => "rejected",
+            Self::Transient { .. } => "transient",
+        }
+    }
+}
+
+pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
+
+/// A backend that runs Pods as instances. Object-safe: vkd holds an `Arc<dyn Provider>`.
+#[async_trait]
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// A short name, used in taints, messages and metrics ("sim", "process").
+    fn name(&self) -> &str;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn health(&self) -> Health;
+
+    async fn capacity(&self) -> Result<Capacity>;
+
+    /// Could the backend run this Pod? Nothing is created or reserved by this call.
+    async fn admit(&self, spec: &InstanceSpec) -> Result<Admission>;
+
+    /// Creates the instance for `spec.pod.uid`, or returns the existing one.
+    async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance>;
+
+    /// The instance of a Pod UID, `None` when there is none (or it is fully gone).
+    async fn get(&self, uid: &str) -> Result<Option<Instance>>;
+
+    /// Stops and removes the instance, giving its containers `grace` to exit.
+    /// Deleting what does not exist succeeds; a later `get` confirms it is gone.
+    async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()>;
+
+    /// Every instance the backend holds for `node`.
+    async fn list(&self, node: &str) -> Result<Vec<Instance>>;
+
+    /// Change notifications. Each call returns a new subscription.
+    fn events(&self) -> BoxStream<'static, InstanceEvent>;
+
+    /// A container's log. Optional.
+    async fn logs(
+        &self,
+        _uid: &str,
+        _container: &str,
+        _options: &LogOptions,
+    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>> {
+        Err(ProviderError::Unsupported {
+            provider: self.name().to_owned(),
+            capability: "logs",
+        })
+    }
+}
+
+/// Reads an annotation-style duration: "500ms", "3s", "2m", "1h" or plain seconds.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    if !value.is_finite() || value < 0.0 {
+        return None;
+    }
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5m"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("-1s"), None);
+        assert_eq!(parse_duration("3 days"), None);
+        assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn capabilities_default_to_unsupported() {
+        assert!(Capabilities::default().supported().is_empty());
+        let c = Capabilities {
+            logs: Support::Supported,
+            ..Default::default()
+        };
+        assert_eq!(c.supported(), ["logs"]);
+    }
+}

@@ -1,0 +1,292 @@
+//! What a simulated container does, chosen by the Pod's annotations, and its state
+//! at any moment as a pure function of the creation time. Because the state is
+//! derived rather than stored, a restarted daemon sees exactly what the backend
+//! "did" meanwhile.
+//!
+//! | annotation | values | default |
+//! |---|---|---|
+//! | `sim.vkd.io/behavior` | `run` (forever), `exit` (exit after `run-for`), `crash-loop` (exit non-zero after `run-for`) | `run` |
+//! | `sim.vkd.io/exit-code` | exit code for `exit` and `crash-loop` | 0 for `exit`, 1 for `crash-loop` |
+//! | `sim.vkd.io/run-for` | how long each run lasts, e.g. `2s` | `2s` |
+//! | `sim.vkd.io/crash-after` | fault injection: the first run dies with 137 after this long | none |
+//! | `sim.vkd.io/stop-delay` | how long the instance takes to stop after SIGTERM (capped by the grace period) | `0s` |
+//!
+//! Restarts follow the Pod's restartPolicy with the kubelet's CrashLoopBackOff:
+//! 10 s, doubling, capped at 5 minutes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use vkd_provider::{ContainerState, InstancePhase, RestartPolicy, Terminated, parse_duration};
+
+use crate::fleet::Latency;
+
+pub const BEHAVIOR: &str = "sim.vkd.io/behavior";
+pub const EXIT_CODE: &str = "sim.vkd.io/exit-code";
+pub const RUN_FOR: &str = "sim.vkd.io/run-for";
+pub const CRASH_AFTER: &str = "sim.vkd.io/crash-after";
+pub const STOP_DELAY: &str = "sim.vkd.io/stop-delay";
+
+const BACKOFF_BASE: Duration = Duration::from_secs(10);
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Run,
+    Exit,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Behaviour {
+    pub kind: Kind,
+    pub exit_code: i32,
+    pub run_for: Duration,
+    pub crash_after: Option<Duration>,
+    pub stop_delay: Duration,
+}
+
+/// Reads the behaviour annotations; an error names the annotation and what is wrong.
+pub fn from_annotations(a: &BTreeMap<String, String>) -> Result<Behaviour, String> {
+    let dur = |key: &str, default: Duration| -> Result<Duration, String> {
+        a.get(key).map_or(Ok(default), |v| {
+            parse_duration(v).ok_or_else(|| format!("annotation {key}={v:?} is not a duration like 2s"))
+        })
+    };
+    let (kind, default_code) = match a.get(BEHAVIOR).map(String::as_str) {
+        None | Some("run") => (Kind::Run, 0),
+        Some("exit") => (Kind::Exit, 0),
+        Some("crash-loop") => (Kind::Exit, 1),
+        Some(other) => {
+            return Err(format!(
+                "annotation {BEHAVIOR}={other:?} is not one of run, exit, crash-loop"
+            ));
+        }
+    };
+    let exit_code = match a.get(EXIT_CODE) {
+        None => default_code,
+        Some(v) => v
+            .parse::<u8>()
+            .map(i32::from)
+            .map_err(|_| format!("annotation {EXIT_CODE}={v:?} is not an exit code from 0 to 255"))?,
+    };
+    Ok(Behaviour {
+        kind,
+        exit_code,
+        run_for: dur(RUN_FOR, Duration::from_secs(2))?,
+        crash_after: a.get(CRASH_AFTER).map(|_| dur(CRASH_AFTER, Duration::ZERO)).transpose()?,
+        stop_delay: dur(STOP_DELAY, Duration::ZERO)?,
+    })
+}
+
+/// One container's state at a moment, and when it next changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub state: ContainerState,
+    pub last_termination: Option<Terminated>,
+    pub ready: bool,
+    pub restart_count: u32,
+    pub next_change: Option<SystemTime>,
+    /// The container ended and will not restart.
+    pub done: bool,
+}
+
+fn backoff(restarts: u32) -> Duration {
+    BACKOFF_BASE
+        .checked_mul(1u32 << restarts.min(16))
+        .map_or(BACKOFF_CAP, |d| d.min(BACKOFF_CAP))
+}
+
+fn terminated(code: i32, started: SystemTime, finished: SystemTime, crashed: bool) -> Terminated {
+    Terminated {
+        exit_code: code,
+        reason: if code == 0 { "Completed" } else { "Error" }.into(),
+        message: crashed.then(|| "simulated instance crash (sim.vkd.io/crash-after)".into()),
+        started_at: Some(started),
+        finished_at: finished,
+    }
+}
+
+/// The state of a container created at `created`, observed at `now`.
+pub fn observe(
+    b: &Behaviour,
+    policy: RestartPolicy,
+    latency: &Latency,
+    created: SystemTime,
+    now: SystemTime,
+) -> Observed {
+    let mut start = created + latency.start;
+    if now < start {
+        return Observed {
+            state: ContainerState::Waiting {
+                reason: "ContainerCreating".into(),
+                message: None,
+            },
+            last_termination: None,
+            ready: false,
+            restart_count: 0,
+            next_change: Some(start),
+            done: false,
+        };
+    }
+    let mut restarts = 0u32;
+    let mut last = None;
+    loop {
+        let (end, code, crashed) = match (restarts, b.crash_after, b.kind) {
+            (0, Some(after), _) if b.kind == Kind::Run || after < b.run_for => (Some(start + after), 137, true),
+            (_, _, Kind::Run) => (None, 0, false),
+            (_, _, Kind::Exit) => (Some(start + b.run_for), b.exit_code, false),
+        };
+        let ready_at = start + latency.ready;
+        match end {
+            Some(end) if now >= end => {
+                let t = terminated(code, start, end, crashed);
+                let restart = match policy {
+                    RestartPolicy::Always => true,
+                    RestartPolicy::OnFailure => code != 0,
+                    RestartPolicy::Never => false,
+                };
+                if !restart {
+                    return Observed {
+                        state: ContainerState::Terminated(t),
+                        last_termination: last,
+                        ready: false,
+                        restart_count: restarts,
+                        next_change: None,
+                        done: true,
+                    };
+                }
+                let restart_at = end + backoff(restarts);
+                if now < restart_at {
+                    return Observed {
+                        state: ContainerState::Waiting {
+                            reason: "CrashLoopBackOff".into(),
+                            message: Some(format!(
+                                "back-off {}s restarting failed container",
+                                backoff(restarts).as_secs()
+                            )),
+                        },
+                        last_termination: Some(t),
+                        ready: false,
+                        restart_count: restarts,
+                        next_change: Some(restart_at),
+                        done: false,
+                    };
+                }
+                last = Some(t);
+                restarts += 1;
+                start = restart_at;
+            }
+            _ => {
+                let ready = now >= ready_at;
+                let next = [(!ready).then_some(ready_at), end].into_iter().flatten().min();
+                return Observed {
+                    state: ContainerState::Running { started_at: start },
+                    last_termination: last,
+                    ready,
+                    restart_count: restarts,
+                    next_change: next,
+                    done: false,
+                };
+            }
+        }
+    }
+}
+
+/// The instance phase from its containers' states, as the kubelet derives Pod phase.
+pub fn phase(containers: &[Observed]) -> InstancePhase {
+    if containers.iter().any(|c| {
+        matches!(&c.state, ContainerState::Waiting { reason, .. } if reason == "ContainerCreating")
+    }) {
+        return InstancePhase::Pending;
+    }
+    if !containers.is_empty() && containers.iter().all(|c| c.done) {
+        let ok = containers
+            .iter()
+            .all(|c| matches!(&c.state, ContainerState::Terminated(t) if t.exit_code == 0));
+        return if ok { InstancePhase::Succeeded } else { InstancePhase::Failed };
+    }
+    InstancePhase::Running
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+    }
+
+    const LAT: Latency = Latency {
+        admit: Duration::ZERO,
+        create: Duration::ZERO,
+        start: Duration::from_secs(1),
+        ready: Duration::from_secs(1),
+    };
+
+    fn at(b: &Behaviour, policy: RestartPolicy, secs: u64) -> Observed {
+        let t0 = SystemTime::UNIX_EPOCH;
+        observe(b, policy, &LAT, t0, t0 + Duration::from_secs(secs))
+    }
+
+    #[test]
+    fn run_forever_goes_creating_running_ready() {
+        let b = from_annotations(&BTreeMap::new()).unwrap();
+        let o = at(&b, RestartPolicy::Always, 0);
+        assert!(matches!(o.state, ContainerState::Waiting { ref reason, .. } if reason == "ContainerCreating"));
+        assert_eq!(phase(&[o]), InstancePhase::Pending);
+        let o = at(&b, RestartPolicy::Always, 1);
+        assert!(matches!(o.state, ContainerState::Running { .. }) && !o.ready);
+        let o = at(&b, RestartPolicy::Always, 100);
+        assert!(o.ready && o.next_change.is_none());
+        assert_eq!(phase(&[o]), InstancePhase::Running);
+    }
+
+    #[test]
+    fn exit_without_restart_completes() {
+        let b = from_annotations(&ann(&[(BEHAVIOR, "exit"), (RUN_FOR, "3s")])).unwrap();
+        let o = at(&b, RestartPolicy::Never, 10);
+        assert!(matches!(&o.state, ContainerState::Terminated(t) if t.exit_code == 0 && t.reason == "Completed"));
+        assert_eq!(phase(&[o]), InstancePhase::Succeeded);
+        let b = from_annotations(&ann(&[(BEHAVIOR, "exit"), (EXIT_CODE, "3")])).unwrap();
+        let o = at(&b, RestartPolicy::OnFailure, 4);
+        assert_eq!(o.restart_count, 0);
+        assert!(matches!(&o.state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff"));
+        let o = at(&b, RestartPolicy::Never, 4);
+        assert_eq!(phase(&[o]), InstancePhase::Failed);
+    }
+
+    #[test]
+    fn crash_loop_backs_off_like_the_kubelet() {
+        let b = from_annotations(&ann(&[(BEHAVIOR, "crash-loop"), (RUN_FOR, "1s")])).unwrap();
+        // start 1, exit 2, back-off 10 -> restart 12, exit 13, back-off 20 -> 33, exit 34, 40 -> 74
+        let o = at(&b, RestartPolicy::Always, 5);
+        assert_eq!(o.restart_count, 0);
+        assert_eq!(o.last_termination.as_ref().unwrap().exit_code, 1);
+        assert_eq!(o.next_change, Some(SystemTime::UNIX_EPOCH + Duration::from_secs(12)));
+        let o = at(&b, RestartPolicy::Always, 12);
+        assert!(matches!(o.state, ContainerState::Running { .. }));
+        assert_eq!(o.restart_count, 1);
+        let o = at(&b, RestartPolicy::Always, 40);
+        assert_eq!(o.restart_count, 2);
+        assert!(matches!(&o.state, ContainerState::Waiting { message: Some(m), .. } if m.contains("40s")));
+        assert_eq!(phase(&[o]), InstancePhase::Running);
+        assert_eq!(backoff(20), BACKOFF_CAP);
+    }
+
+    #[test]
+    fn injected_crash_restarts_once() {
+        let b = from_annotations(&ann(&[(CRASH_AFTER, "5s")])).unwrap();
+        let o = at(&b, RestartPolicy::Always, 7);
+        assert_eq!(o.last_termination.as_ref().unwrap().exit_code, 137);
+        let o = at(&b, RestartPolicy::Always, 1000);
+        assert!(o.ready && o.restart_count == 1);
+    }
+
+    #[test]
+    fn bad_annotations_are_named() {
+        for (k, v) in [(BEHAVIOR, "explode"), (EXIT_CODE, "300"), (RUN_FOR, "forever")] {
+            let e = from_annotations(&ann(&[(k, v)])).unwrap_err();
+            assert!(e.contains(k), "{e}");
+        }
+    }
+}

@@ -1,0 +1,587 @@
+//! A simulated GPU fleet: hosts from a fleet file, instances whose containers
+//! behave as their Pod's annotations say, latencies and injected faults.
+//!
+//! The backend's state lives in a directory (`instances/<pod-uid>.json`,
+//! `fences/<node>`), written before a call returns, so it outlives the daemon: a
+//! restarted vkd finds the same instances, and `vkd sim list --state-dir DIR`
+//! shows them from outside the daemon. Container states are derived from the
+//! creation time (see [`behaviour`]), so the simulation keeps "running" while no
+//! daemon is up.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+use tokio_stream::wrappers::BroadcastStream;
+use vkd_provider::{
+    Admission, Capabilities, Capacity, ContainerStatus, Fence, Health, Instance, InstanceEvent,
+    InstanceSpec, Placement, Provider, ProviderError, Result,
+};
+
+pub mod behaviour;
+pub mod fit;
+pub mod fleet;
+
+pub use fleet::{Fleet, FleetError};
+
+use behaviour::Behaviour;
+
+/// One instance as stored on disk.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    pub spec: InstanceSpec,
+    pub epoch: u64,
+    pub created_at: SystemTime,
+    pub placement: Placement,
+    pub ip: String,
+    /// Set once deletion was asked for: when the instance will be gone.
+    pub stop_at: Option<SystemTime>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("sim state {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sim state {path}: {message}")]
+    Corrupt { path: String, message: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl From<StateError> for ProviderError {
+    fn from(e: StateError) -> Self {
+        ProviderError::transient(e.to_string())
+    }
+}
+
+/// Reads every instance record in a state directory (what `vkd sim list` shows).
+pub fn read_records(state_dir: &Path) -> Result<Vec<Record>, StateError> {
+    let dir = state_dir.join("instances");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(&dir)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(io_err(&dir))?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let rec: Record = serde_json::from_slice(&text).map_err(|e| StateError::Corrupt {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        out.push(rec);
+    }
+    out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+    Ok(out)
+}
+
+#[derive(Debug, Default)]
+struct HostUsage {
+    cpu_millis: u64,
+    memory_bytes: u64,
+    pods: u32,
+    gpus: BTreeSet<String>,
+    ips: BTreeSet<u32>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<String, Record>,
+    usage: HashMap<String, HostUsage>,
+    /// Highest epoch seen per node.
+    epochs: HashMap<String, u64>,
+    tickers: BTreeSet<String>,
+}
+
+impl State {
+    fn account(&mut self, rec: &Record, add: bool) {
+        let u = self.usage.entry(rec.placement.host.clone()).or_default();
+        let r = rec.spec.resources;
+        let ip = ip_index(&rec.ip);
+        if add {
+            u.cpu_millis += r.cpu_millis;
+            u.memory_bytes += r.memory_bytes;
+            u.pods += 1;
+            u.gpus.extend(rec.placement.gpu_ids.iter().cloned());
+            u.ips.extend(ip);
+        } else {
+            u.cpu_millis = u.cpu_millis.saturating_sub(r.cpu_millis);
+            u.memory_bytes = u.memory_bytes.saturating_sub(r.memory_bytes);
+            u.pods = u.pods.saturating_sub(1);
+            for g in &rec.placement.gpu_ids {
+                u.gpus.remove(g);
+            }
+            if let Some(ip) = ip {
+                u.ips.remove(&ip);
+            }
+        }
+    }
+}
+
+/// The host-local part of a pod IP (`10.H.x.y` -> x*256+y).
+fn ip_index(ip: &str) -> Option<u32> {
+    let mut parts = ip.split('.').skip(2).map(|p| p.parse::<u32>().ok());
+    Some(parts.next()?? * 256 + parts.next()??)
+}
+
+#[derive(Debug)]
+struct Inner {
+    fleet: Fleet,
+    dir: PathBuf,
+    state: Mutex<State>,
+    events: broadcast::Sender<InstanceEvent>,
+}
+
+/// The simulated backend. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SimProvider {
+    inner: Arc<Inner>,
+}
+
+fn valid_uid(uid: &str) -> Result<()> {
+    if uid.is_empty() || uid.len() > 128 || !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(ProviderError::invalid(
+            "InvalidUID",
+            format!("pod uid {uid:?} is not a UID the sim backend can store"),
+        ));
+    }
+    Ok(())
+}
+
+impl SimProvider {
+    /// Opens (creating if needed) the state directory and loads what it holds.
+    pub fn open(fleet: Fleet, state_dir: &Path) -> Result<Self, StateError> {
+        for sub in ["instances", "fences"] {
+            let d = state_dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(io_err(&d))?;
+        }
+        let (events, _) = broadcast::channel(4096);
+        let provider = Self {
+            inner: Arc::new(Inner {
+                fleet,
+                dir: state_dir.to_owned(),
+                state: Mutex::new(State::default()),
+                events,
+            }),
+        };
+        provider.reload()?;
+        Ok(provider)
+    }
+
+    pub fn fleet(&self) -> &Fleet {
+        &self.inner.fleet
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means a panic elsewhere; the data is still consistent
+        // because every mutation is completed before the guard drops.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the records from disk again (after another daemon may have acted).
+    fn reload(&self) -> Result<(), StateError> {
+        let records = read_records(&self.inner.dir)?;
+        let fences = self.inner.dir.join("fences");
+        let mut epochs = HashMap::new();
+        for entry in std::fs::read_dir(&fences).map_err(io_err(&fences))? {
+            let path = entry.map_err(io_err(&fences))?.path();
+            let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
+            let epoch = text.trim().parse::<u64>().map_err(|e| StateError::Corrupt {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+            if let Some(node) = path.file_name().and_then(|n| n.to_str()) {
+                epochs.insert(node.to_owned(), epoch);
+            }
+        }
+        let mut st = self.state();
+        st.records.clear();
+        st.usage.clear();
+        st.epochs = epochs;
+        for rec in records {
+            st.account(&rec, true);
+            st.records.insert(rec.spec.pod.uid.clone(), rec);
+        }
+        Ok(())
+    }
+
+    fn record_path(&self, uid: &str) -> PathBuf {
+        self.inner.dir.join("instances").join(format!("{uid}.json"))
+    }
+
+    fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io_err(path))
+    }
+
+    /// Refuses a stale epoch; records a newer one (durably) before anything else happens.
+    fn check_fence(&self, st: &mut State, fence: &Fence) -> Result<()> {
+        let current = st.epochs.get(&fence.node).copied().unwrap_or(0);
+        if fence.epoch < current {
+            return Err(ProviderError::Fenced {
+                node: fence.node.clone(),
+                current,
+                got: fence.epoch,
+            });
+        }
+        if fence.epoch > current {
+            if fence.node.contains('/') || fence.node.is_empty() {
+                return Err(ProviderError::invalid("InvalidNode", format!("node name {:?}", fence.node)));
+            }
+            let path = self.inner.dir.join("fences").join(&fence.node);
+            Self::write_atomic(&path, fence.epoch.to_string().as_bytes())?;
+            st.epochs.insert(fence.node.clone(), fence.epoch);
+        }
+        Ok(())
+    }
+
+    fn behaviour(spec: &InstanceSpec) -> Result<Behaviour> {
+        behaviour::from_annotations(&spec.annotations)
+            .map_err(|m| ProviderError::invalid("UnsupportedBehavior", m))
+    }
+
+    /// The hosts with what is free on each now.
+    fn free_hosts(&self, st: &State) -> Vec<vkd_provider::HostSlice> {
+        self.inner
+            .fleet
+            .hosts
+            .iter()
+            .map(|h| {
+                let mut h = h.clone();
+                if let Some(u) = st.usage.get(&h.name) {
+                    h.cpu_millis_free = h.cpu_millis_total.saturating_sub(u.cpu_millis);
+                    h.memory_bytes_free = h.memory_bytes_total.saturating_sub(u.memory_bytes);
+                    for g in &mut h.gpus {
+                        g.free = !u.gpus.contains(&g.id);
+                    }
+                    h.max_pods = h.max_pods.saturating_sub(u.pods);
+                }
+                h
+            })
+            .collect()
+    }
+
+    fn decide(&self, st: &State, spec: &InstanceSpec) -> Admission {
+        fit::decide(&self.inner.fleet.hosts, &self.free_hosts(st), spec)
+    }
+
+    fn observe(&self, rec: &Record, now: SystemTime) -> (Instance, Option<SystemTime>) {
+        let b = Self::behaviour(&rec.spec).unwrap_or(Behaviour {
+            kind: behaviour::Kind::Run,
+            exit_code: 0,
+            run_for: Duration::ZERO,
+            crash_after: None,
+            stop_delay: Duration::ZERO,
+        });
+        let lat = &self.inner.fleet.latency;
+        let observed: Vec<_> = rec
+            .spec
+            .containers
+            .iter()
+            .map(|_| behaviour::observe(&b, rec.spec.restart_policy, lat, rec.created_at, now))
+            .collect();
+        let phase = behaviour::phase(&observed);
+        let mut next = observed.iter().filter_map(|o| o.next_change).min();
+        if let Some(stop) = rec.stop_at {
+            next = Some(next.map_or(stop, |n| n.min(stop)));
+        }
+        let started_at = observed
+            .iter()
+            .filter_map(|o| match &o.state {
+                vkd_provider::ContainerState::Running { started_at } => Some(*started_at),
+                _ => o.last_termination.as_ref().and_then(|t| t.started_at),
+            })
+            .min();
+        let containers = rec
+            .spec
+            .containers
+            .iter()
+            .zip(observed)
+            .map(|(c, o)| ContainerStatus {
+                name: c.name.clone(),
+                container_id: (!matches!(&o.state, vkd_provider::ContainerState::Waiting { reason, .. } if reason == "ContainerCreating"))
+                    .then(|| format!("sim://{}-{}", rec.id, c.name)),
+                state: o.state,
+                last_termination: o.last_termination,
+                ready: o.ready && rec.stop_at.is_none(),
+                restart_count: o.restart_count,
+            })
+            .collect();
+        let instance = Instance {
+            id: rec.id.clone(),
+            owner: rec.spec.pod.clone(),
+            node: rec.spec.node.clone(),
+            epoch: rec.epoch,
+            phase,
+            containers,
+            ip: Some(rec.ip.clone()),
+            host: Some(rec.placement.host.clone()),
+            created_at: rec.created_at,
+            started_at,
+            message: None,
+        };
+        (instance, next)
+    }
+
+    /// Removes the record if its stop time has passed; true if it is gone.
+    fn reap(&self, st: &mut State, uid: &str, now: SystemTime) -> Result<bool> {
+        let Some(rec) = st.records.get(uid) else {
+            return Ok(true);
+        };
+        if rec.stop_at.is_none_or(|t| t > now) {
+            return Ok(false);
+        }
+        let path = self.record_path(uid);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&path)(e).into()),
+        }
+        if let Some(rec) = st.records.remove(uid) {
+            st.account(&rec, false);
+        }
+        Ok(true)
+    }
+
+    /// Wakes at each future state change of an instance and announces it.
+    fn watch(&self, uid: &str) {
+        if !self.state().tickers.insert(uid.to_owned()) {
+            return;
+        }
+        let this = self.clone();
+        let uid = uid.to_owned();
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.state().tickers.remove(&uid);
+            return;
+        };
+        handle.spawn(async move {
+            loop {
+                let now = SystemTime::now();
+                let next = {
+                    let st = this.state();
+                    st.records.get(&uid).and_then(|r| this.observe(r, now).1)
+                };
+                let Some(next) = next else { break };
+                tokio::time::sleep(next.duration_since(now).unwrap_or_default()).await;
+                let _ = this.get(&uid).await;
+                let _ = this.inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+            }
+            this.state().tickers.remove(&uid);
+        });
+    }
+
+    fn roll(rate: f64) -> bool {
+        rate > 0.0 && fastrand::f64() < rate
+    }
+}
+
+#[async_trait]
+impl Provider for SimProvider {
+    fn name(&self) -> &str {
+        "sim"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn health(&self) -> Health {
+        if self.inner.fleet.faults.unhealthy {
+            Health::Unhealthy {
+                reason: "SimFaultInjected".into(),
+                message: "the fleet file sets faults.unhealthy".into(),
+            }
+        } else {
+            Health::Healthy
+        }
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        let st = self.state();
+        Ok(Capacity {
+            hosts: self.free_hosts(&st),
+            kind: self.inner.fleet.kind,
+            observed_at: SystemTime::now(),
+            refresh_interval: self.inner.fleet.refresh_interval,
+        })
+    }
+
+    async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
+        valid_uid(&spec.pod.uid)?;
+        Self::behaviour(spec)?;
+        tokio::time::sleep(self.inner.fleet.latency.admit).await;
+        let st = self.state();
+        Ok(self.decide(&st, spec))
+    }
+
+    async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        valid_uid(&spec.pod.uid)?;
+        Self::behaviour(spec)?;
+        if spec.node != fence.node {
+            return Err(ProviderError::invalid(
+                "NodeMismatch",
+                format!("pod is for node {} but the fence is for {}", spec.node, fence.node),
+            ));
+        }
+        tokio::time::sleep(self.inner.fleet.latency.create).await;
+        if Self::roll(self.inner.fleet.faults.create_error_rate) {
+            return Err(ProviderError::transient("injected create fault (faults.create_error_rate)"));
+        }
+        let uid = spec.pod.uid.clone();
+        let instance = {
+            let mut st = self.state();
+            self.check_fence(&mut st, fence)?;
+            let now = SystemTime::now();
+            if let Some(rec) = st.records.get(&uid) {
+                self.observe(rec, now).0
+            } else {
+                let placement = match self.decide(&st, spec) {
+                    Admission::Fits(p) => p,
+                    Admission::Queued { reason } => return Err(ProviderError::Rejected { message: reason }),
+                    Admission::Rejected { reason, message } => {
+                        return Err(ProviderError::Rejected {
+                            message: format!("{reason}: {message}"),
+                        });
+                    }
+                };
+                let host_index = self
+                    .inner
+                    .fleet
+                    .hosts
+                    .iter()
+                    .position(|h| h.name == placement.host)
+                    .unwrap_or(0);
+                let used = st.usage.get(&placement.host).map(|u| &u.ips);
+                let ip_n = (2..65_534u32)
+                    .find(|n| used.is_none_or(|u| !u.contains(n)))
+                    .ok_or_else(|| ProviderError::Rejected {
+                        message: format!("no pod IPs left on host {}", placement.host),
+                    })?;
+                let rec = Record {
+                    id: format!("sim-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+                    spec: InstanceSpec {
+                        placement: Some(placement.clone()),
+                        ..spec.clone()
+                    },
+                    epoch: fence.epoch,
+                    created_at: now,
+                    placement,
+                    ip: format!("10.{}.{}.{}", 100 + (host_index % 150), ip_n / 256, ip_n % 256),
+                    stop_at: None,
+                };
+                let bytes = serde_json::to_vec(&rec).map_err(|e| ProviderError::transient(e.to_string()))?;
+                Self::write_atomic(&self.record_path(&uid), &bytes)?;
+                st.account(&rec, true);
+                let instance = self.observe(&rec, now).0;
+                st.records.insert(uid.clone(), rec);
+                instance
+            }
+        };
+        self.watch(&uid);
+        let _ = self.inner.events.send(InstanceEvent::Changed { uid });
+        Ok(instance)
+    }
+
+    async fn get(&self, uid: &str) -> Result<Option<Instance>> {
+        let now = SystemTime::now();
+        let mut st = self.state();
+        if self.reap(&mut st, uid, now)? {
+            return Ok(None);
+        }
+        Ok(st.records.get(uid).map(|r| self.observe(r, now).0))
+    }
+
+    async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        valid_uid(uid)?;
+        if Self::roll(self.inner.fleet.faults.delete_error_rate) {
+            return Err(ProviderError::transient("injected delete fault (faults.delete_error_rate)"));
+        }
+        {
+            let mut st = self.state();
+            self.check_fence(&mut st, fence)?;
+            let now = SystemTime::now();
+            let Some(rec) = st.records.get(uid) else {
+                return Ok(());
+            };
+            let delay = Self::behaviour(&rec.spec).map(|b| b.stop_delay).unwrap_or_default();
+            let stop_at = now + delay.min(grace);
+            if rec.stop_at.is_none_or(|t| t > stop_at) {
+                let mut rec = rec.clone();
+                rec.stop_at = Some(stop_at);
+                let bytes = serde_json::to_vec(&rec).map_err(|e| ProviderError::transient(e.to_string()))?;
+                Self::write_atomic(&self.record_path(uid), &bytes)?;
+                st.records.insert(uid.to_owned(), rec);
+            }
+            self.reap(&mut st, uid, now)?;
+        }
+        self.watch(uid);
+        let _ = self.inner.events.send(InstanceEvent::Changed { uid: uid.to_owned() });
+        Ok(())
+    }
+
+    async fn list(&self, node: &str) -> Result<Vec<Instance>> {
+        let now = SystemTime::now();
+        let uids: Vec<String> = {
+            let mut st = self.state();
+            let all: Vec<String> = st.records.keys().cloned().collect();
+            let mut live = Vec::new();
+            for uid in all {
+                if !self.reap(&mut st, &uid, now)? {
+                    live.push(uid);
+                }
+            }
+            live
+        };
+        let mut out = Vec::new();
+        for uid in uids {
+            let inst = {
+                let st = self.state();
+                st.records
+                    .get(&uid)
+                    .filter(|r| r.spec.node == node)
+                    .map(|r| self.observe(r, now).0)
+            };
+            if let Some(i) = inst {
+                self.watch(&uid);
+                out.push(i);
+            }
+        }
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        Ok(out)
+    }
+
+    fn events(&self) -> BoxStream<'static, InstanceEvent> {
+        BroadcastStream::new(self.inner.events.subscribe())
+            .map(|r| r.unwrap_or(InstanceEvent::Resync))
+            .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
