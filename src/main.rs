@@ -1,1 +1,162 @@
-fn main() {}
+//! The `vkd` binary: parse, set up logging, run, map errors to exit codes
+//! (64 for unusable configuration, 1 for a runtime failure).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+use vkd::config::{Cli, Command, Config, LogFormat, SimCommand};
+
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.command {
+        Command::Run(args) => run(*args),
+        Command::Sim(SimCommand::List {
+            state_dir,
+            node,
+            json,
+        }) => sim_list(&state_dir, node.as_deref(), json),
+    }
+}
+
+fn run(args: vkd::config::RunArgs) -> ExitCode {
+    let cfg = match Config::from_args(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vkd: invalid configuration: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    init_logging(cfg.log_format);
+    let provider = match vkd::build_provider(&cfg) {
+        Ok(p) => p,
+        Err(e @ vkd::Error::Config(_)) => {
+            eprintln!("vkd: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+        Err(e) => {
+            eprintln!("vkd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("vkd: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(signals(shutdown.clone()));
+        vkd::run(cfg, provider, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "vkd stopped");
+            eprintln!("vkd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The first SIGTERM or SIGINT cancels the token; a second one exits at once.
+async fn signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    for n in 0..2 {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if n == 0 {
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        } else {
+            std::process::exit(130);
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,kube=warn,hyper=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn sim_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> ExitCode {
+    let records = match vkd_sim::read_records(&state_dir.join("sim")) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("vkd sim list: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let records: Vec<_> = records
+        .into_iter()
+        .filter(|r| node.is_none_or(|n| r.spec.node == n))
+        .collect();
+    if json {
+        let rows: Vec<_> = records
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "instance": r.id,
+                    "podUID": r.spec.pod.uid,
+                    "namespace": r.spec.pod.namespace,
+                    "name": r.spec.pod.name,
+                    "node": r.spec.node,
+                    "epoch": r.epoch,
+                    "host": r.placement.host,
+                    "gpus": r.placement.gpu_ids,
+                    "ip": r.ip,
+                    "stopping": r.stop_at.is_some(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!(
+            "{:<18} {:<38} {:<40} {:<16} {:>5} {:<10} IP",
+            "INSTANCE", "POD-UID", "POD", "NODE", "EPOCH", "HOST"
+        );
+        for r in &records {
+            println!(
+                "{:<18} {:<38} {:<40} {:<16} {:>5} {:<10} {}",
+                r.id,
+                r.spec.pod.uid,
+                r.spec.pod.to_string(),
+                r.spec.node,
+                r.epoch,
+                r.placement.host,
+                r.ip
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -15,8 +15,8 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::{
-    ContainerSpec, Fence, InstanceEvent, InstanceSpec, LogOptions, PodRef, Provider,
-    ProviderError, Resources, RestartPolicy, Support,
+    ContainerSpec, Fence, InstanceEvent, InstanceSpec, LogOptions, PodRef, Provider, ProviderError,
+    Resources, RestartPolicy, Support,
 };
 
 /// Which check failed, and why.
@@ -114,12 +114,27 @@ impl<'a> Kit<'a> {
         const C: &str = "idempotent create";
         let spec = (self.spec)(&self.node, "conf-idem");
         let fence = self.fence(Self::EPOCH);
-        let a = self.provider.create(&fence, &spec).await.map_err(|e| fail(C, e.to_string()))?;
-        let b = self.provider.create(&fence, &spec).await.map_err(|e| fail(C, e.to_string()))?;
+        let a = self
+            .provider
+            .create(&fence, &spec)
+            .await
+            .map_err(|e| fail(C, e.to_string()))?;
+        let b = self
+            .provider
+            .create(&fence, &spec)
+            .await
+            .map_err(|e| fail(C, e.to_string()))?;
         if a.id != b.id {
-            return Err(fail(C, format!("second create gave instance {} after {}", b.id, a.id)));
+            return Err(fail(
+                C,
+                format!("second create gave instance {} after {}", b.id, a.id),
+            ));
         }
-        let list = self.provider.list(&self.node).await.map_err(|e| fail(C, e.to_string()))?;
+        let list = self
+            .provider
+            .list(&self.node)
+            .await
+            .map_err(|e| fail(C, e.to_string()))?;
         let n = list.iter().filter(|i| i.owner.uid == spec.pod.uid).count();
         if n != 1 {
             return Err(fail(C, format!("{n} instances listed for one Pod UID")));
@@ -140,7 +155,10 @@ impl<'a> Kit<'a> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Ok(Some(i)) => {
-                    return Err(fail(check, format!("instance {} still there after delete", i.id)));
+                    return Err(fail(
+                        check,
+                        format!("instance {} still there after delete", i.id),
+                    ));
                 }
                 Err(e) => return Err(fail(check, format!("get after delete: {e}"))),
             }
@@ -178,13 +196,23 @@ impl<'a> Kit<'a> {
                 .await
                 .map_err(|e| fail(C, e.to_string()))?;
         }
-        let list = self.provider.list(&self.node).await.map_err(|e| fail(C, e.to_string()))?;
+        let list = self
+            .provider
+            .list(&self.node)
+            .await
+            .map_err(|e| fail(C, e.to_string()))?;
         for spec in &specs {
             let Some(found) = list.iter().find(|i| i.owner.uid == spec.pod.uid) else {
                 return Err(fail(C, format!("{} missing from list", spec.pod.uid)));
             };
             if found.owner != spec.pod || found.node != self.node {
-                return Err(fail(C, format!("listed owner {:?} on {}, want {:?}", found.owner, found.node, spec.pod)));
+                return Err(fail(
+                    C,
+                    format!(
+                        "listed owner {:?} on {}, want {:?}",
+                        found.owner, found.node, spec.pod
+                    ),
+                ));
             }
         }
         for spec in &specs {
@@ -197,18 +225,32 @@ impl<'a> Kit<'a> {
         const C: &str = "stale epoch refused";
         let spec = (self.spec)(&self.node, "conf-fence");
         let newer = self.fence(Self::EPOCH + 1);
-        self.provider.create(&newer, &spec).await.map_err(|e| fail(C, e.to_string()))?;
+        self.provider
+            .create(&newer, &spec)
+            .await
+            .map_err(|e| fail(C, e.to_string()))?;
         let stale = self.fence(Self::EPOCH);
         let other = (self.spec)(&self.node, "conf-fence-stale");
         match self.provider.create(&stale, &other).await {
             Err(ProviderError::Fenced { .. }) => {}
             other => return Err(fail(C, format!("create at a stale epoch gave {other:?}"))),
         }
-        match self.provider.delete(&stale, &spec.pod.uid, Duration::ZERO).await {
+        match self
+            .provider
+            .delete(&stale, &spec.pod.uid, Duration::ZERO)
+            .await
+        {
             Err(ProviderError::Fenced { .. }) => {}
             other => return Err(fail(C, format!("delete at a stale epoch gave {other:?}"))),
         }
-        if self.provider.get(&other.pod.uid).await.ok().flatten().is_some() {
+        if self
+            .provider
+            .get(&other.pod.uid)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+        {
             return Err(fail(C, "a fenced create still made an instance"));
         }
         self.provider
@@ -222,7 +264,10 @@ impl<'a> Kit<'a> {
         let mut events = self.provider.events();
         let spec = (self.spec)(&self.node, "conf-events");
         let fence = self.fence(Self::EPOCH + 1);
-        self.provider.create(&fence, &spec).await.map_err(|e| fail(C, e.to_string()))?;
+        self.provider
+            .create(&fence, &spec)
+            .await
+            .map_err(|e| fail(C, e.to_string()))?;
         let wanted = async {
             while let Some(ev) = events.next().await {
                 if matches!(&ev, InstanceEvent::Changed { uid } if *uid == spec.pod.uid) {
@@ -231,7 +276,9 @@ impl<'a> Kit<'a> {
             }
             false
         };
-        let got = tokio::time::timeout(self.patience, wanted).await.unwrap_or(false);
+        let got = tokio::time::timeout(self.patience, wanted)
+            .await
+            .unwrap_or(false);
         self.provider
             .delete(&fence, &spec.pod.uid, Duration::ZERO)
             .await
@@ -247,8 +294,13 @@ impl<'a> Kit<'a> {
         const C: &str = "unsupported capabilities declared";
         let caps = self.provider.capabilities();
         if caps.logs == Support::Unsupported {
-            match self.provider.logs("conf-none", "main", &LogOptions::default()).await {
-                Err(ProviderError::Unsupported { provider, .. }) if provider == self.provider.name() => {}
+            match self
+                .provider
+                .logs("conf-none", "main", &LogOptions::default())
+                .await
+            {
+                Err(ProviderError::Unsupported { provider, .. })
+                    if provider == self.provider.name() => {}
                 Err(e) => return Err(fail(C, format!("logs declared unsupported but gave {e}"))),
                 Ok(_) => return Err(fail(C, "logs declared unsupported but returned a stream")),
             }

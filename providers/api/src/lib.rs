@@ -102,9 +102,14 @@ pub struct Placement {
 pub enum Admission {
     Fits(Placement),
     /// It could run once capacity frees; `reason` says what it waits for.
-    Queued { reason: String },
+    Queued {
+        reason: String,
+    },
     /// It can never run here.
-    Rejected { reason: String, message: String },
+    Rejected {
+        reason: String,
+        message: String,
+    },
 }
 
 /// A backend instance, as the backend reports it.
@@ -151,8 +156,13 @@ pub struct ContainerStatus {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ContainerState {
-    Waiting { reason: String, message: Option<String> },
-    Running { started_at: SystemTime },
+    Waiting {
+        reason: String,
+        message: Option<String>,
+    },
+    Running {
+        started_at: SystemTime,
+    },
     Terminated(Terminated),
 }
 
@@ -193,6 +203,9 @@ pub struct HostSlice {
     pub cached_models: Vec<String>,
     /// How many Pods the host can run.
     pub max_pods: u32,
+    /// How many it runs now.
+    #[serde(default)]
+    pub pods_running: u32,
 }
 
 impl HostSlice {
@@ -270,7 +283,9 @@ pub enum Health {
 /// Something about an instance changed; the receiver calls `get` to see what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InstanceEvent {
-    Changed { uid: String },
+    Changed {
+        uid: String,
+    },
     /// Events were lost (the receiver fell behind): list everything again.
     Resync,
 }
@@ -299,7 +314,11 @@ pub enum ProviderError {
     },
     /// The call's epoch is older than one the backend has seen for the node.
     #[error("fenced: node {node} is at epoch {current}, call carried epoch {got}")]
-    Fenced { node: String, current: u64, got: u64 },
+    Fenced {
+        node: String,
+        current: u64,
+        got: u64,
+    },
     /// The Pod cannot run on this backend as specified; the Pod should fail.
     #[error("{reason}: {message}")]
     Invalid { reason: String, message: String },

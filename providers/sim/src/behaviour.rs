@@ -49,7 +49,8 @@ pub struct Behaviour {
 pub fn from_annotations(a: &BTreeMap<String, String>) -> Result<Behaviour, String> {
     let dur = |key: &str, default: Duration| -> Result<Duration, String> {
         a.get(key).map_or(Ok(default), |v| {
-            parse_duration(v).ok_or_else(|| format!("annotation {key}={v:?} is not a duration like 2s"))
+            parse_duration(v)
+                .ok_or_else(|| format!("annotation {key}={v:?} is not a duration like 2s"))
         })
     };
     let (kind, default_code) = match a.get(BEHAVIOR).map(String::as_str) {
@@ -64,16 +65,18 @@ pub fn from_annotations(a: &BTreeMap<String, String>) -> Result<Behaviour, Strin
     };
     let exit_code = match a.get(EXIT_CODE) {
         None => default_code,
-        Some(v) => v
-            .parse::<u8>()
-            .map(i32::from)
-            .map_err(|_| format!("annotation {EXIT_CODE}={v:?} is not an exit code from 0 to 255"))?,
+        Some(v) => v.parse::<u8>().map(i32::from).map_err(|_| {
+            format!("annotation {EXIT_CODE}={v:?} is not an exit code from 0 to 255")
+        })?,
     };
     Ok(Behaviour {
         kind,
         exit_code,
         run_for: dur(RUN_FOR, Duration::from_secs(2))?,
-        crash_after: a.get(CRASH_AFTER).map(|_| dur(CRASH_AFTER, Duration::ZERO)).transpose()?,
+        crash_after: a
+            .get(CRASH_AFTER)
+            .map(|_| dur(CRASH_AFTER, Duration::ZERO))
+            .transpose()?,
         stop_delay: dur(STOP_DELAY, Duration::ZERO)?,
     })
 }
@@ -132,7 +135,9 @@ pub fn observe(
     let mut last = None;
     loop {
         let (end, code, crashed) = match (restarts, b.crash_after, b.kind) {
-            (0, Some(after), _) if b.kind == Kind::Run || after < b.run_for => (Some(start + after), 137, true),
+            (0, Some(after), _) if b.kind == Kind::Run || after < b.run_for => {
+                (Some(start + after), 137, true)
+            }
             (_, _, Kind::Run) => (None, 0, false),
             (_, _, Kind::Exit) => (Some(start + b.run_for), b.exit_code, false),
         };
@@ -178,7 +183,10 @@ pub fn observe(
             }
             _ => {
                 let ready = now >= ready_at;
-                let next = [(!ready).then_some(ready_at), end].into_iter().flatten().min();
+                let next = [(!ready).then_some(ready_at), end]
+                    .into_iter()
+                    .flatten()
+                    .min();
                 return Observed {
                     state: ContainerState::Running { started_at: start },
                     last_termination: last,
@@ -203,7 +211,11 @@ pub fn phase(containers: &[Observed]) -> InstancePhase {
         let ok = containers
             .iter()
             .all(|c| matches!(&c.state, ContainerState::Terminated(t) if t.exit_code == 0));
-        return if ok { InstancePhase::Succeeded } else { InstancePhase::Failed };
+        return if ok {
+            InstancePhase::Succeeded
+        } else {
+            InstancePhase::Failed
+        };
     }
     InstancePhase::Running
 }
@@ -213,7 +225,10 @@ mod tests {
     use super::*;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
     }
 
     const LAT: Latency = Latency {
@@ -232,7 +247,9 @@ mod tests {
     fn run_forever_goes_creating_running_ready() {
         let b = from_annotations(&BTreeMap::new()).unwrap();
         let o = at(&b, RestartPolicy::Always, 0);
-        assert!(matches!(o.state, ContainerState::Waiting { ref reason, .. } if reason == "ContainerCreating"));
+        assert!(
+            matches!(o.state, ContainerState::Waiting { ref reason, .. } if reason == "ContainerCreating")
+        );
         assert_eq!(phase(&[o]), InstancePhase::Pending);
         let o = at(&b, RestartPolicy::Always, 1);
         assert!(matches!(o.state, ContainerState::Running { .. }) && !o.ready);
@@ -245,12 +262,16 @@ mod tests {
     fn exit_without_restart_completes() {
         let b = from_annotations(&ann(&[(BEHAVIOR, "exit"), (RUN_FOR, "3s")])).unwrap();
         let o = at(&b, RestartPolicy::Never, 10);
-        assert!(matches!(&o.state, ContainerState::Terminated(t) if t.exit_code == 0 && t.reason == "Completed"));
+        assert!(
+            matches!(&o.state, ContainerState::Terminated(t) if t.exit_code == 0 && t.reason == "Completed")
+        );
         assert_eq!(phase(&[o]), InstancePhase::Succeeded);
         let b = from_annotations(&ann(&[(BEHAVIOR, "exit"), (EXIT_CODE, "3")])).unwrap();
         let o = at(&b, RestartPolicy::OnFailure, 4);
         assert_eq!(o.restart_count, 0);
-        assert!(matches!(&o.state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff"));
+        assert!(
+            matches!(&o.state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff")
+        );
         let o = at(&b, RestartPolicy::Never, 4);
         assert_eq!(phase(&[o]), InstancePhase::Failed);
     }
@@ -262,13 +283,18 @@ mod tests {
         let o = at(&b, RestartPolicy::Always, 5);
         assert_eq!(o.restart_count, 0);
         assert_eq!(o.last_termination.as_ref().unwrap().exit_code, 1);
-        assert_eq!(o.next_change, Some(SystemTime::UNIX_EPOCH + Duration::from_secs(12)));
+        assert_eq!(
+            o.next_change,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(12))
+        );
         let o = at(&b, RestartPolicy::Always, 12);
         assert!(matches!(o.state, ContainerState::Running { .. }));
         assert_eq!(o.restart_count, 1);
         let o = at(&b, RestartPolicy::Always, 40);
         assert_eq!(o.restart_count, 2);
-        assert!(matches!(&o.state, ContainerState::Waiting { message: Some(m), .. } if m.contains("40s")));
+        assert!(
+            matches!(&o.state, ContainerState::Waiting { message: Some(m), .. } if m.contains("40s"))
+        );
         assert_eq!(phase(&[o]), InstancePhase::Running);
         assert_eq!(backoff(20), BACKOFF_CAP);
     }
@@ -284,7 +310,11 @@ mod tests {
 
     #[test]
     fn bad_annotations_are_named() {
-        for (k, v) in [(BEHAVIOR, "explode"), (EXIT_CODE, "300"), (RUN_FOR, "forever")] {
+        for (k, v) in [
+            (BEHAVIOR, "explode"),
+            (EXIT_CODE, "300"),
+            (RUN_FOR, "forever"),
+        ] {
             let e = from_annotations(&ann(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
         }

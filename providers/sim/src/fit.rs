@@ -6,13 +6,23 @@ use vkd_provider::{Admission, HostSlice, InstanceSpec, Placement};
 fn gpu_summary(hosts: &[HostSlice], free: bool) -> String {
     hosts
         .iter()
-        .map(|h| format!("{} {}", h.name, if free { h.gpus_free() } else { h.gpus.len() }))
+        .map(|h| {
+            format!(
+                "{} {}",
+                h.name,
+                if free { h.gpus_free() } else { h.gpus.len() }
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 fn cores(millis: u64) -> String {
-    if millis % 1000 == 0 { (millis / 1000).to_string() } else { format!("{millis}m") }
+    if millis % 1000 == 0 {
+        (millis / 1000).to_string()
+    } else {
+        format!("{millis}m")
+    }
 }
 
 fn gib(bytes: u64) -> String {
@@ -34,7 +44,9 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
         };
     }
     let could_ever = |h: &HostSlice| {
-        h.cpu_millis_total >= r.cpu_millis && h.memory_bytes_total >= r.memory_bytes && h.gpus.len() >= gpus
+        h.cpu_millis_total >= r.cpu_millis
+            && h.memory_bytes_total >= r.memory_bytes
+            && h.gpus.len() >= gpus
     };
     if !total.iter().any(could_ever) {
         let message = if !total.iter().any(|h| h.gpus.len() >= gpus) {
@@ -45,7 +57,11 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
             )
         } else {
             let cpu = total.iter().map(|h| h.cpu_millis_total).max().unwrap_or(0);
-            let mem = total.iter().map(|h| h.memory_bytes_total).max().unwrap_or(0);
+            let mem = total
+                .iter()
+                .map(|h| h.memory_bytes_total)
+                .max()
+                .unwrap_or(0);
             format!(
                 "needs {} cpu, {} memory and {gpus} nvidia.com/gpu on one host; the largest host has {} cpu and {} memory",
                 cores(r.cpu_millis),
@@ -60,7 +76,7 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
         };
     }
     let fits_now = |h: &&HostSlice| {
-        h.max_pods > 0
+        h.pods_running < h.max_pods
             && h.cpu_millis_free >= r.cpu_millis
             && h.memory_bytes_free >= r.memory_bytes
             && h.gpus_free() >= gpus
@@ -103,11 +119,17 @@ fn pick_gpus(h: &HostSlice, n: usize) -> Vec<String> {
         return Vec::new();
     }
     let free: Vec<_> = h.gpus.iter().filter(|g| g.free).collect();
-    let mut domains: Vec<_> = free.iter().filter_map(|g| g.nvlink_domain.as_deref()).collect();
+    let mut domains: Vec<_> = free
+        .iter()
+        .filter_map(|g| g.nvlink_domain.as_deref())
+        .collect();
     domains.sort_unstable();
     domains.dedup();
     for d in domains {
-        let inside: Vec<_> = free.iter().filter(|g| g.nvlink_domain.as_deref() == Some(d)).collect();
+        let inside: Vec<_> = free
+            .iter()
+            .filter(|g| g.nvlink_domain.as_deref() == Some(d))
+            .collect();
         if inside.len() >= n {
             return inside.iter().take(n).map(|g| g.id.clone()).collect();
         }
@@ -142,7 +164,10 @@ mod tests {
         match decide(&hosts, &hosts, &wants(8)) {
             Admission::Rejected { reason, message } => {
                 assert_eq!(reason, "TopologyUnsatisfiable");
-                assert_eq!(message, "needs 8 nvidia.com/gpu on one host; largest slice is 4: host-a 4, host-b 4");
+                assert_eq!(
+                    message,
+                    "needs 8 nvidia.com/gpu on one host; largest slice is 4: host-a 4, host-b 4"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -160,7 +185,10 @@ mod tests {
         free[1].gpus[0].free = false;
         match decide(&total, &free, &wants(4)) {
             Admission::Queued { reason } => {
-                assert!(reason.contains("largest free slice is 3: host-a 3, host-b 3"), "{reason}")
+                assert!(
+                    reason.contains("largest free slice is 3: host-a 3, host-b 3"),
+                    "{reason}"
+                )
             }
             other => panic!("{other:?}"),
         }

@@ -170,7 +170,10 @@ impl Fleet {
             match v {
                 None => Ok(Duration::ZERO),
                 Some(t) => parse_duration(t).ok_or_else(|| {
-                    invalid(field.to_owned(), format!("{t:?} is not a duration like 250ms or 2s"))
+                    invalid(
+                        field.to_owned(),
+                        format!("{t:?} is not a duration like 250ms or 2s"),
+                    )
                 }),
             }
         };
@@ -178,7 +181,10 @@ impl Fleet {
             None | Some("live") => CapacityKind::Live,
             Some("quota") => CapacityKind::Quota,
             Some(other) => {
-                return Err(invalid("capacity".into(), format!("{other:?} is neither live nor quota")));
+                return Err(invalid(
+                    "capacity".into(),
+                    format!("{other:?} is neither live nor quota"),
+                ));
             }
         };
         let refresh_interval = match &raw.refresh_interval {
@@ -196,7 +202,10 @@ impl Fleet {
             ("faults.delete_error_rate", raw.faults.delete_error_rate),
         ] {
             if !(0.0..=1.0).contains(&rate) {
-                return Err(invalid(field.into(), format!("{rate} is not between 0 and 1")));
+                return Err(invalid(
+                    field.into(),
+                    format!("{rate} is not between 0 and 1"),
+                ));
             }
         }
         if raw.hosts.is_empty() {
@@ -207,16 +216,24 @@ impl Fleet {
         for (i, h) in raw.hosts.into_iter().enumerate() {
             let at = |f: &str| format!("hosts[{i}].{f}");
             if h.name.is_empty() || !names.insert(h.name.clone()) {
-                return Err(invalid(at("name"), format!("{:?} is empty or repeated", h.name)));
+                return Err(invalid(
+                    at("name"),
+                    format!("{:?} is empty or repeated", h.name),
+                ));
             }
-            let cpu = quantity::cpu_millis(&h.cpu).map_err(|e| invalid(at("cpu"), e.to_string()))?;
-            let memory = quantity::bytes(&h.memory).map_err(|e| invalid(at("memory"), e.to_string()))?;
+            let cpu =
+                quantity::cpu_millis(&h.cpu).map_err(|e| invalid(at("cpu"), e.to_string()))?;
+            let memory =
+                quantity::bytes(&h.memory).map_err(|e| invalid(at("memory"), e.to_string()))?;
             let mut gpus = Vec::new();
             for (g, group) in h.gpus.iter().enumerate() {
                 let memory = quantity::bytes(&group.memory)
                     .map_err(|e| invalid(at(&format!("gpus[{g}].memory")), e.to_string()))?;
                 if group.count == 0 || group.count > 64 {
-                    return Err(invalid(at(&format!("gpus[{g}].count")), "must be 1 to 64".into()));
+                    return Err(invalid(
+                        at(&format!("gpus[{g}].count")),
+                        "must be 1 to 64".into(),
+                    ));
                 }
                 for _ in 0..group.count {
                     gpus.push(Gpu {
@@ -241,6 +258,7 @@ impl Fleet {
                 labels: h.labels,
                 cached_models: h.cached_models,
                 max_pods: h.max_pods.unwrap_or(110),
+                pods_running: 0,
             });
         }
         Ok(Self {
@@ -290,18 +308,37 @@ hosts:
     fn errors_name_the_field() {
         let cases = [
             ("hosts: []", "hosts"),
-            ("hosts:\n- {name: a, cpu: lots, memory: 1Gi}", "hosts[0].cpu"),
-            ("hosts:\n- {name: a, cpu: '1', memory: 1Gi}\n- {name: a, cpu: '1', memory: 1Gi}", "hosts[1].name"),
-            ("latency: {start: soon}\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}", "latency.start"),
-            ("hosts:\n- {name: a, cpu: '1', memory: 1Gi, gpus: [{count: 0, model: x, memory: 1Gi}]}", "gpus[0].count"),
-            ("faults: {create_error_rate: 2}\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}", "create_error_rate"),
-            ("capacity: maybe\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}", "capacity"),
+            (
+                "hosts:\n- {name: a, cpu: lots, memory: 1Gi}",
+                "hosts[0].cpu",
+            ),
+            (
+                "hosts:\n- {name: a, cpu: '1', memory: 1Gi}\n- {name: a, cpu: '1', memory: 1Gi}",
+                "hosts[1].name",
+            ),
+            (
+                "latency: {start: soon}\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}",
+                "latency.start",
+            ),
+            (
+                "hosts:\n- {name: a, cpu: '1', memory: 1Gi, gpus: [{count: 0, model: x, memory: 1Gi}]}",
+                "gpus[0].count",
+            ),
+            (
+                "faults: {create_error_rate: 2}\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}",
+                "create_error_rate",
+            ),
+            (
+                "capacity: maybe\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}",
+                "capacity",
+            ),
         ];
         for (text, field) in cases {
             let e = Fleet::parse(text, "bad.yaml").unwrap_err().to_string();
             assert!(e.contains(field), "{text:?}: {e}");
         }
-        let e = Fleet::parse("hosts:\n- {name: a, cpu: '1', memory: 1Gi, gpu: 3}", "x").unwrap_err();
+        let e =
+            Fleet::parse("hosts:\n- {name: a, cpu: '1', memory: 1Gi, gpu: 3}", "x").unwrap_err();
         assert!(e.to_string().contains("unknown field `gpu`"), "{e}");
         assert!(Fleet::parse("{{{", "x").is_err());
     }

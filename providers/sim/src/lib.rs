@@ -163,7 +163,10 @@ pub struct SimProvider {
 }
 
 fn valid_uid(uid: &str) -> Result<()> {
-    if uid.is_empty() || uid.len() > 128 || !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+    if uid.is_empty()
+        || uid.len() > 128
+        || !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
         return Err(ProviderError::invalid(
             "InvalidUID",
             format!("pod uid {uid:?} is not a UID the sim backend can store"),
@@ -210,10 +213,13 @@ impl SimProvider {
         for entry in std::fs::read_dir(&fences).map_err(io_err(&fences))? {
             let path = entry.map_err(io_err(&fences))?.path();
             let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
-            let epoch = text.trim().parse::<u64>().map_err(|e| StateError::Corrupt {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?;
+            let epoch = text
+                .trim()
+                .parse::<u64>()
+                .map_err(|e| StateError::Corrupt {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
             if let Some(node) = path.file_name().and_then(|n| n.to_str()) {
                 epochs.insert(node.to_owned(), epoch);
             }
@@ -251,7 +257,10 @@ impl SimProvider {
         }
         if fence.epoch > current {
             if fence.node.contains('/') || fence.node.is_empty() {
-                return Err(ProviderError::invalid("InvalidNode", format!("node name {:?}", fence.node)));
+                return Err(ProviderError::invalid(
+                    "InvalidNode",
+                    format!("node name {:?}", fence.node),
+                ));
             }
             let path = self.inner.dir.join("fences").join(&fence.node);
             Self::write_atomic(&path, fence.epoch.to_string().as_bytes())?;
@@ -279,7 +288,7 @@ impl SimProvider {
                     for g in &mut h.gpus {
                         g.free = !u.gpus.contains(&g.id);
                     }
-                    h.max_pods = h.max_pods.saturating_sub(u.pods);
+                    h.pods_running = u.pods;
                 }
                 h
             })
@@ -389,7 +398,10 @@ impl SimProvider {
                 let Some(next) = next else { break };
                 tokio::time::sleep(next.duration_since(now).unwrap_or_default()).await;
                 let _ = this.get(&uid).await;
-                let _ = this.inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+                let _ = this
+                    .inner
+                    .events
+                    .send(InstanceEvent::Changed { uid: uid.clone() });
             }
             this.state().tickers.remove(&uid);
         });
@@ -445,12 +457,17 @@ impl Provider for SimProvider {
         if spec.node != fence.node {
             return Err(ProviderError::invalid(
                 "NodeMismatch",
-                format!("pod is for node {} but the fence is for {}", spec.node, fence.node),
+                format!(
+                    "pod is for node {} but the fence is for {}",
+                    spec.node, fence.node
+                ),
             ));
         }
         tokio::time::sleep(self.inner.fleet.latency.create).await;
         if Self::roll(self.inner.fleet.faults.create_error_rate) {
-            return Err(ProviderError::transient("injected create fault (faults.create_error_rate)"));
+            return Err(ProviderError::transient(
+                "injected create fault (faults.create_error_rate)",
+            ));
         }
         let uid = spec.pod.uid.clone();
         let instance = {
@@ -462,7 +479,9 @@ impl Provider for SimProvider {
             } else {
                 let placement = match self.decide(&st, spec) {
                     Admission::Fits(p) => p,
-                    Admission::Queued { reason } => return Err(ProviderError::Rejected { message: reason }),
+                    Admission::Queued { reason } => {
+                        return Err(ProviderError::Rejected { message: reason });
+                    }
                     Admission::Rejected { reason, message } => {
                         return Err(ProviderError::Rejected {
                             message: format!("{reason}: {message}"),
@@ -491,10 +510,16 @@ impl Provider for SimProvider {
                     epoch: fence.epoch,
                     created_at: now,
                     placement,
-                    ip: format!("10.{}.{}.{}", 100 + (host_index % 150), ip_n / 256, ip_n % 256),
+                    ip: format!(
+                        "10.{}.{}.{}",
+                        100 + (host_index % 150),
+                        ip_n / 256,
+                        ip_n % 256
+                    ),
                     stop_at: None,
                 };
-                let bytes = serde_json::to_vec(&rec).map_err(|e| ProviderError::transient(e.to_string()))?;
+                let bytes = serde_json::to_vec(&rec)
+                    .map_err(|e| ProviderError::transient(e.to_string()))?;
                 Self::write_atomic(&self.record_path(&uid), &bytes)?;
                 st.account(&rec, true);
                 let instance = self.observe(&rec, now).0;
@@ -519,7 +544,9 @@ impl Provider for SimProvider {
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
         valid_uid(uid)?;
         if Self::roll(self.inner.fleet.faults.delete_error_rate) {
-            return Err(ProviderError::transient("injected delete fault (faults.delete_error_rate)"));
+            return Err(ProviderError::transient(
+                "injected delete fault (faults.delete_error_rate)",
+            ));
         }
         {
             let mut st = self.state();
@@ -528,19 +555,24 @@ impl Provider for SimProvider {
             let Some(rec) = st.records.get(uid) else {
                 return Ok(());
             };
-            let delay = Self::behaviour(&rec.spec).map(|b| b.stop_delay).unwrap_or_default();
+            let delay = Self::behaviour(&rec.spec)
+                .map(|b| b.stop_delay)
+                .unwrap_or_default();
             let stop_at = now + delay.min(grace);
             if rec.stop_at.is_none_or(|t| t > stop_at) {
                 let mut rec = rec.clone();
                 rec.stop_at = Some(stop_at);
-                let bytes = serde_json::to_vec(&rec).map_err(|e| ProviderError::transient(e.to_string()))?;
+                let bytes = serde_json::to_vec(&rec)
+                    .map_err(|e| ProviderError::transient(e.to_string()))?;
                 Self::write_atomic(&self.record_path(uid), &bytes)?;
                 st.records.insert(uid.to_owned(), rec);
             }
             self.reap(&mut st, uid, now)?;
         }
         self.watch(uid);
-        let _ = self.inner.events.send(InstanceEvent::Changed { uid: uid.to_owned() });
+        let _ = self.inner.events.send(InstanceEvent::Changed {
+            uid: uid.to_owned(),
+        });
         Ok(())
     }
 
@@ -584,4 +616,3 @@ impl Provider for SimProvider {
 
 #[cfg(test)]
 mod tests;
-

@@ -1,0 +1,461 @@
+//! Command line, environment and config file, merged and validated into [`Config`].
+//!
+//! Precedence: a flag, then its environment variable, then the config file
+//! (`--config`, YAML with the flags' names as keys), then the default. Any invalid
+//! value is a [`ConfigError`] that names the field; `main` exits 64 (EX_USAGE).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+#[derive(Debug, Parser)]
+#[command(name = "vkd", version, about = "A Virtual Kubelet provider daemon")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Register the virtual node and run its Pods on the provider.
+    Run(Box<RunArgs>),
+    /// Inspect the simulated backend from outside the daemon.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// List the sim backend's instances (what really runs), for comparing with Pods.
+    List {
+        /// The daemon's state directory (the sim keeps its state in DIR/sim).
+        #[arg(long, env = "VKD_STATE_DIR")]
+        state_dir: PathBuf,
+        /// Only instances of this node.
+        #[arg(long)]
+        node: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// `vkd run` flags. Every flag has an environment fallback and a config-file key.
+#[derive(Debug, Default, Args)]
+pub struct RunArgs {
+    /// YAML config file whose keys are the flag names (e.g. `node-name: vk-1`).
+    #[arg(long, env = "VKD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// kubeconfig to use; in-cluster config when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Name of the virtual Node to register.
+    #[arg(long, env = "VKD_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Backend: `sim`.
+    #[arg(long, env = "VKD_PROVIDER")]
+    pub provider: Option<String>,
+    /// The provider's own config file (for `sim`: the fleet file).
+    #[arg(long, env = "VKD_PROVIDER_CONFIG")]
+    pub provider_config: Option<PathBuf>,
+    /// Where vkd and its providers keep state that outlives the process.
+    #[arg(long, env = "VKD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Port of the kubelet API, advertised in the Node's daemonEndpoints.
+    #[arg(long, env = "VKD_KUBELET_PORT")]
+    pub kubelet_port: Option<u16>,
+    /// Port of the admin server (/livez, /readyz).
+    #[arg(long, env = "VKD_ADMIN_PORT")]
+    pub admin_port: Option<u16>,
+    /// Address the admin server binds to.
+    #[arg(long, env = "VKD_ADMIN_BIND")]
+    pub admin_bind: Option<IpAddr>,
+    /// The Node's InternalIP (and every Pod's hostIP); defaults to $POD_IP, then 127.0.0.1.
+    #[arg(long, env = "VKD_NODE_ADDRESS")]
+    pub node_address: Option<IpAddr>,
+    /// Extra Node labels, `key=value`, repeatable or comma-separated.
+    #[arg(long = "node-label", env = "VKD_NODE_LABELS", value_delimiter = ',')]
+    pub node_labels: Vec<String>,
+    /// Node taints `key=value:Effect`, replacing the default
+    /// `virtual-kubelet.io/provider=<provider>:NoSchedule`; `none` for no taint.
+    #[arg(long = "node-taint", env = "VKD_NODE_TAINTS", value_delimiter = ',')]
+    pub node_taints: Vec<String>,
+    /// Requests per second to the API server for Pod writes (lease renewals are separate).
+    #[arg(long, env = "VKD_KUBE_QPS")]
+    pub kube_qps: Option<u32>,
+    /// Burst above the QPS for Pod writes.
+    #[arg(long, env = "VKD_KUBE_BURST")]
+    pub kube_burst: Option<u32>,
+    /// Pods reconciled at once.
+    #[arg(long, env = "VKD_RECONCILE_CONCURRENCY")]
+    pub reconcile_concurrency: Option<usize>,
+    /// Maximum Pods the node advertises; defaults to what the provider's hosts can hold.
+    #[arg(long, env = "VKD_MAX_PODS")]
+    pub max_pods: Option<u32>,
+    /// Log format.
+    #[arg(long, env = "VKD_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// The config file: the same names as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    kubeconfig: Option<PathBuf>,
+    node_name: Option<String>,
+    provider: Option<String>,
+    provider_config: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    kubelet_port: Option<u16>,
+    admin_port: Option<u16>,
+    admin_bind: Option<IpAddr>,
+    node_address: Option<IpAddr>,
+    #[serde(default)]
+    node_labels: BTreeMap<String, String>,
+    node_taints: Option<Vec<String>>,
+    kube_qps: Option<u32>,
+    kube_burst: Option<u32>,
+    reconcile_concurrency: Option<usize>,
+    max_pods: Option<u32>,
+    log_format: Option<LogFormat>,
+}
+
+/// A configuration problem, naming the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taint {
+    pub key: String,
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    Sim,
+}
+
+impl ProviderKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sim => "sim",
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: String,
+    pub provider: ProviderKind,
+    pub provider_config: PathBuf,
+    pub state_dir: PathBuf,
+    pub kubelet_port: u16,
+    pub admin_port: u16,
+    pub admin_bind: IpAddr,
+    pub node_address: IpAddr,
+    pub node_labels: BTreeMap<String, String>,
+    pub node_taints: Vec<Taint>,
+    pub kube_qps: u32,
+    pub kube_burst: u32,
+    pub reconcile_concurrency: usize,
+    pub max_pods: Option<u32>,
+    pub log_format: LogFormat,
+    /// How often the node lease is renewed (the kubelet's 10 s).
+    pub lease_renew_interval: Duration,
+    /// The lease duration (the kubelet's 40 s).
+    pub lease_duration: Duration,
+    /// Status is posted on change, and at least this often (the kubelet's 5 min).
+    pub status_report_interval: Duration,
+}
+
+/// A DNS-1123 subdomain, as Node names must be.
+fn check_node_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(bad(
+            "node-name",
+            format!("{name:?} is not a valid Node name (lowercase DNS-1123 subdomain)"),
+        ))
+    }
+}
+
+fn parse_taint(text: &str) -> Result<Taint, ConfigError> {
+    let field = "node-taint";
+    let (kv, effect) = text
+        .rsplit_once(':')
+        .ok_or_else(|| bad(field, format!("{text:?} is not key=value:Effect")))?;
+    if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
+        return Err(bad(
+            field,
+            format!("{text:?}: effect {effect:?} is not NoSchedule, PreferNoSchedule or NoExecute"),
+        ));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_owned())),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return Err(bad(field, format!("{text:?} has an empty key")));
+    }
+    Ok(Taint {
+        key: key.to_owned(),
+        value,
+        effect: effect.to_owned(),
+    })
+}
+
+impl Config {
+    /// Merges flags and env (already in `args`) over the config file and defaults.
+    pub fn from_args(args: RunArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let node_name = args
+            .node_name
+            .or(file.node_name)
+            .ok_or_else(|| bad("node-name", "required (flag --node-name or VKD_NODE_NAME)"))?;
+        check_node_name(&node_name)?;
+        let provider = match args.provider.or(file.provider).as_deref() {
+            None | Some("sim") => ProviderKind::Sim,
+            Some(other) => {
+                return Err(bad(
+                    "provider",
+                    format!("unknown provider {other:?}; known: sim"),
+                ));
+            }
+        };
+        let provider_config = args
+            .provider_config
+            .or(file.provider_config)
+            .ok_or_else(|| {
+                bad(
+                    "provider-config",
+                    "required: the sim provider needs a fleet file",
+                )
+            })?;
+        let kubelet_port = args.kubelet_port.or(file.kubelet_port).unwrap_or(10250);
+        let admin_port = args.admin_port.or(file.admin_port).unwrap_or(10256);
+        if kubelet_port == 0 {
+            return Err(bad("kubelet-port", "must be 1 to 65535"));
+        }
+        if admin_port == kubelet_port {
+            return Err(bad(
+                "admin-port",
+                format!("{admin_port} is also the kubelet port"),
+            ));
+        }
+        let node_address = match args.node_address.or(file.node_address) {
+            Some(a) => a,
+            None => match std::env::var("POD_IP") {
+                Ok(ip) if !ip.is_empty() => ip.parse().map_err(|_| {
+                    bad(
+                        "node-address",
+                        format!("$POD_IP {ip:?} is not an IP address"),
+                    )
+                })?,
+                _ => IpAddr::from([127, 0, 0, 1]),
+            },
+        };
+        let mut node_labels = file.node_labels;
+        for l in &args.node_labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| bad("node-label", format!("{l:?} is not key=value")))?;
+            if k.is_empty() {
+                return Err(bad("node-label", format!("{l:?} has an empty key")));
+            }
+            node_labels.insert(k.to_owned(), v.to_owned());
+        }
+        let taint_texts = if args.node_taints.is_empty() {
+            file.node_taints
+        } else {
+            Some(args.node_taints)
+        };
+        let node_taints = match taint_texts {
+            None => vec![Taint {
+                key: "virtual-kubelet.io/provider".into(),
+                value: Some(provider.name().into()),
+                effect: "NoSchedule".into(),
+            }],
+            Some(list) if list.iter().any(|t| t == "none") => Vec::new(),
+            Some(list) => list
+                .iter()
+                .map(|t| parse_taint(t))
+                .collect::<Result<_, _>>()?,
+        };
+        let kube_qps = args.kube_qps.or(file.kube_qps).unwrap_or(50);
+        let kube_burst = args.kube_burst.or(file.kube_burst).unwrap_or(100);
+        if kube_qps == 0 {
+            return Err(bad("kube-qps", "must be at least 1"));
+        }
+        if kube_burst < kube_qps.min(1) {
+            return Err(bad("kube-burst", "must be at least 1"));
+        }
+        let reconcile_concurrency = args
+            .reconcile_concurrency
+            .or(file.reconcile_concurrency)
+            .unwrap_or(32);
+        if reconcile_concurrency == 0 || reconcile_concurrency > 4096 {
+            return Err(bad("reconcile-concurrency", "must be 1 to 4096"));
+        }
+        Ok(Self {
+            kubeconfig: args.kubeconfig.or(file.kubeconfig),
+            node_name,
+            provider,
+            provider_config,
+            state_dir: args
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/vkd")),
+            kubelet_port,
+            admin_port,
+            admin_bind: args
+                .admin_bind
+                .or(file.admin_bind)
+                .unwrap_or(IpAddr::from([127, 0, 0, 1])),
+            node_address,
+            node_labels,
+            node_taints,
+            kube_qps,
+            kube_burst: kube_burst.max(1),
+            reconcile_concurrency,
+            max_pods: args.max_pods.or(file.max_pods),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            lease_renew_interval: Duration::from_secs(10),
+            lease_duration: Duration::from_secs(40),
+            status_report_interval: Duration::from_secs(300),
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| bad("config", format!("reading {}: {e}", path.display())))?;
+    serde_yaml_ng::from_str(&text).map_err(|e| bad("config", format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(node: &str) -> RunArgs {
+        RunArgs {
+            node_name: Some(node.into()),
+            provider_config: Some("fleet.yaml".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_kubelet() {
+        let c = Config::from_args(args("vk-1")).unwrap();
+        assert_eq!(c.kubelet_port, 10250);
+        assert_eq!(c.lease_duration, Duration::from_secs(40));
+        assert_eq!(
+            c.node_taints,
+            [Taint {
+                key: "virtual-kubelet.io/provider".into(),
+                value: Some("sim".into()),
+                effect: "NoSchedule".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = Config::from_args(args("Not_A_Node")).unwrap_err();
+        assert_eq!(e.field, "node-name");
+        let mut a = args("vk");
+        a.provider = Some("cloud".into());
+        assert_eq!(Config::from_args(a).unwrap_err().field, "provider");
+        let mut a = args("vk");
+        a.node_taints = vec!["k=v:Sometimes".into()];
+        assert_eq!(Config::from_args(a).unwrap_err().field, "node-taint");
+        let mut a = args("vk");
+        a.node_labels = vec!["novalue".into()];
+        assert_eq!(Config::from_args(a).unwrap_err().field, "node-label");
+        let mut a = args("vk");
+        a.provider_config = None;
+        assert_eq!(Config::from_args(a).unwrap_err().field, "provider-config");
+        let mut a = args("vk");
+        a.admin_port = Some(10250);
+        assert_eq!(Config::from_args(a).unwrap_err().field, "admin-port");
+    }
+
+    #[test]
+    fn file_is_merged_under_flags() {
+        let dir = std::env::temp_dir().join(format!("vkd-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vkd.yaml");
+        std::fs::write(
+            &path,
+            "node-name: from-file\nkubelet-port: 11250\nnode-labels: {zone: a}\nnode-taints: [none]\n",
+        )
+        .unwrap();
+        let mut a = args("from-flag");
+        a.config = Some(path.clone());
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.node_name, "from-flag");
+        assert_eq!(c.kubelet_port, 11250);
+        assert_eq!(c.node_labels["zone"], "a");
+        assert!(c.node_taints.is_empty());
+        std::fs::write(&path, "node-nmae: typo\n").unwrap();
+        let mut a = args("x");
+        a.config = Some(path);
+        let e = Config::from_args(a).unwrap_err();
+        assert!(e.to_string().contains("unknown field `node-nmae`"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn taints_parse() {
+        assert_eq!(
+            parse_taint("platform.example.com/execution=external:NoSchedule").unwrap(),
+            Taint {
+                key: "platform.example.com/execution".into(),
+                value: Some("external".into()),
+                effect: "NoSchedule".into()
+            }
+        );
+        assert_eq!(parse_taint("gpu:NoExecute").unwrap().value, None);
+        assert!(parse_taint("=v:NoSchedule").is_err());
+    }
+}

@@ -1,0 +1,612 @@
+//! The Pod controller: watches the Pods bound to this node, runs each as a backend
+//! instance, writes their status, and finalizes their deletion once the backend
+//! confirms the instance is gone.
+
+pub mod queue;
+pub mod record;
+pub mod status;
+
+use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, ProviderError};
+
+use queue::WorkQueue;
+use record::PodRecord;
+use status::Waiting;
+
+/// How often a Pod that waits for backend capacity is looked at again.
+const QUEUED_RECHECK: Duration = Duration::from_secs(5);
+/// How often deletion is checked for confirmation while the backend stops an instance.
+const DELETE_CONFIRM: Duration = Duration::from_millis(500);
+/// Every record is reconciled at least this often, in case a backend event was lost.
+const RESYNC: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("provider: {0}")]
+    Provider(#[from] ProviderError),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl ReconcileError {
+    /// A short cause for logs and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Provider(e) => e.kind(),
+            Self::Kube(_) => "kube_api",
+        }
+    }
+}
+
+/// What to do with a key after a successful reconcile.
+#[derive(Debug, PartialEq, Eq)]
+enum Action {
+    Done,
+    After(Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node: String,
+    pub host_ip: String,
+    pub epoch: u64,
+    pub concurrency: usize,
+    pub qps: u32,
+    pub burst: u32,
+}
+
+pub struct PodController {
+    settings: Settings,
+    client: Client,
+    provider: Arc<dyn Provider>,
+    records: Mutex<HashMap<String, PodRecord>>,
+    queue: Arc<WorkQueue>,
+    /// Pod writes wait here; the node lease uses another client and never does.
+    limiter: DefaultDirectRateLimiter,
+    recorder: Recorder,
+    synced: AtomicBool,
+}
+
+impl std::fmt::Debug for PodController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodController")
+            .field("node", &self.settings.node)
+            .finish_non_exhaustive()
+    }
+}
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)
+}
+
+impl PodController {
+    pub fn new(settings: Settings, client: Client, provider: Arc<dyn Provider>) -> Arc<Self> {
+        let limiter = RateLimiter::direct(
+            Quota::per_second(nz(settings.qps)).allow_burst(nz(settings.burst)),
+        );
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "vkd".into(),
+                instance: Some(settings.node.clone()),
+            },
+        );
+        Arc::new(Self {
+            settings,
+            client,
+            provider,
+            records: Mutex::default(),
+            queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
+            limiter,
+            recorder,
+            synced: AtomicBool::new(false),
+        })
+    }
+
+    /// True once the first full list of this node's Pods was processed.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    fn records(&self) -> MutexGuard<'_, HashMap<String, PodRecord>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fence(&self) -> Fence {
+        Fence {
+            node: self.settings.node.clone(),
+            epoch: self.settings.epoch,
+        }
+    }
+
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..self.settings.concurrency {
+            let this = Arc::clone(&self);
+            let token = shutdown.clone();
+            tasks.spawn(async move { this.worker(token).await });
+        }
+        let this = Arc::clone(&self);
+        let token = shutdown.clone();
+        tasks.spawn(async move { this.provider_events(token).await });
+        let this = Arc::clone(&self);
+        let token = shutdown.clone();
+        tasks.spawn(async move { this.resync(token).await });
+        self.watch(shutdown).await;
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn watch(&self, shutdown: CancellationToken) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let cfg =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.settings.node));
+        let mut stream = watcher(pods, cfg).default_backoff().boxed();
+        let mut seen: Option<HashSet<String>> = None;
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = stream.next() => e,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => warn!(error = %e, "pod watch failed; retrying"),
+                Some(Ok(watcher::Event::Init)) => seen = Some(HashSet::new()),
+                Some(Ok(watcher::Event::InitApply(pod))) => {
+                    if let Some(uid) = self.upsert(&pod)
+                        && let Some(seen) = seen.as_mut()
+                    {
+                        seen.insert(uid);
+                    }
+                }
+                Some(Ok(watcher::Event::Apply(pod))) => {
+                    self.upsert(&pod);
+                }
+                Some(Ok(watcher::Event::Delete(pod))) => {
+                    if let Some(uid) = pod.metadata.uid {
+                        self.records().remove(&uid);
+                        self.queue.add(&uid);
+                    }
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    // Pods that vanished while the watch was down count as deleted.
+                    if let Some(seen) = seen.take() {
+                        let gone: Vec<String> = self
+                            .records()
+                            .keys()
+                            .filter(|uid| !seen.contains(*uid))
+                            .cloned()
+                            .collect();
+                        for uid in gone {
+                            self.records().remove(&uid);
+                            self.queue.add(&uid);
+                        }
+                    }
+                    if !self.synced.swap(true, Ordering::AcqRel) {
+                        self.adopt().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// After the first sync: instances without a Pod are orphans to remove; the
+    /// rest are adopted by their Pods' reconciles (never created again).
+    async fn adopt(&self) {
+        match self.provider.list(&self.settings.node).await {
+            Ok(instances) => {
+                let records = self.records();
+                let (mut adopted, mut orphans) = (0, 0);
+                for i in &instances {
+                    if records.contains_key(&i.owner.uid) {
+                        adopted += 1;
+                    } else {
+                        orphans += 1;
+                    }
+                    self.queue.add(&i.owner.uid);
+                }
+                info!(
+                    adopted,
+                    orphans,
+                    pods = records.len(),
+                    "pod watch synced; backend instances listed"
+                );
+            }
+            Err(e) => {
+                warn!(error = %e, "listing backend instances after sync failed; relying on the resync")
+            }
+        }
+    }
+
+    fn upsert(&self, pod: &Pod) -> Option<String> {
+        let uid = pod.metadata.uid.clone()?;
+        let mut records = self.records();
+        let rec = PodRecord::from_pod(
+            pod,
+            &self.settings.node,
+            records.get(&uid),
+            SystemTime::now(),
+        )?;
+        records.insert(uid.clone(), rec);
+        drop(records);
+        self.queue.add(&uid);
+        Some(uid)
+    }
+
+    async fn provider_events(&self, shutdown: CancellationToken) {
+        let mut events = self.provider.events();
+        loop {
+            let ev = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = events.next() => e,
+            };
+            match ev {
+                None => return,
+                Some(InstanceEvent::Changed { uid }) => self.queue.add(&uid),
+                Some(InstanceEvent::Resync) => self.enqueue_all(),
+            }
+        }
+    }
+
+    async fn resync(&self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(RESYNC);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => self.enqueue_all(),
+            }
+        }
+    }
+
+    fn enqueue_all(&self) {
+        let uids: Vec<String> = self.records().keys().cloned().collect();
+        for uid in uids {
+            self.queue.add(&uid);
+        }
+    }
+
+    async fn worker(&self, shutdown: CancellationToken) {
+        loop {
+            let uid = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                k = self.queue.next() => k,
+            };
+            let pod = self
+                .records()
+                .get(&uid)
+                .map(PodRecord::key)
+                .unwrap_or_default();
+            let span = info_span!("reconcile", pod_uid = %uid, pod = %pod);
+            match self.reconcile(&uid).instrument(span.clone()).await {
+                Ok(Action::Done) => self.queue.forget(&uid),
+                Ok(Action::After(d)) => {
+                    self.queue.forget(&uid);
+                    self.queue.add_after(&uid, d);
+                }
+                Err(e) => {
+                    let retry_in = self.queue.retry(&uid);
+                    span.in_scope(|| warn!(error = %e, cause = e.metric_label(), ?retry_in, "reconcile failed"));
+                }
+            }
+            self.queue.done(&uid);
+        }
+    }
+
+    async fn reconcile(&self, uid: &str) -> Result<Action, ReconcileError> {
+        let rec = self.records().get(uid).cloned();
+        let Some(rec) = rec else {
+            return self.remove_orphan(uid).await;
+        };
+        if let Some(grace) = rec.deletion_grace {
+            return self.finalize(&rec, grace).await;
+        }
+        if rec.terminal() {
+            return Ok(Action::Done);
+        }
+        if let Some(e) = &rec.spec_error {
+            return self.fail(&rec, e.reason, &e.message).await;
+        }
+        let instance = match self.provider.get(uid).await? {
+            Some(i) => i,
+            None if rec.observed.instance_id.is_some() || rec.pending.is_none() => {
+                let message = format!(
+                    "backend {} no longer has instance {} of this Pod; not starting a second copy",
+                    self.provider.name(),
+                    rec.observed.instance_id.as_deref().unwrap_or("(unknown)")
+                );
+                return self.fail(&rec, "InstanceLost", &message).await;
+            }
+            None => match self.start(&rec).await? {
+                Start::Running(i) => i,
+                Start::Queued(reason) => {
+                    self.queued(&rec, &reason).await?;
+                    return Ok(Action::After(QUEUED_RECHECK));
+                }
+                Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
+            },
+        };
+        self.write_status(&rec, Some(&instance), &Waiting::Creating)
+            .await?;
+        Ok(Action::Done)
+    }
+
+    /// Admits and creates the instance.
+    async fn start(&self, rec: &PodRecord) -> Result<Start, ReconcileError> {
+        let Some(spec) = rec.pending.as_deref() else {
+            return Ok(Start::Failed(
+                "InstanceLost".into(),
+                "no spec to create the instance from".into(),
+            ));
+        };
+        let admission = match self.provider.admit(spec).await {
+            Ok(a) => a,
+            Err(ProviderError::Invalid { reason, message }) => {
+                return Ok(Start::Failed(reason, message));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.touch(&rec.uid, |r| r.timeline.admitted = Some(SystemTime::now()));
+        let placement = match admission {
+            Admission::Fits(p) => p,
+            Admission::Queued { reason } => return Ok(Start::Queued(reason)),
+            Admission::Rejected { reason, message } => return Ok(Start::Failed(reason, message)),
+        };
+        let mut spec = spec.clone();
+        spec.placement = Some(placement);
+        let instance = match self.provider.create(&self.fence(), &spec).await {
+            Ok(i) => i,
+            Err(ProviderError::Rejected { message }) => return Ok(Start::Queued(message)),
+            Err(ProviderError::Invalid { reason, message }) => {
+                return Ok(Start::Failed(reason, message));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        info!(
+            instance = %instance.id,
+            host = instance.host.as_deref().unwrap_or(""),
+            epoch = self.settings.epoch,
+            backend = self.provider.name(),
+            "instance created"
+        );
+        self.touch(&rec.uid, |r| {
+            r.timeline.accepted = Some(SystemTime::now());
+            r.pending = None;
+        });
+        Ok(Start::Running(instance))
+    }
+
+    /// Updates the stored record, if the Pod still has one.
+    fn touch(&self, uid: &str, f: impl FnOnce(&mut PodRecord)) {
+        if let Some(r) = self.records().get_mut(uid) {
+            f(r);
+        }
+    }
+
+    async fn queued(&self, rec: &PodRecord, reason: &str) -> Result<(), ReconcileError> {
+        self.write_status(rec, None, &Waiting::Queued(reason.to_owned()))
+            .await?;
+        if !rec.queued_event_sent {
+            self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit")
+                .await;
+            self.touch(&rec.uid, |r| r.queued_event_sent = true);
+        }
+        Ok(())
+    }
+
+    async fn fail(
+        &self,
+        rec: &PodRecord,
+        reason: &str,
+        message: &str,
+    ) -> Result<Action, ReconcileError> {
+        let view = status::failed_view(reason, message);
+        if view.digest() != rec.observed_digest {
+            warn!(reason, message, "pod failed");
+            let body = serde_json::json!({
+                "status": {
+                    "phase": "Failed",
+                    "reason": reason,
+                    "message": message,
+                    "hostIP": self.settings.host_ip,
+                    "startTime": status::time(rec.start_time.unwrap_or_else(SystemTime::now)),
+                }
+            });
+            self.patch_status(rec, body).await?;
+            self.touch(&rec.uid, |r| {
+                r.observed_digest = view.digest();
+                r.observed = view;
+            });
+            self.event(rec, EventType::Warning, reason, message, "Admit")
+                .await;
+        }
+        Ok(Action::Done)
+    }
+
+    async fn write_status(
+        &self,
+        rec: &PodRecord,
+        instance: Option<&Instance>,
+        waiting: &Waiting,
+    ) -> Result<(), ReconcileError> {
+        let view = status::desired_view(rec, instance, waiting);
+        if view.digest() == rec.observed_digest {
+            return Ok(());
+        }
+        let now = SystemTime::now();
+        let mut rec = rec.clone();
+        if view
+            .containers
+            .iter()
+            .any(|c| c.state == status::StateView::Running)
+        {
+            rec.timeline.started.get_or_insert(now);
+        }
+        if view.conditions[3] == Some(true) {
+            rec.timeline.ready.get_or_insert(now);
+        }
+        if rec.start_time.is_none() {
+            rec.start_time = Some(now);
+        }
+        let body = status::patch_body(&rec, &view, instance, &self.settings.host_ip, now);
+        self.patch_status(&rec, body).await?;
+        debug!(phase = %view.phase, "status written");
+        let digest = view.digest();
+        self.touch(&rec.uid, |r| {
+            for (i, s) in view.conditions.iter().enumerate() {
+                if let Some(s) = *s
+                    && r.condition_times[i].is_none_or(|(old, _)| old != s)
+                {
+                    r.condition_times[i] = Some((s, now));
+                }
+            }
+            r.timeline = rec.timeline.clone();
+            r.start_time = rec.start_time;
+            r.observed = view;
+            r.observed_digest = digest;
+        });
+        Ok(())
+    }
+
+    async fn patch_status(
+        &self,
+        rec: &PodRecord,
+        body: serde_json::Value,
+    ) -> Result<(), ReconcileError> {
+        self.limiter.until_ready().await;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
+        match api
+            .patch_status(&rec.name, &PatchParams::default(), &Patch::Strategic(body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Graceful deletion: stop the instance, confirm it is gone, then let the Pod go.
+    async fn finalize(&self, rec: &PodRecord, grace: u32) -> Result<Action, ReconcileError> {
+        let uid = &*rec.uid;
+        if let Err(e) = self
+            .provider
+            .delete(&self.fence(), uid, Duration::from_secs(grace.into()))
+            .await
+        {
+            let note = format!(
+                "backend {} could not delete instance: {e}; retrying",
+                self.provider.name()
+            );
+            self.event(rec, EventType::Warning, "DeletionFailed", &note, "Delete")
+                .await;
+            return Err(e.into());
+        }
+        if let Some(i) = self.provider.get(uid).await? {
+            debug!(instance = %i.id, "waiting for the backend to confirm deletion");
+            return Ok(Action::After(DELETE_CONFIRM));
+        }
+        info!(
+            instance = rec.observed.instance_id.as_deref().unwrap_or(""),
+            node = %self.settings.node,
+            backend = self.provider.name(),
+            epoch = self.settings.epoch,
+            cause = "pod deleted",
+            "instance deleted; finalizing pod"
+        );
+        self.limiter.until_ready().await;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&rec.name, &params).await {
+            Ok(_) => Ok(Action::Done),
+            // Already gone, or the name now belongs to a newer Pod.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Action::Done),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// An instance whose Pod is gone from the API (force-deleted, or deleted while
+    /// vkd was down) is removed, but only once the watch has synced.
+    async fn remove_orphan(&self, uid: &str) -> Result<Action, ReconcileError> {
+        if !self.synced() {
+            return Ok(Action::Done);
+        }
+        let Some(instance) = self.provider.get(uid).await? else {
+            return Ok(Action::Done);
+        };
+        if instance.node != self.settings.node {
+            return Ok(Action::Done);
+        }
+        warn!(
+            pod_uid = %uid,
+            pod = %instance.owner,
+            node = %self.settings.node,
+            backend = self.provider.name(),
+            instance = %instance.id,
+            epoch = self.settings.epoch,
+            cause = "pod gone from the API",
+            "deleting orphan instance"
+        );
+        self.provider
+            .delete(&self.fence(), uid, Duration::ZERO)
+            .await?;
+        match self.provider.get(uid).await? {
+            Some(_) => Ok(Action::After(DELETE_CONFIRM)),
+            None => Ok(Action::Done),
+        }
+    }
+
+    async fn event(
+        &self,
+        rec: &PodRecord,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+    ) {
+        self.limiter.until_ready().await;
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(rec.name.to_string()),
+            namespace: Some(rec.namespace.to_string()),
+            uid: Some(rec.uid.to_string()),
+            ..ObjectReference::default()
+        };
+        let ev = KubeEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason, "publishing event failed");
+        }
+    }
+}
+
+enum Start {
+    Running(Instance),
+    Queued(String),
+    Failed(String, String),
+}
