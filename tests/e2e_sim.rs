@@ -1,0 +1,708 @@
+//! End-to-end: vkd with the sim provider on the real control plane, checked
+//! through the real kubectl and the sim backend's own listing (`vkd sim list`).
+//!
+//! Each test runs its own vkd with its own node name and state directory, so the
+//! tests of the suite share one cluster without seeing each other's Pods.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
+
+const VKD: &str = env!("CARGO_BIN_EXE_vkd");
+const GRACE: &str = "16s";
+
+fn main() -> ExitCode {
+    Suite::new(
+        "vkd-sim",
+        &[
+            "--node-monitor-grace-period",
+            GRACE,
+            "--node-monitor-period",
+            "2s",
+        ],
+    )
+    .run(&[
+        (
+            "external_http_deployment_runs_scales_and_deletes",
+            external_http_deployment,
+        ),
+        (
+            "gpu_and_unrunnable_pods_fail_with_reasons",
+            gpu_and_unrunnable_pods_fail,
+        ),
+        (
+            "node_lease_kill_not_ready_and_restart_adopts",
+            kill_and_restart_adopts,
+        ),
+        ("bad_input_exits_64_with_the_field", bad_input_exits_64),
+    ])
+}
+
+/// A vkd process for one test; killed when dropped.
+struct Vkd {
+    node: String,
+    state_dir: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Vkd {
+    fn start(c: &Cluster, node: &str, extra: &[&str]) -> Result<Self> {
+        let state_dir = c.dir().join("vkd-state").join(node);
+        std::fs::create_dir_all(&state_dir)?;
+        let fleet = repo_root().join("testdata/fleets/demo.yaml");
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--kubeconfig".into(),
+            c.kubeconfig().display().to_string(),
+            "--node-name".into(),
+            node.into(),
+            "--provider".into(),
+            "sim".into(),
+            "--provider-config".into(),
+            fleet.display().to_string(),
+            "--state-dir".into(),
+            state_dir.display().to_string(),
+            "--admin-port".into(),
+            free_port()?.to_string(),
+            "--kubelet-port".into(),
+            free_port()?.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let mut vkd = Self {
+            node: node.into(),
+            state_dir,
+            log: c.log_path(&format!("vkd-{node}")),
+            args,
+            child: None,
+        };
+        vkd.spawn()?;
+        Ok(vkd)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(VKD)
+            .args(&self.args)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting vkd")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL: no chance to clean up, as when a node or a container dies.
+    fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// The sim backend's instances, read from its state directory by `vkd sim list`.
+    fn instances(&self) -> Result<Vec<Value>> {
+        let out = Command::new(VKD)
+            .args(["sim", "list", "--json", "--node", &self.node, "--state-dir"])
+            .arg(&self.state_dir)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "vkd sim list: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice::<Value>(&out.stdout)?
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+impl Drop for Vkd {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+fn items(v: &Value) -> Vec<Value> {
+    at(v, "items").as_array().cloned().unwrap_or_default()
+}
+
+fn str_at<'a>(v: &'a Value, path: &str) -> &'a str {
+    at(v, path).as_str().unwrap_or_default()
+}
+
+fn running_and_ready(p: &Value) -> bool {
+    at(p, "status.phase") == "Running"
+        && condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+}
+
+/// Pod UIDs against instance owners: the backend runs exactly the Pods, once each.
+fn assert_one_instance_per_pod(vkd: &Vkd, pods: &[Value]) -> Result<()> {
+    let instances = vkd.instances()?;
+    let owners: Vec<&str> = instances.iter().map(|i| str_at(i, "podUID")).collect();
+    let unique: BTreeSet<&str> = owners.iter().copied().collect();
+    ensure!(
+        unique.len() == owners.len(),
+        "duplicate instances for one Pod: {owners:?}"
+    );
+    let uids: BTreeSet<&str> = pods.iter().map(|p| str_at(p, "metadata.uid")).collect();
+    ensure!(unique == uids, "instances {unique:?} != pods {uids:?}");
+    for p in pods {
+        let uid = str_at(p, "metadata.uid");
+        let ann = at(p, "metadata.annotations")
+            .get("vkd.io/instance-id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let inst = instances
+            .iter()
+            .find(|i| str_at(i, "podUID") == uid)
+            .context("no instance")?;
+        ensure!(
+            ann == str_at(inst, "instance"),
+            "pod {uid} names instance {ann:?}, backend has {}",
+            inst["instance"]
+        );
+    }
+    Ok(())
+}
+
+fn external_http_deployment(c: &Cluster) -> Result<()> {
+    let vkd = Vkd::start(
+        c,
+        "vk-external",
+        &[
+            "--node-label",
+            "platform.example.com/execution=external",
+            "--node-taint",
+            "platform.example.com/execution=external:NoSchedule",
+        ],
+    )?;
+    wait_for("node vk-external Ready", Duration::from_secs(30), || {
+        let n = c.kubectl_json(&["get", "node", "vk-external"])?;
+        Ok(condition(&n, "Ready")
+            .is_some_and(|r| r["status"] == "True")
+            .then_some(()))
+    })?;
+    let manifest =
+        std::fs::read_to_string(repo_root().join("manifests/examples/external-http.yaml"))?;
+    let applied = Instant::now();
+    c.apply(&manifest)?;
+    let ns = "platform-demo";
+    let pods = wait_for(
+        "6 Running and Ready Pods with podIP",
+        Duration::from_secs(90),
+        || {
+            let pods =
+                items(&c.kubectl_json(&["get", "pods", "-n", ns, "-l", "app=external-http"])?);
+            let ok = pods.len() == 6
+                && pods.iter().all(|p| {
+                    running_and_ready(p)
+                        && !str_at(p, "status.podIP").is_empty()
+                        && str_at(p, "spec.nodeName") == "vk-external"
+                        && at(p, "metadata.annotations")
+                            .get("vkd.io/instance-id")
+                            .is_some()
+                });
+            Ok(ok.then_some(pods))
+        },
+    )?;
+    eprintln!(
+        "external-http: 6 Pods Running and Ready {:.2}s after apply",
+        applied.elapsed().as_secs_f64()
+    );
+    for p in &pods {
+        let timeline = at(p, "metadata.annotations")
+            .get("vkd.io/timeline")
+            .cloned()
+            .unwrap_or_default();
+        eprintln!(
+            "  {} {}",
+            str_at(p, "metadata.name"),
+            timeline.as_str().unwrap_or_default()
+        );
+    }
+    assert_one_instance_per_pod(&vkd, &pods)?;
+
+    c.kubectl(&[
+        "scale",
+        "deployment",
+        "external-http",
+        "-n",
+        ns,
+        "--replicas=2",
+    ])?;
+    let remaining = wait_for(
+        "2 Pods and 2 instances after scaling to 2",
+        Duration::from_secs(60),
+        || {
+            let pods =
+                items(&c.kubectl_json(&["get", "pods", "-n", ns, "-l", "app=external-http"])?);
+            Ok((pods.len() == 2
+                && pods.iter().all(running_and_ready)
+                && vkd.instances()?.len() == 2)
+                .then_some(pods))
+        },
+    )?;
+    assert_one_instance_per_pod(&vkd, &remaining)?;
+
+    c.kubectl(&[
+        "delete",
+        "deployment",
+        "external-http",
+        "-n",
+        ns,
+        "--wait=false",
+    ])?;
+    wait_for(
+        "no Pod and no instance after deleting the Deployment",
+        Duration::from_secs(60),
+        || {
+            let pods = items(&c.kubectl_json(&["get", "pods", "-n", ns])?);
+            Ok((pods.is_empty() && vkd.instances()?.is_empty()).then_some(()))
+        },
+    )?;
+    Ok(())
+}
+
+fn pod_yaml(ns: &str, name: &str, selector: &str, annotations: &str, resources: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}, annotations: {{{annotations}}}}}
+spec:
+  nodeSelector: {{vkd.io/e2e: {selector}}}
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+  containers:
+  - name: main
+    image: example/main:1
+    resources: {{{resources}}}
+"#
+    )
+}
+
+fn gpu_and_unrunnable_pods_fail(c: &Cluster) -> Result<()> {
+    let vkd = Vkd::start(c, "vk-gpu", &["--node-label", "vkd.io/e2e=gpu"])?;
+    let ns = c.namespace("e2e-gpu")?;
+    c.apply(&pod_yaml(
+        &ns,
+        "eight-gpus",
+        "gpu",
+        "",
+        "limits: {nvidia.com/gpu: 8}",
+    ))?;
+    c.apply(&pod_yaml(
+        &ns,
+        "sixteen-gpus",
+        "gpu",
+        "",
+        "limits: {nvidia.com/gpu: 16}",
+    ))?;
+    // Bound by name, past the scheduler, as a user may do: vkd's own admission must refuse it.
+    c.apply(
+        &pod_yaml(
+            &ns,
+            "sixteen-bound",
+            "gpu",
+            "",
+            "limits: {nvidia.com/gpu: 16}",
+        )
+        .replace("  containers:", "  nodeName: vk-gpu\n  containers:"),
+    )?;
+    c.apply(&pod_yaml(
+        &ns,
+        "unrunnable",
+        "gpu",
+        "sim.vkd.io/behavior: explode",
+        "",
+    ))?;
+    c.apply(&pod_yaml(
+        &ns,
+        "four-gpus",
+        "gpu",
+        "",
+        "limits: {nvidia.com/gpu: 4}",
+    ))?;
+    let expect = [
+        (
+            "eight-gpus",
+            "TopologyUnsatisfiable",
+            "needs 8 nvidia.com/gpu on one host; largest slice is 4: host-a 4, host-b 4, cpu-1 0",
+        ),
+        (
+            "sixteen-bound",
+            "OutOfnvidia.com/gpu",
+            "needs 16 nvidia.com/gpu; the whole fleet has 8",
+        ),
+        (
+            "unrunnable",
+            "UnsupportedBehavior",
+            "sim.vkd.io/behavior=\"explode\"",
+        ),
+    ];
+    for (name, reason, message) in expect {
+        let pod = wait_for(&format!("{name} to fail"), Duration::from_secs(60), || {
+            let p = c.kubectl_json(&["get", "pod", name, "-n", &ns])?;
+            Ok((at(&p, "status.phase") == "Failed").then_some(p))
+        })?;
+        ensure!(
+            str_at(&pod, "status.reason") == reason,
+            "{name}: reason {}",
+            pod["status"]["reason"]
+        );
+        let got = str_at(&pod, "status.message");
+        ensure!(
+            got.contains(message),
+            "{name}: message {got:?} lacks {message:?}"
+        );
+        let events = c.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            &format!("involvedObject.name={name},type=Warning"),
+        ])?;
+        ensure!(
+            events.contains(reason),
+            "{name}: no Warning event with {reason}: {events}"
+        );
+    }
+    // The Node advertises 8 GPUs in all, so the real scheduler never binds 16.
+    let pod = c.kubectl_json(&["get", "pod", "sixteen-gpus", "-n", &ns])?;
+    let scheduled = condition(&pod, "PodScheduled").context("no PodScheduled")?;
+    ensure!(
+        scheduled["reason"] == "Unschedulable"
+            && scheduled["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("Insufficient nvidia.com/gpu"),
+        "sixteen-gpus: {scheduled}"
+    );
+    wait_for("the 4-GPU Pod to run", Duration::from_secs(60), || {
+        let p = c.kubectl_json(&["get", "pod", "four-gpus", "-n", &ns])?;
+        Ok(running_and_ready(&p).then_some(()))
+    })?;
+    let instances = vkd.instances()?;
+    ensure!(
+        instances.len() == 1,
+        "only the 4-GPU Pod has an instance: {instances:?}"
+    );
+    ensure!(
+        at(&instances[0], "gpus").as_array().map(Vec::len) == Some(4),
+        "{:?}",
+        instances[0]
+    );
+    c.kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
+    Ok(())
+}
+
+fn lease_renew_time(c: &Cluster, node: &str) -> Result<String> {
+    let lease = c.kubectl_json(&["get", "lease", node, "-n", "kube-node-lease"])?;
+    Ok(str_at(&lease, "spec.renewTime").to_owned())
+}
+
+const RESTART_DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: steady, namespace: e2e-restart}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: steady}}
+  template:
+    metadata: {labels: {app: steady}}
+    spec:
+      nodeSelector: {vkd.io/e2e: restart}
+      tolerations: [{key: virtual-kubelet.io/provider, operator: Exists}]
+      containers:
+      - {name: app, image: example/steady:1, resources: {requests: {cpu: 100m, memory: 64Mi}}}
+"#;
+
+fn kill_and_restart_adopts(c: &Cluster) -> Result<()> {
+    let node = "vk-restart";
+    let mut vkd = Vkd::start(c, node, &["--node-label", "vkd.io/e2e=restart"])?;
+    let n = wait_for("node vk-restart Ready", Duration::from_secs(30), || {
+        let n = c.kubectl_json(&["get", "node", node])?;
+        Ok(condition(&n, "Ready")
+            .is_some_and(|r| r["status"] == "True")
+            .then_some(n))
+    })?;
+    check_node_object(&n)?;
+
+    c.namespace("e2e-restart")?;
+    c.apply(RESTART_DEPLOYMENT)?;
+    let pods = wait_for("3 Running Pods", Duration::from_secs(60), || {
+        let pods = items(&c.kubectl_json(&["get", "pods", "-n", "e2e-restart"])?);
+        Ok((pods.len() == 3 && pods.iter().all(running_and_ready)).then_some(pods))
+    })?;
+    assert_one_instance_per_pod(&vkd, &pods)?;
+    let before: BTreeMap<String, String> = vkd
+        .instances()?
+        .iter()
+        .map(|i| {
+            (
+                str_at(i, "podUID").to_owned(),
+                str_at(i, "instance").to_owned(),
+            )
+        })
+        .collect();
+
+    let first = lease_renew_time(c, node)?;
+    wait_for(
+        "the node lease's renewTime to advance",
+        Duration::from_secs(30),
+        || Ok((lease_renew_time(c, node)? != first).then_some(())),
+    )?;
+
+    vkd.kill()?;
+    let killed = Instant::now();
+    wait_for(
+        "the node lifecycle controller to mark vk-restart NotReady",
+        Duration::from_secs(90),
+        || {
+            let n = c.kubectl_json(&["get", "node", node])?;
+            Ok(condition(&n, "Ready")
+                .is_some_and(|r| r["status"] == "Unknown" && r["reason"] == "NodeStatusUnknown")
+                .then_some(()))
+        },
+    )?;
+    eprintln!(
+        "vk-restart NotReady {:.1}s after SIGKILL",
+        killed.elapsed().as_secs_f64()
+    );
+    // The backend kept running without the daemon.
+    ensure!(
+        vkd.instances()?.len() == 3,
+        "instances vanished with the daemon"
+    );
+
+    vkd.spawn()?;
+    let restarted = Instant::now();
+    wait_for("vk-restart Ready again", Duration::from_secs(60), || {
+        let n = c.kubectl_json(&["get", "node", node])?;
+        Ok(condition(&n, "Ready")
+            .is_some_and(|r| r["status"] == "True")
+            .then_some(()))
+    })?;
+    eprintln!(
+        "vk-restart Ready {:.1}s after restart",
+        restarted.elapsed().as_secs_f64()
+    );
+    let pods = wait_for("the same 3 Pods Running", Duration::from_secs(30), || {
+        let pods = items(&c.kubectl_json(&["get", "pods", "-n", "e2e-restart"])?);
+        Ok((pods.len() == 3 && pods.iter().all(running_and_ready)).then_some(pods))
+    })?;
+    let after: BTreeMap<String, String> = vkd
+        .instances()?
+        .iter()
+        .map(|i| {
+            (
+                str_at(i, "podUID").to_owned(),
+                str_at(i, "instance").to_owned(),
+            )
+        })
+        .collect();
+    ensure!(
+        before == after,
+        "instances changed across the restart: {before:?} -> {after:?}"
+    );
+    assert_one_instance_per_pod(&vkd, &pods)?;
+    for p in &pods {
+        ensure!(
+            at(p, "status.containerStatuses.0.restartCount") == 0,
+            "a container restarted"
+        );
+    }
+    c.kubectl(&["delete", "namespace", "e2e-restart", "--wait=false"])?;
+    wait_for(
+        "no instance after deleting the namespace",
+        Duration::from_secs(60),
+        || Ok(vkd.instances()?.is_empty().then_some(())),
+    )?;
+    Ok(())
+}
+
+/// What a platform team sees on the Node.
+fn check_node_object(n: &Value) -> Result<()> {
+    let labels = at(n, "metadata.labels");
+    for (k, v) in [
+        ("type", "virtual-kubelet"),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/role", "agent"),
+        ("vkd.io/e2e", "restart"),
+    ] {
+        ensure!(
+            labels.get(k).and_then(Value::as_str) == Some(v),
+            "label {k} is {:?}",
+            labels.get(k)
+        );
+    }
+    ensure!(labels.get("kubernetes.io/arch").is_some(), "no arch label");
+    let taints = at(n, "spec.taints").as_array().cloned().unwrap_or_default();
+    ensure!(
+        taints
+            .iter()
+            .any(|t| t["key"] == "virtual-kubelet.io/provider"
+                && t["value"] == "sim"
+                && t["effect"] == "NoSchedule"),
+        "default taint missing: {taints:?}"
+    );
+    let cap = at(n, "status.capacity");
+    ensure!(
+        cap["nvidia.com/gpu"] == "8",
+        "gpu capacity {}",
+        cap["nvidia.com/gpu"]
+    );
+    ensure!(cap["cpu"] == "160", "cpu capacity {}", cap["cpu"]);
+    ensure!(cap["pods"] == "420", "pods capacity {}", cap["pods"]);
+    ensure!(
+        at(n, "status.allocatable") == cap,
+        "allocatable differs from capacity"
+    );
+    ensure!(
+        str_at(n, "status.nodeInfo.kubeletVersion").contains("vkd"),
+        "nodeInfo {}",
+        n["status"]["nodeInfo"]
+    );
+    ensure!(
+        at(n, "status.daemonEndpoints.kubeletEndpoint.Port")
+            .as_u64()
+            .is_some_and(|p| p > 0),
+        "no kubelet port"
+    );
+    let addresses = at(n, "status.addresses")
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        addresses
+            .iter()
+            .any(|a| a["type"] == "InternalIP" && a["address"] == "127.0.0.1"),
+        "addresses {addresses:?}"
+    );
+    let ready = condition(n, "Ready").context("no Ready condition")?;
+    ensure!(
+        ready["reason"] == "KubeletReady",
+        "Ready reason {}",
+        ready["reason"]
+    );
+    Ok(())
+}
+
+fn run_vkd(args: &[&str]) -> Result<(i32, String)> {
+    let out = Command::new(VKD)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
+    let good = repo_root().join("testdata/fleets/demo.yaml");
+    let typo = repo_root().join("testdata/bad/fleet-typo.yaml");
+    let tmp = std::env::temp_dir().join(format!("vkd-bad-{}", std::process::id()));
+    let state = tmp.display().to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "run".into(),
+                "--node-name".into(),
+                "vk".into(),
+                "--provider-config".into(),
+                path(&typo),
+                "--state-dir".into(),
+                state.clone(),
+            ],
+            "provider-config",
+        ),
+        (
+            vec!["run".into(), "--no-such-flag".into()],
+            "--no-such-flag",
+        ),
+        (
+            vec!["run".into(), "--provider-config".into(), path(&good)],
+            "node-name",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--node-name".into(),
+                "Bad_Name".into(),
+                "--provider-config".into(),
+                path(&good),
+            ],
+            "node-name",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--node-name".into(),
+                "vk".into(),
+                "--provider-config".into(),
+                path(&good),
+                "--node-taint".into(),
+                "k=v:Maybe".into(),
+            ],
+            "node-taint",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--node-name".into(),
+                "vk".into(),
+                "--provider-config".into(),
+                "/nonexistent/fleet.yaml".into(),
+            ],
+            "provider-config",
+        ),
+    ];
+    for (args, field) in cases {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, stderr) = run_vkd(&refs)?;
+        if code != 64 || !stderr.contains(field) {
+            bail!("vkd {args:?}: exit {code}, stderr {stderr:?}; want 64 naming {field}");
+        }
+        ensure!(!stderr.contains("panicked"), "vkd panicked: {stderr}");
+    }
+    let (_, stderr) = run_vkd(&[
+        "run",
+        "--node-name",
+        "vk",
+        "--provider-config",
+        &path(&typo),
+        "--state-dir",
+        &state,
+    ])?;
+    ensure!(
+        stderr.contains("unknown field `memroy`"),
+        "the typo is not named: {stderr}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+    Ok(())
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
