@@ -40,6 +40,10 @@ fn main() -> ExitCode {
             kill_and_restart_adopts,
         ),
         ("bad_input_exits_64_with_the_field", bad_input_exits_64),
+        (
+            "unhealthy_provider_makes_the_node_not_ready",
+            unhealthy_provider,
+        ),
     ])
 }
 
@@ -60,9 +64,13 @@ fn free_port() -> Result<u16> {
 
 impl Vkd {
     fn start(c: &Cluster, node: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_with_fleet(c, node, "demo.yaml", extra)
+    }
+
+    fn start_with_fleet(c: &Cluster, node: &str, fleet: &str, extra: &[&str]) -> Result<Self> {
         let state_dir = c.dir().join("vkd-state").join(node);
         std::fs::create_dir_all(&state_dir)?;
-        let fleet = repo_root().join("testdata/fleets/demo.yaml");
+        let fleet = repo_root().join("testdata/fleets").join(fleet);
         let mut args: Vec<String> = vec![
             "run".into(),
             "--kubeconfig".into(),
@@ -116,6 +124,14 @@ impl Vkd {
             child.wait()?;
         }
         Ok(())
+    }
+
+    /// The daemon's resident memory.
+    fn rss_kib(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
     }
 
     /// The sim backend's instances, read from its state directory by `vkd sim list`.
@@ -239,8 +255,26 @@ fn external_http_deployment(c: &Cluster) -> Result<()> {
             str_at(p, "metadata.name"),
             timeline.as_str().unwrap_or_default()
         );
+        let timeline = timeline.as_str().unwrap_or_default();
+        for step in [
+            "bound=",
+            "observed=",
+            "admitted=",
+            "accepted=",
+            "started=",
+            "ready=",
+        ] {
+            ensure!(
+                timeline.contains(step),
+                "timeline {timeline:?} lacks {step}"
+            );
+        }
     }
     assert_one_instance_per_pod(&vkd, &pods)?;
+    eprintln!(
+        "external-http: vkd RSS {} KiB with 6 Pods",
+        vkd.rss_kib().unwrap_or(0)
+    );
 
     c.kubectl(&[
         "scale",
@@ -705,4 +739,40 @@ fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
 
 fn path(p: &Path) -> String {
     p.display().to_string()
+}
+
+fn unhealthy_provider(c: &Cluster) -> Result<()> {
+    let _vkd = Vkd::start_with_fleet(
+        c,
+        "vk-unhealthy",
+        "unhealthy.yaml",
+        &["--node-label", "vkd.io/e2e=unhealthy"],
+    )?;
+    let ready = wait_for(
+        "vk-unhealthy to report Ready=False",
+        Duration::from_secs(30),
+        || {
+            let n = c.kubectl_json(&["get", "node", "vk-unhealthy"])?;
+            Ok(condition(&n, "Ready")
+                .filter(|r| r["status"] == "False")
+                .cloned())
+        },
+    )?;
+    ensure!(
+        ready["reason"] == "SimFaultInjected",
+        "reason {}",
+        ready["reason"]
+    );
+    let message = ready["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains("provider sim is unhealthy"),
+        "message {message:?}"
+    );
+    // Not silent: the lease is still renewed, so the controller does not call it Unknown.
+    let lease = c.kubectl_json(&["get", "lease", "vk-unhealthy", "-n", "kube-node-lease"])?;
+    ensure!(
+        !str_at(&lease, "spec.renewTime").is_empty(),
+        "no lease renewal"
+    );
+    Ok(())
 }

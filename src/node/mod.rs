@@ -68,14 +68,6 @@ struct Posted {
     since: SystemTime,
 }
 
-fn quantity_cpu(millis: u64) -> String {
-    if millis % 1000 == 0 {
-        (millis / 1000).to_string()
-    } else {
-        format!("{millis}m")
-    }
-}
-
 impl NodeAgent {
     pub fn new(settings: Settings, client: Client, provider: Arc<dyn Provider>) -> Self {
         Self {
@@ -207,7 +199,7 @@ impl NodeAgent {
             pods = u64::from(max);
         }
         json!({
-            "cpu": quantity_cpu(cpu),
+            "cpu": vkd_provider::quantity::format_cpu(cpu),
             "memory": mem.to_string(),
             "pods": pods.to_string(),
             "nvidia.com/gpu": gpus.to_string(),

@@ -331,7 +331,7 @@ impl PodController {
                 return self.fail(&rec, "InstanceLost", &message).await;
             }
             None => match self.start(&rec).await? {
-                Start::Running(i) => i,
+                Start::Running(i) => *i,
                 Start::Queued(reason) => {
                     self.queued(&rec, &reason).await?;
                     return Ok(Action::After(QUEUED_RECHECK));
@@ -386,7 +386,7 @@ impl PodController {
             r.timeline.accepted = Some(SystemTime::now());
             r.pending = None;
         });
-        Ok(Start::Running(instance))
+        Ok(Start::Running(Box::new(instance)))
     }
 
     /// Updates the stored record, if the Pod still has one.
@@ -447,7 +447,12 @@ impl PodController {
             return Ok(());
         }
         let now = SystemTime::now();
-        let mut rec = rec.clone();
+        // The stored record may be newer: admission and creation touch its timeline.
+        let mut rec = self
+            .records()
+            .get(&*rec.uid)
+            .cloned()
+            .unwrap_or_else(|| rec.clone());
         if view
             .containers
             .iter()
@@ -606,7 +611,7 @@ impl PodController {
 }
 
 enum Start {
-    Running(Instance),
+    Running(Box<Instance>),
     Queued(String),
     Failed(String, String),
 }

@@ -213,7 +213,7 @@ fn resources(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<Resources, Sp
                 .map(|q| quantity::count(&q))
                 .transpose()
                 .map_err(|e| invalid("nvidia.com/gpu", e))?
-                .map_or(Ok(0), |n| u32::try_from(n))
+                .map_or(Ok(0), u32::try_from)
                 .map_err(|_| SpecError {
                     reason: "InvalidResources",
                     message: format!("container {}: too many nvidia.com/gpu", c.name),

@@ -80,6 +80,15 @@ pub fn count(text: &str) -> Result<u64, QuantityError> {
     Ok(n as u64)
 }
 
+/// CPU millicores written as a quantity: whole cores when exact ("64"), else "250m".
+pub fn format_cpu(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        (millis / 1000).to_string()
+    } else {
+        format!("{millis}m")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +107,7 @@ mod tests {
         assert!(cpu_millis("").is_err());
         assert!(cpu_millis("-1").is_err());
         assert!(bytes("1e400").is_err());
+        assert_eq!(format_cpu(64_000), "64");
+        assert_eq!(format_cpu(250), "250m");
     }
 }

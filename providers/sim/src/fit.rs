@@ -1,7 +1,7 @@
 //! Does a Pod fit on one host of the fleet? Never on a sum of hosts: two hosts with
 //! 4 free GPUs each are not a place for an 8-GPU Pod.
 
-use vkd_provider::{Admission, HostSlice, InstanceSpec, Placement};
+use vkd_provider::{Admission, HostSlice, InstanceSpec, Placement, quantity};
 
 fn gpu_summary(hosts: &[HostSlice], free: bool) -> String {
     hosts
@@ -15,14 +15,6 @@ fn gpu_summary(hosts: &[HostSlice], free: bool) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn cores(millis: u64) -> String {
-    if millis % 1000 == 0 {
-        (millis / 1000).to_string()
-    } else {
-        format!("{millis}m")
-    }
 }
 
 fn gib(bytes: u64) -> String {
@@ -64,9 +56,9 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
                 .unwrap_or(0);
             format!(
                 "needs {} cpu, {} memory and {gpus} nvidia.com/gpu on one host; the largest host has {} cpu and {} memory",
-                cores(r.cpu_millis),
+                quantity::format_cpu(r.cpu_millis),
                 gib(r.memory_bytes),
-                cores(cpu),
+                quantity::format_cpu(cpu),
                 gib(mem)
             )
         };
@@ -105,7 +97,7 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
             } else {
                 format!(
                     "waiting for a host with {} cpu and {} memory free",
-                    cores(r.cpu_millis),
+                    quantity::format_cpu(r.cpu_millis),
                     gib(r.memory_bytes)
                 )
             },

@@ -95,7 +95,7 @@ pub fn read_records(state_dir: &Path) -> Result<Vec<Record>, StateError> {
         })?;
         out.push(rec);
     }
-    out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+    out.sort_by_key(|r| r.created_at);
     Ok(out)
 }
 
@@ -603,7 +603,7 @@ impl Provider for SimProvider {
                 out.push(i);
             }
         }
-        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        out.sort_by_key(|r| r.created_at);
         Ok(out)
     }
 
