@@ -9,6 +9,7 @@ pub mod admin;
 pub mod config;
 pub mod node;
 pub mod pods;
+pub mod streaming;
 
 use std::sync::Arc;
 

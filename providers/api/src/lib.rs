@@ -290,15 +290,96 @@ pub enum InstanceEvent {
     Resync,
 }
 
-/// Options of a log read, mirroring the kubelet's /containerLogs query.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LogOptions {
-    pub follow: bool,
+/// Which log a read wants and whether it continues.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogRequest {
+    /// The previous run of the container (after a restart).
     pub previous: bool,
-    pub timestamps: bool,
-    pub tail_lines: Option<u64>,
-    pub limit_bytes: Option<u64>,
-    pub since: Option<SystemTime>,
+    /// Keep streaming new lines until the container stops.
+    pub follow: bool,
+}
+
+/// One line of a container's log, with the time it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub time: SystemTime,
+    /// The line's bytes, including its trailing newline.
+    pub bytes: bytes::Bytes,
+}
+
+/// What a log read returns: the lines written so far, and with `follow` the lines
+/// still to come (ending when the container stops). vkd applies sinceSeconds,
+/// sinceTime, tailLines, limitBytes and timestamps on top.
+pub struct Logs {
+    pub history: Vec<LogLine>,
+    pub follow: Option<BoxStream<'static, LogLine>>,
+}
+
+impl fmt::Debug for Logs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Logs")
+            .field("history", &self.history.len())
+            .field("follow", &self.follow.is_some())
+            .finish()
+    }
+}
+
+/// A terminal size sent by a client (`kubectl exec -t` on resize).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermSize {
+    #[serde(rename = "Width")]
+    pub width: u16,
+    #[serde(rename = "Height")]
+    pub height: u16,
+}
+
+pub type BoxRead = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+pub type BoxWrite = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// The streams of an exec or attach session. Absent streams were not requested.
+pub struct StreamIo {
+    pub stdin: Option<BoxRead>,
+    pub stdout: Option<BoxWrite>,
+    /// `None` with a tty: stderr goes to stdout.
+    pub stderr: Option<BoxWrite>,
+    pub tty: bool,
+    pub resize: Option<tokio::sync::mpsc::Receiver<TermSize>>,
+}
+
+impl fmt::Debug for StreamIo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamIo")
+            .field("stdin", &self.stdin.is_some())
+            .field("stdout", &self.stdout.is_some())
+            .field("stderr", &self.stderr.is_some())
+            .field("tty", &self.tty)
+            .finish()
+    }
+}
+
+/// A byte stream both ways, for port-forward.
+pub trait Duplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Duplex for T {}
+
+/// Resource usage of one container at a moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerStats {
+    pub name: String,
+    pub start_time: SystemTime,
+    /// CPU used since start.
+    pub cpu_usage_core_nanoseconds: u64,
+    /// Current CPU rate.
+    pub cpu_usage_nano_cores: u64,
+    pub memory_working_set_bytes: u64,
+    pub memory_rss_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodStats {
+    pub pod: PodRef,
+    pub start_time: SystemTime,
+    pub time: SystemTime,
+    pub containers: Vec<ContainerStats>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -393,16 +474,36 @@ pub trait Provider: Send + Sync + fmt::Debug {
     fn events(&self) -> BoxStream<'static, InstanceEvent>;
 
     /// A container's log. Optional.
-    async fn logs(
-        &self,
-        _uid: &str,
-        _container: &str,
-        _options: &LogOptions,
-    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>> {
-        Err(ProviderError::Unsupported {
+    async fn logs(&self, _uid: &str, _container: &str, _request: LogRequest) -> Result<Logs> {
+        Err(self.unsupported("logs"))
+    }
+
+    /// Runs `command` in a container; resolves to its exit code. Optional.
+    async fn exec(&self, _uid: &str, _container: &str, _command: Vec<String>, _io: StreamIo) -> Result<i32> {
+        Err(self.unsupported("exec"))
+    }
+
+    /// Attaches to a container's main process until it ends or the client leaves. Optional.
+    async fn attach(&self, _uid: &str, _container: &str, _io: StreamIo) -> Result<()> {
+        Err(self.unsupported("attach"))
+    }
+
+    /// Carries one port-forward connection to `port` of the Pod. Optional.
+    async fn port_forward(&self, _uid: &str, _port: u16, _stream: Box<dyn Duplex>) -> Result<()> {
+        Err(self.unsupported("port-forward"))
+    }
+
+    /// Resource usage of a Pod's containers. Optional.
+    async fn stats(&self, _uid: &str) -> Result<PodStats> {
+        Err(self.unsupported("stats"))
+    }
+
+    /// The error for an optional capability this provider lacks.
+    fn unsupported(&self, capability: &'static str) -> ProviderError {
+        ProviderError::Unsupported {
             provider: self.name().to_owned(),
-            capability: "logs",
-        })
+            capability,
+        }
     }
 }
 

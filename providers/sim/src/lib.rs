@@ -27,6 +27,7 @@ use vkd_provider::{
 pub mod behaviour;
 pub mod fit;
 pub mod fleet;
+pub mod streams;
 
 pub use fleet::{Fleet, FleetError};
 
@@ -109,8 +110,8 @@ struct HostUsage {
 }
 
 #[derive(Debug, Default)]
-struct State {
-    records: HashMap<String, Record>,
+pub(crate) struct State {
+    pub(crate) records: HashMap<String, Record>,
     usage: HashMap<String, HostUsage>,
     /// Highest epoch seen per node.
     epochs: HashMap<String, u64>,
@@ -199,7 +200,7 @@ impl SimProvider {
         &self.inner.fleet
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         // A poisoned lock only means a panic elsewhere; the data is still consistent
         // because every mutation is completed before the guard drops.
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -419,7 +420,14 @@ impl Provider for SimProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        use vkd_provider::Support::Supported;
+        Capabilities {
+            logs: Supported,
+            exec: Supported,
+            attach: Supported,
+            port_forward: Supported,
+            stats: Supported,
+        }
     }
 
     async fn health(&self) -> Health {
@@ -605,6 +613,26 @@ impl Provider for SimProvider {
         }
         out.sort_by_key(|r| r.created_at);
         Ok(out)
+    }
+
+    async fn logs(&self, uid: &str, container: &str, request: vkd_provider::LogRequest) -> Result<vkd_provider::Logs> {
+        self.sim_logs(uid, container, request).await
+    }
+
+    async fn exec(&self, uid: &str, container: &str, command: Vec<String>, io: vkd_provider::StreamIo) -> Result<i32> {
+        self.sim_exec(uid, container, command, io).await
+    }
+
+    async fn attach(&self, uid: &str, container: &str, io: vkd_provider::StreamIo) -> Result<()> {
+        self.sim_attach(uid, container, io).await
+    }
+
+    async fn port_forward(&self, uid: &str, _port: u16, stream: Box<dyn vkd_provider::Duplex>) -> Result<()> {
+        self.sim_port_forward(uid, stream).await
+    }
+
+    async fn stats(&self, uid: &str) -> Result<vkd_provider::PodStats> {
+        self.sim_stats(uid).await
     }
 
     fn events(&self) -> BoxStream<'static, InstanceEvent> {
