@@ -76,6 +76,23 @@ pub struct RunArgs {
     /// Port of the kubelet API, advertised in the Node's daemonEndpoints.
     #[arg(long, env = "VKD_KUBELET_PORT")]
     pub kubelet_port: Option<u16>,
+    /// Address the kubelet API binds to.
+    #[arg(long, env = "VKD_KUBELET_BIND")]
+    pub kubelet_bind: Option<IpAddr>,
+    /// Serving certificate (PEM) of the kubelet API; reloaded when it changes.
+    /// Without it, a self-signed certificate for the node name and address is made at start.
+    #[arg(long, env = "VKD_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of the serving certificate.
+    #[arg(long, env = "VKD_TLS_PRIVATE_KEY_FILE")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA bundle (PEM) that client certificates must chain to (the apiserver's
+    /// --kubelet-client-certificate is signed by it).
+    #[arg(long, env = "VKD_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Let requests without credentials in as system:anonymous (still authorized).
+    #[arg(long, env = "VKD_ANONYMOUS_AUTH")]
+    pub anonymous_auth: Option<bool>,
     /// Port of the admin server (/livez, /readyz).
     #[arg(long, env = "VKD_ADMIN_PORT")]
     pub admin_port: Option<u16>,
@@ -119,6 +136,11 @@ struct FileConfig {
     provider_config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     kubelet_port: Option<u16>,
+    kubelet_bind: Option<IpAddr>,
+    tls_cert_file: Option<PathBuf>,
+    tls_private_key_file: Option<PathBuf>,
+    client_ca_file: Option<PathBuf>,
+    anonymous_auth: Option<bool>,
     admin_port: Option<u16>,
     admin_bind: Option<IpAddr>,
     node_address: Option<IpAddr>,
@@ -176,6 +198,9 @@ pub struct Config {
     pub provider_config: PathBuf,
     pub state_dir: PathBuf,
     pub kubelet_port: u16,
+    pub kubelet_bind: IpAddr,
+    pub tls: crate::kubelet_api::tls::TlsSettings,
+    pub anonymous_auth: bool,
     pub admin_port: u16,
     pub admin_bind: IpAddr,
     pub node_address: IpAddr,
@@ -321,6 +346,28 @@ impl Config {
                 .map(|t| parse_taint(t))
                 .collect::<Result<_, _>>()?,
         };
+        let tls = crate::kubelet_api::tls::TlsSettings {
+            cert_file: args.tls_cert_file.or(file.tls_cert_file),
+            key_file: args.tls_private_key_file.or(file.tls_private_key_file),
+            client_ca_file: args.client_ca_file.or(file.client_ca_file),
+        };
+        if tls.cert_file.is_some() != tls.key_file.is_some() {
+            return Err(bad(
+                "tls-cert-file",
+                "--tls-cert-file and --tls-private-key-file must be given together",
+            ));
+        }
+        for (field, path) in [
+            ("tls-cert-file", &tls.cert_file),
+            ("tls-private-key-file", &tls.key_file),
+            ("client-ca-file", &tls.client_ca_file),
+        ] {
+            if let Some(p) = path
+                && !p.is_file()
+            {
+                return Err(bad(field, format!("{} is not a readable file", p.display())));
+            }
+        }
         let kube_qps = args.kube_qps.or(file.kube_qps).unwrap_or(50);
         let kube_burst = args.kube_burst.or(file.kube_burst).unwrap_or(100);
         if kube_qps == 0 {
@@ -346,6 +393,12 @@ impl Config {
                 .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from("/var/lib/vkd")),
             kubelet_port,
+            kubelet_bind: args
+                .kubelet_bind
+                .or(file.kubelet_bind)
+                .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+            tls,
+            anonymous_auth: args.anonymous_auth.or(file.anonymous_auth).unwrap_or(false),
             admin_port,
             admin_bind: args
                 .admin_bind

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod kubelet_api;
 pub mod node;
 pub mod pods;
 pub mod streaming;
@@ -37,6 +38,8 @@ pub enum Error {
     Admin(#[source] std::io::Error),
     #[error(transparent)]
     Node(#[from] node::NodeError),
+    #[error(transparent)]
+    KubeletApi(#[from] kubelet_api::ApiError),
 }
 
 /// The epoch every mutation carries until leader election assigns real ones.
@@ -98,9 +101,14 @@ pub async fn run(
             qps: cfg.kube_qps,
             burst: cfg.kube_burst,
         },
-        pod_client,
+        pod_client.clone(),
         Arc::clone(&provider),
     );
+    let tls = kubelet_api::tls::server_config(&cfg.tls, &cfg.node_name, cfg.node_address)
+        .map_err(kubelet_api::ApiError::from)?;
+    let kubelet = kubelet_api::KubeletApi::new(Arc::clone(&pods), pod_client, cfg.anonymous_auth)
+        .serve((cfg.kubelet_bind, cfg.kubelet_port).into(), tls, shutdown.clone())
+        .await?;
     let agent = node::NodeAgent::new(
         node::Settings {
             name: cfg.node_name.clone(),
@@ -133,5 +141,6 @@ pub async fn run(
     shutdown.cancel();
     let _ = pod_task.await;
     let _ = admin.await;
+    let _ = kubelet.await;
     node_result.map_err(Error::from)
 }

@@ -122,6 +122,27 @@ impl PodController {
         self.synced.load(Ordering::Acquire)
     }
 
+    /// The UID and container names of a Pod bound to this node.
+    pub fn lookup(&self, namespace: &str, name: &str) -> Option<(String, Vec<String>)> {
+        self.records()
+            .values()
+            .find(|r| &*r.namespace == namespace && &*r.name == name)
+            .map(|r| (r.uid.to_string(), r.containers.iter().map(|c| c.name.to_string()).collect()))
+    }
+
+    /// Every Pod bound to this node: UID, namespace, name.
+    pub fn pods(&self) -> Vec<vkd_provider::PodRef> {
+        self.records().values().map(PodRecord::pod_ref).collect()
+    }
+
+    pub fn node(&self) -> &str {
+        &self.settings.node
+    }
+
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.provider
+    }
+
     fn records(&self) -> MutexGuard<'_, HashMap<String, PodRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -1,0 +1,217 @@
+//! `/containerLogs`: the query (kubelet semantics, 422 on invalid values) and
+//! the shaping of a provider's lines into the response body.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use vkd_provider::{LogLine, Logs};
+
+/// PodLogOptions as the kubelet reads them from the query string.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogQuery {
+    pub follow: bool,
+    pub previous: bool,
+    pub timestamps: bool,
+    pub since_seconds: Option<i64>,
+    pub since_time: Option<SystemTime>,
+    pub tail_lines: Option<i64>,
+    pub limit_bytes: Option<i64>,
+}
+
+/// Go's strconv.ParseBool, which the kubelet's query decoding uses.
+fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" | "" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("{name}: invalid value {v:?}: must be a boolean")),
+    }
+}
+
+fn parse_int(name: &str, v: &str) -> Result<i64, String> {
+    v.parse::<i64>().map_err(|_| format!("{name}: invalid value {v:?}: must be an integer"))
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len()
+                && bytes[i + 1].is_ascii_hexdigit()
+                && bytes[i + 2].is_ascii_hexdigit() =>
+            {
+                let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+                out.push(hex(bytes[i + 1]) * 16 + hex(bytes[i + 2]));
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Splits a query string into decoded pairs.
+pub fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// Parses and validates the query; an error is the 422 message.
+pub fn parse_query(query: &str) -> Result<LogQuery, String> {
+    let mut q = LogQuery::default();
+    let mut legacy_tail = None;
+    for (k, v) in query_pairs(query) {
+        match k.as_str() {
+            "follow" => q.follow = parse_bool(&k, &v)?,
+            "previous" => q.previous = parse_bool(&k, &v)?,
+            "timestamps" => q.timestamps = parse_bool(&k, &v)?,
+            "sinceSeconds" => q.since_seconds = Some(parse_int(&k, &v)?),
+            "sinceTime" => {
+                let t: jiff::Timestamp = v
+                    .parse()
+                    .map_err(|_| format!("sinceTime: invalid value {v:?}: must be RFC 3339"))?;
+                q.since_time = Some(SystemTime::from(t));
+            }
+            "tailLines" => q.tail_lines = Some(parse_int(&k, &v)?),
+            "limitBytes" => q.limit_bytes = Some(parse_int(&k, &v)?),
+            "tail" => {
+                legacy_tail = if v == "all" { Some(None) } else { Some(Some(parse_int(&k, &v)?)) };
+            }
+            _ => {}
+        }
+    }
+    if q.tail_lines.is_none()
+        && let Some(t) = legacy_tail
+    {
+        q.tail_lines = t;
+    }
+    if q.since_seconds.is_some() && q.since_time.is_some() {
+        return Err("at most one of sinceTime or sinceSeconds may be specified".into());
+    }
+    if q.since_seconds.is_some_and(|s| s < 1) {
+        return Err("sinceSeconds: Invalid value: must be greater than 0".into());
+    }
+    if q.tail_lines.is_some_and(|t| t < 0) {
+        return Err("tailLines: Invalid value: must be greater than or equal to 0".into());
+    }
+    if q.limit_bytes.is_some_and(|b| b < 1) {
+        return Err("limitBytes: Invalid value: must be greater than 0".into());
+    }
+    Ok(q)
+}
+
+/// RFC3339NanoFixed, as the kubelet prefixes lines with `timestamps=true`.
+fn timestamp(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t)
+        .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%S.%9fZ").to_string())
+        .unwrap_or_default()
+}
+
+/// Applies since, tail, timestamps and limitBytes to the provider's lines.
+pub fn shape(logs: Logs, q: &LogQuery, now: SystemTime) -> BoxStream<'static, Bytes> {
+    let since = [
+        q.since_seconds.map(|s| now - Duration::from_secs(s.unsigned_abs())),
+        q.since_time,
+    ]
+    .into_iter()
+    .flatten()
+    .max();
+    let keep = move |l: &LogLine| since.is_none_or(|s| l.time >= s);
+    let mut history: Vec<LogLine> = logs.history.into_iter().filter(keep).collect();
+    if let Some(n) = q.tail_lines {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        let skip = history.len().saturating_sub(n);
+        history.drain(..skip);
+    }
+    let stamps = q.timestamps;
+    let render = move |l: LogLine| -> Bytes {
+        if stamps {
+            let mut b = timestamp(l.time).into_bytes();
+            b.push(b' ');
+            b.extend_from_slice(&l.bytes);
+            Bytes::from(b)
+        } else {
+            l.bytes
+        }
+    };
+    let head = stream::iter(history).map(render);
+    let body: BoxStream<'static, Bytes> = match logs.follow {
+        Some(rest) if q.follow => head.chain(rest.filter(move |l| std::future::ready(keep(l))).map(render)).boxed(),
+        _ => head.boxed(),
+    };
+    match q.limit_bytes {
+        None => body,
+        Some(limit) => {
+            let mut left = u64::try_from(limit).unwrap_or(0);
+            body.take_while(move |_| std::future::ready(left > 0))
+                .map(move |b| {
+                    let n = (b.len() as u64).min(left);
+                    left -= n;
+                    b.slice(..usize::try_from(n).unwrap_or(0))
+                })
+                .boxed()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(n: u64, t0: SystemTime) -> Logs {
+        Logs {
+            history: (0..n)
+                .map(|i| LogLine {
+                    time: t0 + Duration::from_secs(i),
+                    bytes: Bytes::from(format!("line {i}\n")),
+                })
+                .collect(),
+            follow: None,
+        }
+    }
+
+    async fn collect(s: BoxStream<'static, Bytes>) -> String {
+        let parts: Vec<Bytes> = s.collect().await;
+        parts.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
+    }
+
+    #[test]
+    fn query_validation_matches_the_kubelet() {
+        assert_eq!(parse_query("follow=true&tailLines=3").unwrap().tail_lines, Some(3));
+        assert_eq!(parse_query("tail=5").unwrap().tail_lines, Some(5));
+        assert_eq!(parse_query("tail=all").unwrap().tail_lines, None);
+        assert!(parse_query("sinceSeconds=0").is_err());
+        assert!(parse_query("tailLines=-1").is_err());
+        assert!(parse_query("limitBytes=0").is_err());
+        assert!(parse_query("follow=maybe").is_err());
+        assert!(parse_query("sinceSeconds=10&sinceTime=2026-01-01T00:00:00Z").is_err());
+        let q = parse_query("sinceTime=2026-01-01T00%3A00%3A00Z&timestamps=1").unwrap();
+        assert!(q.timestamps && q.since_time.is_some());
+        assert!(parse_query("sinceTime=yesterday").is_err());
+        assert_eq!(parse_query("unknown=1&%zz=%").unwrap(), LogQuery::default());
+    }
+
+    #[tokio::test]
+    async fn tail_since_limit_and_timestamps() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let now = t0 + Duration::from_secs(10);
+        let q = LogQuery { tail_lines: Some(2), ..Default::default() };
+        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "line 8\nline 9\n");
+        let q = LogQuery { since_seconds: Some(3), ..Default::default() };
+        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "line 7\nline 8\nline 9\n");
+        let q = LogQuery { limit_bytes: Some(9), ..Default::default() };
+        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "line 0\nli");
+        let q = LogQuery { timestamps: true, tail_lines: Some(1), ..Default::default() };
+        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "2027-01-15T08:00:09.000000000Z line 9\n");
+    }
+}

@@ -1,0 +1,462 @@
+//! The kubelet HTTP API on the port the Node advertises: HTTPS (rustls, HTTP/1.1
+//! for upgrades), authenticated and authorized as a kubelet does, serving logs,
+//! exec, attach, port-forward, stats and pod lists from the provider.
+
+pub mod auth;
+pub mod logs;
+pub mod stats;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{CONNECTION, HeaderValue, UPGRADE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+use vkd_provider::{LogRequest, ProviderError};
+
+use crate::pods::PodController;
+use crate::streaming::remotecommand::{self, EXEC_PROTOCOLS, Outcome, PORT_FORWARD_PROTOCOL, Requested};
+use crate::streaming::spdy::session::Session;
+use auth::{AuthError, Authenticator, User};
+
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("kubelet API TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("binding the kubelet API on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub struct KubeletApi {
+    pods: Arc<PodController>,
+    auth: Authenticator,
+    client: Client,
+}
+
+impl std::fmt::Debug for KubeletApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletApi").field("auth", &self.auth).finish_non_exhaustive()
+    }
+}
+
+/// A metav1.Status response, as the kubelet and apiserver write errors.
+pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    let mut r = Response::new(full(body.to_string()));
+    *r.status_mut() = code;
+    r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    r
+}
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never: Infallible| match never {}).boxed_unsync()
+}
+
+fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = code;
+    r
+}
+
+fn json_response(v: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(full(v.to_string()));
+    r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    r
+}
+
+fn provider_error(e: &ProviderError) -> Response<Body> {
+    match e {
+        ProviderError::Unsupported { provider, capability } => status(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            &format!("provider {provider} does not support {capability}"),
+        ),
+        ProviderError::NotFound { .. } => status(StatusCode::NOT_FOUND, "NotFound", &e.to_string()),
+        ProviderError::Invalid { message, .. } => status(StatusCode::BAD_REQUEST, "BadRequest", message),
+        _ => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+    }
+}
+
+impl KubeletApi {
+    pub fn new(pods: Arc<PodController>, client: Client, anonymous: bool) -> Arc<Self> {
+        let auth = Authenticator::new(client.clone(), pods.node().to_owned(), anonymous);
+        Arc::new(Self { pods, auth, client })
+    }
+
+    /// Binds now, serves until shutdown.
+    pub async fn serve(
+        self: Arc<Self>,
+        addr: SocketAddr,
+        config: rustls::ServerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, ApiError> {
+        let listener = TcpListener::bind(addr).await.map_err(|source| ApiError::Bind { addr, source })?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        Ok(tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    a = listener.accept() => match a {
+                        Ok(a) => a,
+                        Err(e) => { warn!(error = %e, "kubelet API accept failed"); continue; }
+                    },
+                };
+                let this = Arc::clone(&self);
+                let acceptor = acceptor.clone();
+                let token = shutdown.clone();
+                tokio::spawn(async move { this.connection(acceptor, tcp, peer, token).await });
+            }
+        }))
+    }
+
+    async fn connection(
+        self: Arc<Self>,
+        acceptor: TlsAcceptor,
+        tcp: tokio::net::TcpStream,
+        peer: SocketAddr,
+        shutdown: CancellationToken,
+    ) {
+        let tls = match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => return,
+        };
+        let cert_user = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(tls::identity_of)
+            .map(|(name, groups)| User { name, groups, uid: None });
+        let this = Arc::clone(&self);
+        let service = hyper::service::service_fn(move |req| {
+            let this = Arc::clone(&this);
+            let user = cert_user.clone();
+            async move { Ok::<_, Infallible>(this.handle(req, user).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(tls), service)
+            .with_upgrades();
+        tokio::select! {
+            r = conn => if let Err(e) = r { debug!(%peer, error = %e, "kubelet API connection ended"); },
+            _ = shutdown.cancelled() => {}
+        }
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>, cert_user: Option<User>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let span = info_span!("kubelet_api", method = %req.method(), path = %path);
+        async move {
+            let authz = req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let user = match self.auth.authenticate(cert_user, authz.as_deref()).await {
+                Ok(u) => u,
+                Err(e) => return auth_response(&e),
+            };
+            let attrs = auth::attributes(req.method().as_str(), &path);
+            if let Err(e) = self.auth.authorize(&user, &attrs).await {
+                return auth_response(&e);
+            }
+            self.route(req).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or_default().to_owned();
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let get_or_post = matches!(*req.method(), hyper::Method::GET | hyper::Method::POST);
+        match parts.as_slice() {
+            ["healthz"] => text(StatusCode::OK, "ok"),
+            ["pods"] | ["pods", ""] => self.pods_list().await,
+            ["runningpods"] | ["runningpods", ""] => self.running_pods().await,
+            ["containerLogs", ns, pod, container] => self.logs(ns, pod, container, &query).await,
+            ["exec", ns, pod, container] | ["exec", ns, pod, _, container] if get_or_post => {
+                self.remotecommand(req, ns, pod, container, &query, true).await
+            }
+            ["attach", ns, pod, container] | ["attach", ns, pod, _, container] if get_or_post => {
+                self.remotecommand(req, ns, pod, container, &query, false).await
+            }
+            ["portForward", ns, pod] | ["portForward", ns, pod, _] if get_or_post => {
+                self.port_forward(req, ns, pod).await
+            }
+            ["stats", "summary"] | ["stats", "summary", ""] => json_response(&stats::summary(&self.pods).await),
+            ["metrics", "resource"] => {
+                let mut r = text(StatusCode::OK, stats::resource_metrics(&self.pods).await);
+                r.headers_mut()
+                    .insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4"));
+                r
+            }
+            _ => status(StatusCode::NOT_FOUND, "NotFound", &format!("no kubelet API route for {path}")),
+        }
+    }
+
+    fn find(&self, ns: &str, pod: &str, container: Option<&str>) -> Result<String, Response<Body>> {
+        let Some((uid, containers)) = self.pods.lookup(ns, pod) else {
+            return Err(status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("pod \"{pod}\" in namespace \"{ns}\" not found on node {}", self.pods.node()),
+            ));
+        };
+        if let Some(c) = container
+            && !containers.iter().any(|n| n == c)
+        {
+            return Err(status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("container \"{c}\" not found in pod \"{ns}/{pod}\""),
+            ));
+        }
+        Ok(uid)
+    }
+
+    async fn logs(&self, ns: &str, pod: &str, container: &str, query: &str) -> Response<Body> {
+        let q = match logs::parse_query(query) {
+            Ok(q) => q,
+            Err(m) => return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &m),
+        };
+        let uid = match self.find(ns, pod, Some(container)) {
+            Ok(u) => u,
+            Err(r) => return r,
+        };
+        let request = LogRequest {
+            previous: q.previous,
+            follow: q.follow,
+        };
+        match self.pods.provider().logs(&uid, container, request).await {
+            Ok(lines) => {
+                let body = logs::shape(lines, &q, SystemTime::now()).map(|b| Ok::<_, std::io::Error>(Frame::data(b)));
+                let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(body)));
+                r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain"));
+                r
+            }
+            Err(e) => provider_error(&e),
+        }
+    }
+
+    async fn pods_list(&self) -> Response<Body> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.pods.node()));
+        match api.list(&params).await {
+            Ok(list) => json_response(&json!({
+                "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": list.items,
+            })),
+            Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+        }
+    }
+
+    async fn running_pods(&self) -> Response<Body> {
+        match self.pods.provider().list(self.pods.node()).await {
+            Ok(instances) => {
+                let items: Vec<_> = instances
+                    .iter()
+                    .filter(|i| i.phase == vkd_provider::InstancePhase::Running)
+                    .map(|i| {
+                        json!({
+                            "metadata": {"name": i.owner.name, "namespace": i.owner.namespace, "uid": i.owner.uid},
+                            "spec": {"containers": i.containers.iter().map(|c| json!({"name": c.name})).collect::<Vec<_>>()},
+                        })
+                    })
+                    .collect();
+                json_response(&json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
+            }
+            Err(e) => provider_error(&e),
+        }
+    }
+
+    async fn remotecommand(
+        &self,
+        mut req: Request<Incoming>,
+        ns: &str,
+        pod: &str,
+        container: &str,
+        query: &str,
+        exec: bool,
+    ) -> Response<Body> {
+        let uid = match self.find(ns, pod, Some(container)) {
+            Ok(u) => u,
+            Err(r) => return r,
+        };
+        let caps = self.pods.provider().capabilities();
+        let supported = if exec { caps.exec } else { caps.attach };
+        if supported == vkd_provider::Support::Unsupported {
+            return provider_error(&self.pods.provider().unsupported(if exec { "exec" } else { "attach" }));
+        }
+        let pairs = logs::query_pairs(query);
+        let flag = |k: &str| pairs.iter().any(|(n, v)| n == k && matches!(v.as_str(), "1" | "true" | "True" | ""));
+        let want = Requested {
+            stdin: flag("input"),
+            stdout: flag("output"),
+            stderr: flag("error"),
+            tty: flag("tty"),
+        };
+        let command: Vec<String> = pairs.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
+        if exec && command.is_empty() {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "exec needs at least one command parameter");
+        }
+        if !(want.stdin || want.stdout || want.stderr) {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "you must specify at least one of stdin, stdout, stderr");
+        }
+        let protocol = match negotiate(&req, &EXEC_PROTOCOLS) {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+        let provider = Arc::clone(self.pods.provider());
+        let container = container.to_owned();
+        let span = info_span!("stream", pod_uid = %uid, kind = if exec { "exec" } else { "attach" });
+        tokio::spawn(
+            async move {
+                let upgraded = match hyper::upgrade::on(&mut req).await {
+                    Ok(u) => u,
+                    Err(e) => return debug!(error = %e, "upgrade failed"),
+                };
+                let (session, incoming) = Session::spawn(TokioIo::new(upgraded));
+                let mut channels = match remotecommand::accept(session, incoming, want).await {
+                    Ok(c) => c,
+                    Err(e) => return warn!(error = %e, "stream setup failed"),
+                };
+                let io = channels.take_io();
+                let outcome = if exec {
+                    match provider.exec(&uid, &container, command.clone(), io).await {
+                        Ok(code) => Outcome::Exited(code),
+                        Err(e) => Outcome::Error(e.to_string()),
+                    }
+                } else {
+                    match provider.attach(&uid, &container, io).await {
+                        Ok(()) => Outcome::Exited(0),
+                        Err(e) => Outcome::Error(e.to_string()),
+                    }
+                };
+                debug!(?outcome, "stream finished");
+                channels.finish(outcome, &command).await;
+            }
+            .instrument(span),
+        );
+        switching(protocol)
+    }
+
+    async fn port_forward(&self, mut req: Request<Incoming>, ns: &str, pod: &str) -> Response<Body> {
+        let uid = match self.find(ns, pod, None) {
+            Ok(u) => u,
+            Err(r) => return r,
+        };
+        if self.pods.provider().capabilities().port_forward == vkd_provider::Support::Unsupported {
+            return provider_error(&self.pods.provider().unsupported("port-forward"));
+        }
+        let protocol = match negotiate(&req, &[PORT_FORWARD_PROTOCOL]) {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+        let provider = Arc::clone(self.pods.provider());
+        tokio::spawn(async move {
+            let upgraded = match hyper::upgrade::on(&mut req).await {
+                Ok(u) => u,
+                Err(e) => return debug!(error = %e, "upgrade failed"),
+            };
+            let (session, incoming) = Session::spawn(TokioIo::new(upgraded));
+            let closer = session.clone();
+            remotecommand::serve_port_forward(session, incoming, move |fwd| {
+                let provider = Arc::clone(&provider);
+                let uid = uid.clone();
+                async move {
+                    if let Err(e) = provider.port_forward(&uid, fwd.port, fwd.data).await
+                        && let Some(err) = fwd.error
+                    {
+                        let msg = format!("error forwarding port {} to pod {uid}: {e}", fwd.port);
+                        err.write(msg.as_bytes()).await;
+                        err.fin().await;
+                    }
+                }
+            })
+            .await;
+            closer.close().await;
+        });
+        switching(protocol)
+    }
+}
+
+fn auth_response(e: &AuthError) -> Response<Body> {
+    match e {
+        AuthError::Unauthorized(m) => status(StatusCode::UNAUTHORIZED, "Unauthorized", m),
+        AuthError::Forbidden(m) => status(StatusCode::FORBIDDEN, "Forbidden", m),
+        AuthError::Review(m) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", m),
+    }
+}
+
+/// Picks the first protocol the client offers that vkd serves (SPDY upgrade only).
+fn negotiate(req: &Request<Incoming>, ours: &[&'static str]) -> Result<&'static str, Response<Body>> {
+    let upgrade = req.headers().get(UPGRADE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if !upgrade.eq_ignore_ascii_case("SPDY/3.1") {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &format!("this endpoint needs a SPDY/3.1 upgrade, got Upgrade: {upgrade:?}"),
+        ));
+    }
+    let offered: Vec<String> = req
+        .headers()
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .collect();
+    if offered.is_empty() {
+        return Err(status(StatusCode::BAD_REQUEST, "BadRequest", "missing X-Stream-Protocol-Version"));
+    }
+    for o in &offered {
+        if let Some(p) = ours.iter().find(|p| **p == o.as_str()) {
+            return Ok(p);
+        }
+    }
+    let mut r = status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        &format!("no common stream protocol: offered {offered:?}, supported {ours:?}"),
+    );
+    for p in ours {
+        r.headers_mut().append("x-accepted-stream-protocol-versions", HeaderValue::from_static(p));
+    }
+    Err(r)
+}
+
+fn switching(protocol: &'static str) -> Response<Body> {
+    let mut r = Response::new(full(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(UPGRADE, HeaderValue::from_static("SPDY/3.1"));
+    h.insert("x-stream-protocol-version", HeaderValue::from_static(protocol));
+    r
+}
