@@ -365,7 +365,10 @@ impl Config {
             if let Some(p) = path
                 && !p.is_file()
             {
-                return Err(bad(field, format!("{} is not a readable file", p.display())));
+                return Err(bad(
+                    field,
+                    format!("{} is not a readable file", p.display()),
+                ));
             }
         }
         let kube_qps = args.kube_qps.or(file.kube_qps).unwrap_or(50);

@@ -107,7 +107,11 @@ pub async fn run(
     let tls = kubelet_api::tls::server_config(&cfg.tls, &cfg.node_name, cfg.node_address)
         .map_err(kubelet_api::ApiError::from)?;
     let kubelet = kubelet_api::KubeletApi::new(Arc::clone(&pods), pod_client, cfg.anonymous_auth)
-        .serve((cfg.kubelet_bind, cfg.kubelet_port).into(), tls, shutdown.clone())
+        .serve(
+            (cfg.kubelet_bind, cfg.kubelet_port).into(),
+            tls,
+            shutdown.clone(),
+        )
         .await?;
     let agent = node::NodeAgent::new(
         node::Settings {

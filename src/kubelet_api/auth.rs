@@ -9,7 +9,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::time::Instant;
@@ -67,7 +69,11 @@ pub fn attributes(method: &str, path: &str) -> Attributes {
         "DELETE" => "delete",
         _ => "get",
     };
-    let first = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    let first = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
     let subresource = match first {
         "stats" => "stats",
         "metrics" => "metrics",
@@ -93,12 +99,16 @@ struct Cache<K, V> {
 
 impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
     fn new() -> Self {
-        Self { map: Mutex::new(HashMap::new()) }
+        Self {
+            map: Mutex::new(HashMap::new()),
+        }
     }
 
     fn get(&self, k: &K) -> Option<V> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(k).filter(|(exp, _)| *exp > Instant::now()).map(|(_, v)| v.clone())
+        map.get(k)
+            .filter(|(exp, _)| *exp > Instant::now())
+            .map(|(_, v)| v.clone())
     }
 
     fn put(&self, k: K, v: V, ttl: Duration) {
@@ -126,7 +136,10 @@ pub struct Authenticator {
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Authenticator").field("node", &self.node).field("anonymous", &self.anonymous).finish()
+        f.debug_struct("Authenticator")
+            .field("node", &self.node)
+            .field("anonymous", &self.anonymous)
+            .finish()
     }
 }
 
@@ -143,12 +156,19 @@ impl Authenticator {
     }
 
     /// Who is asking: the certificate's user, else the token's, else anonymous if allowed.
-    pub async fn authenticate(&self, cert_user: Option<User>, authorization: Option<&str>) -> Result<User, AuthError> {
+    pub async fn authenticate(
+        &self,
+        cert_user: Option<User>,
+        authorization: Option<&str>,
+    ) -> Result<User, AuthError> {
         if let Some(u) = cert_user {
             return Ok(u);
         }
         let token = authorization
-            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .filter(|t| !t.is_empty());
         let Some(token) = token else {
@@ -156,7 +176,8 @@ impl Authenticator {
                 Ok(User::anonymous())
             } else {
                 Err(AuthError::Unauthorized(
-                    "no client certificate or bearer token; anonymous requests are not allowed".into(),
+                    "no client certificate or bearer token; anonymous requests are not allowed"
+                        .into(),
                 ))
             };
         };
@@ -198,10 +219,17 @@ impl Authenticator {
         if first.is_ok() || !fine_grained(attrs.subresource) {
             return first.map_err(AuthError::Forbidden);
         }
-        self.review(user, attrs.verb, "proxy").await?.map_err(AuthError::Forbidden)
+        self.review(user, attrs.verb, "proxy")
+            .await?
+            .map_err(AuthError::Forbidden)
     }
 
-    async fn review(&self, user: &User, verb: &'static str, sub: &'static str) -> Result<Result<(), String>, AuthError> {
+    async fn review(
+        &self,
+        user: &User,
+        verb: &'static str,
+        sub: &'static str,
+    ) -> Result<Result<(), String>, AuthError> {
         let key = (user.clone(), verb, sub);
         if let Some(d) = self.decisions.get(&key) {
             return Ok(d);
@@ -239,8 +267,15 @@ impl Authenticator {
                 status.reason.map(|r| format!(": {r}")).unwrap_or_default()
             ))
         };
-        self.decisions
-            .put(key, decision.clone(), if decision.is_ok() { ALLOW_TTL } else { DENY_TTL });
+        self.decisions.put(
+            key,
+            decision.clone(),
+            if decision.is_ok() {
+                ALLOW_TTL
+            } else {
+                DENY_TTL
+            },
+        );
         Ok(decision)
     }
 }
@@ -251,14 +286,62 @@ mod tests {
 
     #[test]
     fn kubelet_mapping() {
-        assert_eq!(attributes("GET", "/stats/summary"), Attributes { verb: "get", subresource: "stats" });
-        assert_eq!(attributes("GET", "/metrics/resource"), Attributes { verb: "get", subresource: "metrics" });
-        assert_eq!(attributes("POST", "/exec/ns/pod/c"), Attributes { verb: "create", subresource: "proxy" });
-        assert_eq!(attributes("GET", "/exec/ns/pod/c"), Attributes { verb: "get", subresource: "proxy" });
-        assert_eq!(attributes("GET", "/containerLogs/ns/p/c"), Attributes { verb: "get", subresource: "proxy" });
-        assert_eq!(attributes("GET", "/pods"), Attributes { verb: "get", subresource: "pods" });
-        assert_eq!(attributes("GET", "/healthz"), Attributes { verb: "get", subresource: "healthz" });
-        assert_eq!(attributes("GET", "/logs/x"), Attributes { verb: "get", subresource: "log" });
+        assert_eq!(
+            attributes("GET", "/stats/summary"),
+            Attributes {
+                verb: "get",
+                subresource: "stats"
+            }
+        );
+        assert_eq!(
+            attributes("GET", "/metrics/resource"),
+            Attributes {
+                verb: "get",
+                subresource: "metrics"
+            }
+        );
+        assert_eq!(
+            attributes("POST", "/exec/ns/pod/c"),
+            Attributes {
+                verb: "create",
+                subresource: "proxy"
+            }
+        );
+        assert_eq!(
+            attributes("GET", "/exec/ns/pod/c"),
+            Attributes {
+                verb: "get",
+                subresource: "proxy"
+            }
+        );
+        assert_eq!(
+            attributes("GET", "/containerLogs/ns/p/c"),
+            Attributes {
+                verb: "get",
+                subresource: "proxy"
+            }
+        );
+        assert_eq!(
+            attributes("GET", "/pods"),
+            Attributes {
+                verb: "get",
+                subresource: "pods"
+            }
+        );
+        assert_eq!(
+            attributes("GET", "/healthz"),
+            Attributes {
+                verb: "get",
+                subresource: "healthz"
+            }
+        );
+        assert_eq!(
+            attributes("GET", "/logs/x"),
+            Attributes {
+                verb: "get",
+                subresource: "log"
+            }
+        );
         assert!(fine_grained("pods") && !fine_grained("proxy"));
     }
 }

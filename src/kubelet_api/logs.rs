@@ -29,7 +29,8 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
 }
 
 fn parse_int(name: &str, v: &str) -> Result<i64, String> {
-    v.parse::<i64>().map_err(|_| format!("{name}: invalid value {v:?}: must be an integer"))
+    v.parse::<i64>()
+        .map_err(|_| format!("{name}: invalid value {v:?}: must be an integer"))
 }
 
 fn decode(s: &str) -> String {
@@ -85,7 +86,11 @@ pub fn parse_query(query: &str) -> Result<LogQuery, String> {
             "tailLines" => q.tail_lines = Some(parse_int(&k, &v)?),
             "limitBytes" => q.limit_bytes = Some(parse_int(&k, &v)?),
             "tail" => {
-                legacy_tail = if v == "all" { Some(None) } else { Some(Some(parse_int(&k, &v)?)) };
+                legacy_tail = if v == "all" {
+                    Some(None)
+                } else {
+                    Some(Some(parse_int(&k, &v)?))
+                };
             }
             _ => {}
         }
@@ -120,7 +125,8 @@ fn timestamp(t: SystemTime) -> String {
 /// Applies since, tail, timestamps and limitBytes to the provider's lines.
 pub fn shape(logs: Logs, q: &LogQuery, now: SystemTime) -> BoxStream<'static, Bytes> {
     let since = [
-        q.since_seconds.map(|s| now - Duration::from_secs(s.unsigned_abs())),
+        q.since_seconds
+            .map(|s| now - Duration::from_secs(s.unsigned_abs())),
         q.since_time,
     ]
     .into_iter()
@@ -146,7 +152,12 @@ pub fn shape(logs: Logs, q: &LogQuery, now: SystemTime) -> BoxStream<'static, By
     };
     let head = stream::iter(history).map(render);
     let body: BoxStream<'static, Bytes> = match logs.follow {
-        Some(rest) if q.follow => head.chain(rest.filter(move |l| std::future::ready(keep(l))).map(render)).boxed(),
+        Some(rest) if q.follow => head
+            .chain(
+                rest.filter(move |l| std::future::ready(keep(l)))
+                    .map(render),
+            )
+            .boxed(),
         _ => head.boxed(),
     };
     match q.limit_bytes {
@@ -182,12 +193,18 @@ mod tests {
 
     async fn collect(s: BoxStream<'static, Bytes>) -> String {
         let parts: Vec<Bytes> = s.collect().await;
-        parts.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
+        parts
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect()
     }
 
     #[test]
     fn query_validation_matches_the_kubelet() {
-        assert_eq!(parse_query("follow=true&tailLines=3").unwrap().tail_lines, Some(3));
+        assert_eq!(
+            parse_query("follow=true&tailLines=3").unwrap().tail_lines,
+            Some(3)
+        );
         assert_eq!(parse_query("tail=5").unwrap().tail_lines, Some(5));
         assert_eq!(parse_query("tail=all").unwrap().tail_lines, None);
         assert!(parse_query("sinceSeconds=0").is_err());
@@ -205,13 +222,35 @@ mod tests {
     async fn tail_since_limit_and_timestamps() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let now = t0 + Duration::from_secs(10);
-        let q = LogQuery { tail_lines: Some(2), ..Default::default() };
-        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "line 8\nline 9\n");
-        let q = LogQuery { since_seconds: Some(3), ..Default::default() };
-        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "line 7\nline 8\nline 9\n");
-        let q = LogQuery { limit_bytes: Some(9), ..Default::default() };
+        let q = LogQuery {
+            tail_lines: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            collect(shape(lines(10, t0), &q, now)).await,
+            "line 8\nline 9\n"
+        );
+        let q = LogQuery {
+            since_seconds: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            collect(shape(lines(10, t0), &q, now)).await,
+            "line 7\nline 8\nline 9\n"
+        );
+        let q = LogQuery {
+            limit_bytes: Some(9),
+            ..Default::default()
+        };
         assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "line 0\nli");
-        let q = LogQuery { timestamps: true, tail_lines: Some(1), ..Default::default() };
-        assert_eq!(collect(shape(lines(10, t0), &q, now)).await, "2027-01-15T08:00:09.000000000Z line 9\n");
+        let q = LogQuery {
+            timestamps: true,
+            tail_lines: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(
+            collect(shape(lines(10, t0), &q, now)).await,
+            "2027-01-15T08:00:09.000000000Z line 9\n"
+        );
     }
 }

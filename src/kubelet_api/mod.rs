@@ -31,7 +31,9 @@ use tracing::{Instrument, debug, info_span, warn};
 use vkd_provider::{LogRequest, ProviderError};
 
 use crate::pods::PodController;
-use crate::streaming::remotecommand::{self, EXEC_PROTOCOLS, Outcome, PORT_FORWARD_PROTOCOL, Requested};
+use crate::streaming::remotecommand::{
+    self, EXEC_PROTOCOLS, Outcome, PORT_FORWARD_PROTOCOL, Requested,
+};
 use crate::streaming::spdy::session::Session;
 use auth::{AuthError, Authenticator, User};
 
@@ -57,7 +59,9 @@ pub struct KubeletApi {
 
 impl std::fmt::Debug for KubeletApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeletApi").field("auth", &self.auth).finish_non_exhaustive()
+        f.debug_struct("KubeletApi")
+            .field("auth", &self.auth)
+            .finish_non_exhaustive()
     }
 }
 
@@ -69,12 +73,15 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     });
     let mut r = Response::new(full(body.to_string()));
     *r.status_mut() = code;
-    r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
     r
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).map_err(|never: Infallible| match never {}).boxed_unsync()
+    Full::new(b.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
 }
 
 fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
@@ -85,20 +92,30 @@ fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 
 fn json_response(v: &serde_json::Value) -> Response<Body> {
     let mut r = Response::new(full(v.to_string()));
-    r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
     r
 }
 
 fn provider_error(e: &ProviderError) -> Response<Body> {
     match e {
-        ProviderError::Unsupported { provider, capability } => status(
+        ProviderError::Unsupported {
+            provider,
+            capability,
+        } => status(
             StatusCode::NOT_IMPLEMENTED,
             "NotImplemented",
             &format!("provider {provider} does not support {capability}"),
         ),
         ProviderError::NotFound { .. } => status(StatusCode::NOT_FOUND, "NotFound", &e.to_string()),
-        ProviderError::Invalid { message, .. } => status(StatusCode::BAD_REQUEST, "BadRequest", message),
-        _ => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+        ProviderError::Invalid { message, .. } => {
+            status(StatusCode::BAD_REQUEST, "BadRequest", message)
+        }
+        _ => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &e.to_string(),
+        ),
     }
 }
 
@@ -115,7 +132,9 @@ impl KubeletApi {
         config: rustls::ServerConfig,
         shutdown: CancellationToken,
     ) -> Result<tokio::task::JoinHandle<()>, ApiError> {
-        let listener = TcpListener::bind(addr).await.map_err(|source| ApiError::Bind { addr, source })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ApiError::Bind { addr, source })?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         Ok(tokio::spawn(async move {
             loop {
@@ -141,21 +160,28 @@ impl KubeletApi {
         peer: SocketAddr,
         shutdown: CancellationToken,
     ) {
-        let tls = match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => {
-                debug!(%peer, error = %e, "TLS handshake failed");
-                return;
-            }
-            Err(_) => return,
-        };
+        let tls =
+            match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp))
+                .await
+            {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
         let cert_user = tls
             .get_ref()
             .1
             .peer_certificates()
             .and_then(|c| c.first())
             .and_then(tls::identity_of)
-            .map(|(name, groups)| User { name, groups, uid: None });
+            .map(|(name, groups)| User {
+                name,
+                groups,
+                uid: None,
+            });
         let this = Arc::clone(&self);
         let service = hyper::service::service_fn(move |req| {
             let this = Arc::clone(&this);
@@ -171,11 +197,19 @@ impl KubeletApi {
         }
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>, cert_user: Option<User>) -> Response<Body> {
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        cert_user: Option<User>,
+    ) -> Response<Body> {
         let path = req.uri().path().to_owned();
         let span = info_span!("kubelet_api", method = %req.method(), path = %path);
         async move {
-            let authz = req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let authz = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             let user = match self.auth.authenticate(cert_user, authz.as_deref()).await {
                 Ok(u) => u,
                 Err(e) => return auth_response(&e),
@@ -201,22 +235,32 @@ impl KubeletApi {
             ["runningpods"] | ["runningpods", ""] => self.running_pods().await,
             ["containerLogs", ns, pod, container] => self.logs(ns, pod, container, &query).await,
             ["exec", ns, pod, container] | ["exec", ns, pod, _, container] if get_or_post => {
-                self.remotecommand(req, ns, pod, container, &query, true).await
+                self.remotecommand(req, ns, pod, container, &query, true)
+                    .await
             }
             ["attach", ns, pod, container] | ["attach", ns, pod, _, container] if get_or_post => {
-                self.remotecommand(req, ns, pod, container, &query, false).await
+                self.remotecommand(req, ns, pod, container, &query, false)
+                    .await
             }
             ["portForward", ns, pod] | ["portForward", ns, pod, _] if get_or_post => {
                 self.port_forward(req, ns, pod).await
             }
-            ["stats", "summary"] | ["stats", "summary", ""] => json_response(&stats::summary(&self.pods).await),
+            ["stats", "summary"] | ["stats", "summary", ""] => {
+                json_response(&stats::summary(&self.pods).await)
+            }
             ["metrics", "resource"] => {
                 let mut r = text(StatusCode::OK, stats::resource_metrics(&self.pods).await);
-                r.headers_mut()
-                    .insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4"));
+                r.headers_mut().insert(
+                    "content-type",
+                    HeaderValue::from_static("text/plain; version=0.0.4"),
+                );
                 r
             }
-            _ => status(StatusCode::NOT_FOUND, "NotFound", &format!("no kubelet API route for {path}")),
+            _ => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("no kubelet API route for {path}"),
+            ),
         }
     }
 
@@ -225,7 +269,10 @@ impl KubeletApi {
             return Err(status(
                 StatusCode::NOT_FOUND,
                 "NotFound",
-                &format!("pod \"{pod}\" in namespace \"{ns}\" not found on node {}", self.pods.node()),
+                &format!(
+                    "pod \"{pod}\" in namespace \"{ns}\" not found on node {}",
+                    self.pods.node()
+                ),
             ));
         };
         if let Some(c) = container
@@ -255,9 +302,11 @@ impl KubeletApi {
         };
         match self.pods.provider().logs(&uid, container, request).await {
             Ok(lines) => {
-                let body = logs::shape(lines, &q, SystemTime::now()).map(|b| Ok::<_, std::io::Error>(Frame::data(b)));
+                let body = logs::shape(lines, &q, SystemTime::now())
+                    .map(|b| Ok::<_, std::io::Error>(Frame::data(b)));
                 let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(body)));
-                r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain"));
+                r.headers_mut()
+                    .insert("content-type", HeaderValue::from_static("text/plain"));
                 r
             }
             Err(e) => provider_error(&e),
@@ -271,7 +320,11 @@ impl KubeletApi {
             Ok(list) => json_response(&json!({
                 "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": list.items,
             })),
-            Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+            Err(e) => status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &e.to_string(),
+            ),
         }
     }
 
@@ -288,7 +341,9 @@ impl KubeletApi {
                         })
                     })
                     .collect();
-                json_response(&json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
+                json_response(
+                    &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+                )
             }
             Err(e) => provider_error(&e),
         }
@@ -310,22 +365,42 @@ impl KubeletApi {
         let caps = self.pods.provider().capabilities();
         let supported = if exec { caps.exec } else { caps.attach };
         if supported == vkd_provider::Support::Unsupported {
-            return provider_error(&self.pods.provider().unsupported(if exec { "exec" } else { "attach" }));
+            return provider_error(&self.pods.provider().unsupported(if exec {
+                "exec"
+            } else {
+                "attach"
+            }));
         }
         let pairs = logs::query_pairs(query);
-        let flag = |k: &str| pairs.iter().any(|(n, v)| n == k && matches!(v.as_str(), "1" | "true" | "True" | ""));
+        let flag = |k: &str| {
+            pairs
+                .iter()
+                .any(|(n, v)| n == k && matches!(v.as_str(), "1" | "true" | "True" | ""))
+        };
         let want = Requested {
             stdin: flag("input"),
             stdout: flag("output"),
             stderr: flag("error"),
             tty: flag("tty"),
         };
-        let command: Vec<String> = pairs.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
+        let command: Vec<String> = pairs
+            .iter()
+            .filter(|(k, _)| k == "command")
+            .map(|(_, v)| v.clone())
+            .collect();
         if exec && command.is_empty() {
-            return status(StatusCode::BAD_REQUEST, "BadRequest", "exec needs at least one command parameter");
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "exec needs at least one command parameter",
+            );
         }
         if !(want.stdin || want.stdout || want.stderr) {
-            return status(StatusCode::BAD_REQUEST, "BadRequest", "you must specify at least one of stdin, stdout, stderr");
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "you must specify at least one of stdin, stdout, stderr",
+            );
         }
         let protocol = match negotiate(&req, &EXEC_PROTOCOLS) {
             Ok(p) => p,
@@ -333,7 +408,8 @@ impl KubeletApi {
         };
         let provider = Arc::clone(self.pods.provider());
         let container = container.to_owned();
-        let span = info_span!("stream", pod_uid = %uid, kind = if exec { "exec" } else { "attach" });
+        let span =
+            info_span!("stream", pod_uid = %uid, kind = if exec { "exec" } else { "attach" });
         tokio::spawn(
             async move {
                 let upgraded = match hyper::upgrade::on(&mut req).await {
@@ -365,7 +441,12 @@ impl KubeletApi {
         switching(protocol)
     }
 
-    async fn port_forward(&self, mut req: Request<Incoming>, ns: &str, pod: &str) -> Response<Body> {
+    async fn port_forward(
+        &self,
+        mut req: Request<Incoming>,
+        ns: &str,
+        pod: &str,
+    ) -> Response<Body> {
         let uid = match self.find(ns, pod, None) {
             Ok(u) => u,
             Err(r) => return r,
@@ -414,8 +495,15 @@ fn auth_response(e: &AuthError) -> Response<Body> {
 }
 
 /// Picks the first protocol the client offers that vkd serves (SPDY upgrade only).
-fn negotiate(req: &Request<Incoming>, ours: &[&'static str]) -> Result<&'static str, Response<Body>> {
-    let upgrade = req.headers().get(UPGRADE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+fn negotiate(
+    req: &Request<Incoming>,
+    ours: &[&'static str],
+) -> Result<&'static str, Response<Body>> {
+    let upgrade = req
+        .headers()
+        .get(UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
     if !upgrade.eq_ignore_ascii_case("SPDY/3.1") {
         return Err(status(
             StatusCode::BAD_REQUEST,
@@ -433,7 +521,11 @@ fn negotiate(req: &Request<Incoming>, ours: &[&'static str]) -> Result<&'static 
         .filter(|v| !v.is_empty())
         .collect();
     if offered.is_empty() {
-        return Err(status(StatusCode::BAD_REQUEST, "BadRequest", "missing X-Stream-Protocol-Version"));
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "missing X-Stream-Protocol-Version",
+        ));
     }
     for o in &offered {
         if let Some(p) = ours.iter().find(|p| **p == o.as_str()) {
@@ -446,7 +538,10 @@ fn negotiate(req: &Request<Incoming>, ours: &[&'static str]) -> Result<&'static 
         &format!("no common stream protocol: offered {offered:?}, supported {ours:?}"),
     );
     for p in ours {
-        r.headers_mut().append("x-accepted-stream-protocol-versions", HeaderValue::from_static(p));
+        r.headers_mut().append(
+            "x-accepted-stream-protocol-versions",
+            HeaderValue::from_static(p),
+        );
     }
     Err(r)
 }
@@ -457,6 +552,9 @@ fn switching(protocol: &'static str) -> Response<Body> {
     let h = r.headers_mut();
     h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(UPGRADE, HeaderValue::from_static("SPDY/3.1"));
-    h.insert("x-stream-protocol-version", HeaderValue::from_static(protocol));
+    h.insert(
+        "x-stream-protocol-version",
+        HeaderValue::from_static(protocol),
+    );
     r
 }

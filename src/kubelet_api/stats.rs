@@ -75,7 +75,8 @@ pub async fn summary(pods: &PodController) -> Value {
 }
 
 fn millis(t: SystemTime) -> u128 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 /// Prometheus text in the kubelet's resource metrics shape.
@@ -93,26 +94,83 @@ pub async fn resource_metrics(pods: &PodController) -> String {
         let ts = millis(s.time);
         let (pod, namespace) = (&s.pod.name, &s.pod.namespace);
         for c in &s.containers {
-            let labels = format!("container=\"{}\",namespace=\"{namespace}\",pod=\"{pod}\"", c.name);
-            let _ = writeln!(container_lines.0, "container_cpu_usage_seconds_total{{{labels}}} {} {ts}", c.cpu_usage_core_nanoseconds as f64 / 1e9);
-            let _ = writeln!(container_lines.1, "container_memory_working_set_bytes{{{labels}}} {} {ts}", c.memory_working_set_bytes);
-            let _ = writeln!(container_lines.2, "container_start_time_seconds{{{labels}}} {} {ts}", millis(c.start_time) as f64 / 1e3);
+            let labels = format!(
+                "container=\"{}\",namespace=\"{namespace}\",pod=\"{pod}\"",
+                c.name
+            );
+            let _ = writeln!(
+                container_lines.0,
+                "container_cpu_usage_seconds_total{{{labels}}} {} {ts}",
+                c.cpu_usage_core_nanoseconds as f64 / 1e9
+            );
+            let _ = writeln!(
+                container_lines.1,
+                "container_memory_working_set_bytes{{{labels}}} {} {ts}",
+                c.memory_working_set_bytes
+            );
+            let _ = writeln!(
+                container_lines.2,
+                "container_start_time_seconds{{{labels}}} {} {ts}",
+                millis(c.start_time) as f64 / 1e3
+            );
         }
         let labels = format!("namespace=\"{namespace}\",pod=\"{pod}\"");
-        let _ = writeln!(pod_lines.0, "pod_cpu_usage_seconds_total{{{labels}}} {} {ts}", ns as f64 / 1e9);
-        let _ = writeln!(pod_lines.1, "pod_memory_working_set_bytes{{{labels}}} {ws} {ts}");
+        let _ = writeln!(
+            pod_lines.0,
+            "pod_cpu_usage_seconds_total{{{labels}}} {} {ts}",
+            ns as f64 / 1e9
+        );
+        let _ = writeln!(
+            pod_lines.1,
+            "pod_memory_working_set_bytes{{{labels}}} {ws} {ts}"
+        );
     }
     let sections = [
-        ("container_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed by the container in core-seconds", &container_lines.0),
-        ("container_memory_working_set_bytes", "gauge", "Current working set of the container in bytes", &container_lines.1),
-        ("container_start_time_seconds", "gauge", "Start time of the container since unix epoch in seconds", &container_lines.2),
-        ("pod_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed by the pod in core-seconds", &pod_lines.0),
-        ("pod_memory_working_set_bytes", "gauge", "Current working set of the pod in bytes", &pod_lines.1),
+        (
+            "container_cpu_usage_seconds_total",
+            "counter",
+            "Cumulative cpu time consumed by the container in core-seconds",
+            &container_lines.0,
+        ),
+        (
+            "container_memory_working_set_bytes",
+            "gauge",
+            "Current working set of the container in bytes",
+            &container_lines.1,
+        ),
+        (
+            "container_start_time_seconds",
+            "gauge",
+            "Start time of the container since unix epoch in seconds",
+            &container_lines.2,
+        ),
+        (
+            "pod_cpu_usage_seconds_total",
+            "counter",
+            "Cumulative cpu time consumed by the pod in core-seconds",
+            &pod_lines.0,
+        ),
+        (
+            "pod_memory_working_set_bytes",
+            "gauge",
+            "Current working set of the pod in bytes",
+            &pod_lines.1,
+        ),
     ];
-    let _ = writeln!(out, "# HELP node_cpu_usage_seconds_total Cumulative cpu time consumed by the node in core-seconds");
+    let _ = writeln!(
+        out,
+        "# HELP node_cpu_usage_seconds_total Cumulative cpu time consumed by the node in core-seconds"
+    );
     let _ = writeln!(out, "# TYPE node_cpu_usage_seconds_total counter");
-    let _ = writeln!(out, "node_cpu_usage_seconds_total {} {now}", node_cpu as f64 / 1e9);
-    let _ = writeln!(out, "# HELP node_memory_working_set_bytes Current working set of the node in bytes");
+    let _ = writeln!(
+        out,
+        "node_cpu_usage_seconds_total {} {now}",
+        node_cpu as f64 / 1e9
+    );
+    let _ = writeln!(
+        out,
+        "# HELP node_memory_working_set_bytes Current working set of the node in bytes"
+    );
     let _ = writeln!(out, "# TYPE node_memory_working_set_bytes gauge");
     let _ = writeln!(out, "node_memory_working_set_bytes {node_mem} {now}");
     for (name, kind, help, lines) in sections {
@@ -120,7 +178,10 @@ pub async fn resource_metrics(pods: &PodController) -> String {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         out.push_str(lines);
     }
-    let _ = writeln!(out, "# HELP resource_scrape_error 1 if there was an error while getting container metrics, 0 otherwise");
+    let _ = writeln!(
+        out,
+        "# HELP resource_scrape_error 1 if there was an error while getting container metrics, 0 otherwise"
+    );
     let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
     let _ = writeln!(out, "resource_scrape_error 0");
     out

@@ -71,7 +71,9 @@ impl ResolvesServerCert for ReloadingResolver {
                     *cur = (now, key);
                 }
                 // Keep serving the old one; a half-written pair must not break TLS.
-                Err(e) => tracing::warn!(error = %e, "serving certificate changed but does not load; keeping the old one"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "serving certificate changed but does not load; keeping the old one")
+                }
             }
         }
         Some(Arc::clone(&cur.1))
@@ -90,13 +92,18 @@ impl ResolvesServerCert for FixedResolver {
 /// A self-signed certificate for the node's name and address.
 fn self_signed(node: &str, address: IpAddr) -> Result<Arc<CertifiedKey>, TlsError> {
     let sans = vec![node.to_owned(), address.to_string(), "localhost".to_owned()];
-    let ck = rcgen::generate_simple_self_signed(sans).map_err(|e| TlsError::Setup(e.to_string()))?;
-    let key = PrivateKeyDer::try_from(ck.signing_key.serialize_der()).map_err(|e| TlsError::Setup(e.to_string()))?;
+    let ck =
+        rcgen::generate_simple_self_signed(sans).map_err(|e| TlsError::Setup(e.to_string()))?;
+    let key = PrivateKeyDer::try_from(ck.signing_key.serialize_der())
+        .map_err(|e| TlsError::Setup(e.to_string()))?;
     let signing = default_provider()
         .key_provider
         .load_private_key(key)
         .map_err(|e| TlsError::Setup(e.to_string()))?;
-    Ok(Arc::new(CertifiedKey::new(vec![ck.cert.der().clone()], signing)))
+    Ok(Arc::new(CertifiedKey::new(
+        vec![ck.cert.der().clone()],
+        signing,
+    )))
 }
 
 #[derive(Clone, Debug, Default)]
@@ -107,7 +114,11 @@ pub struct TlsSettings {
 }
 
 /// Builds the rustls server configuration.
-pub fn server_config(s: &TlsSettings, node: &str, address: IpAddr) -> Result<rustls::ServerConfig, TlsError> {
+pub fn server_config(
+    s: &TlsSettings,
+    node: &str,
+    address: IpAddr,
+) -> Result<rustls::ServerConfig, TlsError> {
     let provider = Arc::new(default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -116,7 +127,9 @@ pub fn server_config(s: &TlsSettings, node: &str, address: IpAddr) -> Result<rus
         Some(ca) => {
             let mut roots = RootCertStore::empty();
             for cert in CertificateDer::pem_file_iter(ca).map_err(|e| read_err(ca, e))? {
-                roots.add(cert.map_err(|e| read_err(ca, e))?).map_err(|e| read_err(ca, e))?;
+                roots
+                    .add(cert.map_err(|e| read_err(ca, e))?)
+                    .map_err(|e| read_err(ca, e))?;
             }
             if roots.is_empty() {
                 return Err(read_err(ca, "no CA certificate in the file"));
@@ -139,7 +152,11 @@ pub fn server_config(s: &TlsSettings, node: &str, address: IpAddr) -> Result<rus
             })
         }
         (None, None) => Arc::new(FixedResolver(self_signed(node, address)?)),
-        _ => return Err(TlsError::Setup("--tls-cert-file and --tls-private-key-file go together".into())),
+        _ => {
+            return Err(TlsError::Setup(
+                "--tls-cert-file and --tls-private-key-file go together".into(),
+            ));
+        }
     };
     let mut config = builder.with_cert_resolver(resolver);
     // HTTP/1.1 only: exec, attach and port-forward are connection upgrades.
@@ -165,15 +182,24 @@ mod tests {
 
     #[test]
     fn self_signed_config_builds() {
-        let c = server_config(&TlsSettings::default(), "vk-1", IpAddr::from([127, 0, 0, 1])).unwrap();
+        let c = server_config(
+            &TlsSettings::default(),
+            "vk-1",
+            IpAddr::from([127, 0, 0, 1]),
+        )
+        .unwrap();
         assert_eq!(c.alpn_protocols, vec![b"http/1.1".to_vec()]);
     }
 
     #[test]
     fn identity_from_certificate() {
         let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, "kube-apiserver-kubelet-client");
-        params.distinguished_name.push(rcgen::DnType::OrganizationName, "system:masters");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-apiserver-kubelet-client");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:masters");
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
         let (name, groups) = identity_of(cert.der()).unwrap();

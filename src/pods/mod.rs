@@ -127,7 +127,12 @@ impl PodController {
         self.records()
             .values()
             .find(|r| &*r.namespace == namespace && &*r.name == name)
-            .map(|r| (r.uid.to_string(), r.containers.iter().map(|c| c.name.to_string()).collect()))
+            .map(|r| {
+                (
+                    r.uid.to_string(),
+                    r.containers.iter().map(|c| c.name.to_string()).collect(),
+                )
+            })
     }
 
     /// Every Pod bound to this node: UID, namespace, name.

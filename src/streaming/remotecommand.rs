@@ -121,7 +121,8 @@ pub async fn accept(
         resize: None,
     };
     let mut pumps = Vec::new();
-    let (mut got_stdin, mut got_stdout, mut got_stderr, mut got_resize) = (false, false, false, false);
+    let (mut got_stdin, mut got_stdout, mut got_stderr, mut got_resize) =
+        (false, false, false, false);
     let deadline = tokio::time::Instant::now() + STREAM_CREATION_TIMEOUT;
     loop {
         let complete = error.is_some()
@@ -158,7 +159,11 @@ pub async fn accept(
                 io.resize = Some(spawn_resize(stream.data));
                 got_resize = true;
             }
-            _ => session.reset(stream.id, super::spdy::frame::RST_CANCEL).await,
+            _ => {
+                session
+                    .reset(stream.id, super::spdy::frame::RST_CANCEL)
+                    .await
+            }
         }
     }
     // Later streams are not expected; keep the receiver drained so the reader never blocks.
@@ -245,23 +250,35 @@ pub struct Forward {
 
 impl std::fmt::Debug for Forward {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Forward").field("port", &self.port).finish_non_exhaustive()
+        f.debug_struct("Forward")
+            .field("port", &self.port)
+            .finish_non_exhaustive()
     }
 }
 
 /// Pairs port-forward streams by `requestid` and hands each data stream to `on_forward`.
 /// Runs until the client closes the connection.
-pub async fn serve_port_forward<F, Fut>(session: Session, mut incoming: mpsc::Receiver<IncomingStream>, on_forward: F)
-where
+pub async fn serve_port_forward<F, Fut>(
+    session: Session,
+    mut incoming: mpsc::Receiver<IncomingStream>,
+    on_forward: F,
+) where
     F: Fn(Forward) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let mut errors: HashMap<String, StreamWriter> = HashMap::new();
     let mut waiting_data: HashMap<String, (u16, IncomingStream)> = HashMap::new();
     while let Some(stream) = incoming.recv().await {
-        let request = get(&stream.headers, "requestid").unwrap_or_default().to_owned();
-        let Some(port) = get(&stream.headers, "port").and_then(|p| p.parse::<u16>().ok()).filter(|p| *p > 0) else {
-            session.reset(stream.id, super::spdy::frame::RST_PROTOCOL_ERROR).await;
+        let request = get(&stream.headers, "requestid")
+            .unwrap_or_default()
+            .to_owned();
+        let Some(port) = get(&stream.headers, "port")
+            .and_then(|p| p.parse::<u16>().ok())
+            .filter(|p| *p > 0)
+        else {
+            session
+                .reset(stream.id, super::spdy::frame::RST_PROTOCOL_ERROR)
+                .await;
             continue;
         };
         match get(&stream.headers, "streamtype").unwrap_or_default() {
@@ -279,7 +296,11 @@ where
                     waiting_data.insert(request, (port, stream));
                 }
             }
-            _ => session.reset(stream.id, super::spdy::frame::RST_PROTOCOL_ERROR).await,
+            _ => {
+                session
+                    .reset(stream.id, super::spdy::frame::RST_PROTOCOL_ERROR)
+                    .await
+            }
         }
     }
 }
@@ -312,7 +333,13 @@ mod tests {
 
     #[test]
     fn tty_drops_stderr() {
-        let r = Requested { stdin: true, stdout: true, stderr: true, tty: true }.normalized();
+        let r = Requested {
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: true,
+        }
+        .normalized();
         assert!(!r.stderr);
     }
 
@@ -320,9 +347,27 @@ mod tests {
     async fn resize_stream_parses_split_json() {
         let (tx, rx) = mpsc::channel(4);
         let mut sizes = spawn_resize(rx);
-        tx.send(Bytes::from_static(b"{\"Width\":80,\"Hei")).await.unwrap();
-        tx.send(Bytes::from_static(b"ght\":24}{\"Width\":100,\"Height\":40}")).await.unwrap();
-        assert_eq!(sizes.recv().await, Some(TermSize { width: 80, height: 24 }));
-        assert_eq!(sizes.recv().await, Some(TermSize { width: 100, height: 40 }));
+        tx.send(Bytes::from_static(b"{\"Width\":80,\"Hei"))
+            .await
+            .unwrap();
+        tx.send(Bytes::from_static(
+            b"ght\":24}{\"Width\":100,\"Height\":40}",
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            sizes.recv().await,
+            Some(TermSize {
+                width: 80,
+                height: 24
+            })
+        );
+        assert_eq!(
+            sizes.recv().await,
+            Some(TermSize {
+                width: 100,
+                height: 40
+            })
+        );
     }
 }

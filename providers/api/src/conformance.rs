@@ -293,9 +293,7 @@ impl<'a> Kit<'a> {
     async fn unsupported_capabilities_declared(&self) -> Result<(), Failure> {
         const C: &str = "unsupported capabilities declared";
         let caps = self.provider.capabilities();
-        let unsupported = |r: &Result<(), ProviderError>| {
-            matches!(r, Err(ProviderError::Unsupported { provider, .. }) if provider == self.provider.name())
-        };
+        let unsupported = |r: &Result<(), ProviderError>| matches!(r, Err(ProviderError::Unsupported { provider, .. }) if provider == self.provider.name());
         let io = || StreamIo {
             stdin: None,
             stdout: None,
@@ -304,23 +302,53 @@ impl<'a> Kit<'a> {
             resize: None,
         };
         let checks: [(&str, Support, Result<(), ProviderError>); 5] = [
-            ("logs", caps.logs, self.provider.logs("conf-none", "main", LogRequest::default()).await.map(drop)),
-            ("exec", caps.exec, self.provider.exec("conf-none", "main", vec!["true".into()], io()).await.map(drop)),
-            ("attach", caps.attach, self.provider.attach("conf-none", "main", io()).await),
+            (
+                "logs",
+                caps.logs,
+                self.provider
+                    .logs("conf-none", "main", LogRequest::default())
+                    .await
+                    .map(drop),
+            ),
+            (
+                "exec",
+                caps.exec,
+                self.provider
+                    .exec("conf-none", "main", vec!["true".into()], io())
+                    .await
+                    .map(drop),
+            ),
+            (
+                "attach",
+                caps.attach,
+                self.provider.attach("conf-none", "main", io()).await,
+            ),
             (
                 "port-forward",
                 caps.port_forward,
-                self.provider.port_forward("conf-none", 1, Box::new(tokio::io::duplex(64).0)).await,
+                self.provider
+                    .port_forward("conf-none", 1, Box::new(tokio::io::duplex(64).0))
+                    .await,
             ),
-            ("stats", caps.stats, self.provider.stats("conf-none").await.map(drop)),
+            (
+                "stats",
+                caps.stats,
+                self.provider.stats("conf-none").await.map(drop),
+            ),
         ];
         for (name, support, result) in checks {
             match support {
                 Support::Unsupported if !unsupported(&result) => {
-                    return Err(fail(C, format!("{name} declared unsupported but gave {result:?}")));
+                    return Err(fail(
+                        C,
+                        format!("{name} declared unsupported but gave {result:?}"),
+                    ));
                 }
                 Support::Supported if unsupported(&result) => {
-                    return Err(fail(C, format!("{name} declared supported but answered Unsupported")));
+                    return Err(fail(
+                        C,
+                        format!("{name} declared supported but answered Unsupported"),
+                    ));
                 }
                 _ => {}
             }

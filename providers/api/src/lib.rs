@@ -479,7 +479,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 
     /// Runs `command` in a container; resolves to its exit code. Optional.
-    async fn exec(&self, _uid: &str, _container: &str, _command: Vec<String>, _io: StreamIo) -> Result<i32> {
+    async fn exec(
+        &self,
+        _uid: &str,
+        _container: &str,
+        _command: Vec<String>,
+        _io: StreamIo,
+    ) -> Result<i32> {
         Err(self.unsupported("exec"))
     }
 

@@ -615,11 +615,22 @@ impl Provider for SimProvider {
         Ok(out)
     }
 
-    async fn logs(&self, uid: &str, container: &str, request: vkd_provider::LogRequest) -> Result<vkd_provider::Logs> {
+    async fn logs(
+        &self,
+        uid: &str,
+        container: &str,
+        request: vkd_provider::LogRequest,
+    ) -> Result<vkd_provider::Logs> {
         self.sim_logs(uid, container, request).await
     }
 
-    async fn exec(&self, uid: &str, container: &str, command: Vec<String>, io: vkd_provider::StreamIo) -> Result<i32> {
+    async fn exec(
+        &self,
+        uid: &str,
+        container: &str,
+        command: Vec<String>,
+        io: vkd_provider::StreamIo,
+    ) -> Result<i32> {
         self.sim_exec(uid, container, command, io).await
     }
 
@@ -627,7 +638,12 @@ impl Provider for SimProvider {
         self.sim_attach(uid, container, io).await
     }
 
-    async fn port_forward(&self, uid: &str, _port: u16, stream: Box<dyn vkd_provider::Duplex>) -> Result<()> {
+    async fn port_forward(
+        &self,
+        uid: &str,
+        _port: u16,
+        stream: Box<dyn vkd_provider::Duplex>,
+    ) -> Result<()> {
         self.sim_port_forward(uid, stream).await
     }
 

@@ -57,7 +57,13 @@ fn line(spec: &InstanceSpec, container: &str, n: u64, time: SystemTime) -> LogLi
 }
 
 /// Lines of `run` from index `from` written before `until`.
-fn lines_between(spec: &InstanceSpec, container: &str, run: Run, from: u64, until: SystemTime) -> Vec<LogLine> {
+fn lines_between(
+    spec: &InstanceSpec,
+    container: &str,
+    run: Run,
+    from: u64,
+    until: SystemTime,
+) -> Vec<LogLine> {
     let every = log_interval(spec);
     let stop = run.end.map_or(until, |e| e.min(until));
     let Ok(span) = stop.duration_since(run.start) else {
@@ -88,7 +94,9 @@ impl SimProvider {
             .records
             .get(uid)
             .map(|r| r.spec.clone())
-            .ok_or_else(|| ProviderError::NotFound { uid: uid.to_owned() })
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })
     }
 
     /// The current and previous run of a container, observed now.
@@ -96,12 +104,19 @@ impl SimProvider {
         let inst = self
             .get_instance(uid)
             .await?
-            .ok_or_else(|| ProviderError::NotFound { uid: uid.to_owned() })?;
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })?;
         let c = inst
             .containers
             .iter()
             .find(|c| c.name == container)
-            .ok_or_else(|| ProviderError::invalid("ContainerNotFound", format!("container {container} is not valid for pod {}", inst.owner)))?;
+            .ok_or_else(|| {
+                ProviderError::invalid(
+                    "ContainerNotFound",
+                    format!("container {container} is not valid for pod {}", inst.owner),
+                )
+            })?;
         let last = c.last_termination.as_ref().and_then(|t| {
             t.started_at.map(|start| Run {
                 start,
@@ -109,7 +124,13 @@ impl SimProvider {
             })
         });
         Ok(match &c.state {
-            ContainerState::Running { started_at } => (Some(Run { start: *started_at, end: None }), last),
+            ContainerState::Running { started_at } => (
+                Some(Run {
+                    start: *started_at,
+                    end: None,
+                }),
+                last,
+            ),
             ContainerState::Terminated(t) => (
                 t.started_at.map(|start| Run {
                     start,
@@ -121,14 +142,22 @@ impl SimProvider {
         })
     }
 
-    pub(crate) async fn sim_logs(&self, uid: &str, container: &str, req: LogRequest) -> Result<Logs> {
+    pub(crate) async fn sim_logs(
+        &self,
+        uid: &str,
+        container: &str,
+        req: LogRequest,
+    ) -> Result<Logs> {
         let spec = self.spec_of(uid)?;
         let (current, previous) = self.runs(uid, container).await?;
         let run = if req.previous {
             previous.ok_or_else(|| {
                 ProviderError::invalid(
                     "NoPreviousContainer",
-                    format!("previous terminated container \"{container}\" in pod \"{}\" not found", spec.pod.name),
+                    format!(
+                        "previous terminated container \"{container}\" in pod \"{}\" not found",
+                        spec.pod.name
+                    ),
                 )
             })?
         } else {
@@ -160,7 +189,8 @@ impl SimProvider {
         let this = self.clone();
         let every = log_interval(&spec);
         futures::stream::unfold((next, run, false), move |(n, mut run, ended)| {
-            let (this, spec, container, uid) = (this.clone(), spec.clone(), container.clone(), uid.clone());
+            let (this, spec, container, uid) =
+                (this.clone(), spec.clone(), container.clone(), uid.clone());
             async move {
                 if ended {
                     return None;
@@ -176,7 +206,12 @@ impl SimProvider {
                     if at <= now {
                         return Some((line(&spec, &container, n, at), (n + 1, run, false)));
                     }
-                    tokio::time::sleep(at.duration_since(now).unwrap_or_default().min(Duration::from_millis(250))).await;
+                    tokio::time::sleep(
+                        at.duration_since(now)
+                            .unwrap_or_default()
+                            .min(Duration::from_millis(250)),
+                    )
+                    .await;
                     // Has the run ended meanwhile (exit, crash, deletion)?
                     match this.runs(&uid, &container).await {
                         Ok((Some(cur), _)) if cur.start == run.start => run = cur,
@@ -189,10 +224,18 @@ impl SimProvider {
         .boxed()
     }
 
-    pub(crate) async fn sim_exec(&self, uid: &str, container: &str, command: Vec<String>, mut io: StreamIo) -> Result<i32> {
+    pub(crate) async fn sim_exec(
+        &self,
+        uid: &str,
+        container: &str,
+        command: Vec<String>,
+        mut io: StreamIo,
+    ) -> Result<i32> {
         let (current, _) = self.runs(uid, container).await?;
         if current.is_none_or(|r| r.end.is_some()) {
-            return Err(not_running(&format!("container {container} is not running")));
+            return Err(not_running(&format!(
+                "container {container} is not running"
+            )));
         }
         let spec = self.spec_of(uid)?;
         let code = run_builtin(&spec, container, command, &mut io).await;
@@ -207,14 +250,20 @@ impl SimProvider {
         Ok(code)
     }
 
-    pub(crate) async fn sim_attach(&self, uid: &str, container: &str, mut io: StreamIo) -> Result<()> {
+    pub(crate) async fn sim_attach(
+        &self,
+        uid: &str,
+        container: &str,
+        mut io: StreamIo,
+    ) -> Result<()> {
         let (current, _) = self.runs(uid, container).await?;
         let run = current
             .filter(|r| r.end.is_none())
             .ok_or_else(|| not_running(&format!("container {container} is not running")))?;
         let spec = self.spec_of(uid)?;
         let now = SystemTime::now();
-        let next = lines_between(&spec, container, run, 0, now).len() as u64 + lines_skipped(&spec, run, now);
+        let next = lines_between(&spec, container, run, 0, now).len() as u64
+            + lines_skipped(&spec, run, now);
         let mut lines = self.follow_lines(spec, container.to_owned(), uid.to_owned(), run, next);
         let mut stdout = io.stdout.take();
         let mut stdin = io.stdin.take().map(|s| BufReader::new(s).lines());
@@ -241,7 +290,12 @@ impl SimProvider {
     }
 
     pub(crate) async fn sim_port_forward(&self, uid: &str, stream: Box<dyn Duplex>) -> Result<()> {
-        let inst = self.get_instance(uid).await?.ok_or_else(|| ProviderError::NotFound { uid: uid.to_owned() })?;
+        let inst = self
+            .get_instance(uid)
+            .await?
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })?;
         if inst.phase != vkd_provider::InstancePhase::Running {
             return Err(not_running("the pod is not running"));
         }
@@ -252,7 +306,12 @@ impl SimProvider {
     }
 
     pub(crate) async fn sim_stats(&self, uid: &str) -> Result<PodStats> {
-        let inst = self.get_instance(uid).await?.ok_or_else(|| ProviderError::NotFound { uid: uid.to_owned() })?;
+        let inst = self
+            .get_instance(uid)
+            .await?
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })?;
         let spec = self.spec_of(uid)?;
         let now = SystemTime::now();
         let n = u64::try_from(spec.containers.len().max(1)).unwrap_or(1);
@@ -271,7 +330,9 @@ impl SimProvider {
                     name: c.name.clone(),
                     start_time: start,
                     cpu_usage_nano_cores: cpu_millis * 1_000_000,
-                    cpu_usage_core_nanoseconds: (up.as_nanos() as u64 / 1000).saturating_mul(cpu_millis).max(1),
+                    cpu_usage_core_nanoseconds: (up.as_nanos() as u64 / 1000)
+                        .saturating_mul(cpu_millis)
+                        .max(1),
                     memory_working_set_bytes: memory,
                     memory_rss_bytes: memory * 3 / 4,
                 }
@@ -290,7 +351,9 @@ impl SimProvider {
 fn lines_skipped(spec: &InstanceSpec, run: Run, now: SystemTime) -> u64 {
     let every = log_interval(spec);
     let stop = run.end.map_or(now, |e| e.min(now));
-    let count = stop.duration_since(run.start).map_or(0, |d| (d.as_nanos() / every.as_nanos()) as u64 + 1);
+    let count = stop
+        .duration_since(run.start)
+        .map_or(0, |d| (d.as_nanos() / every.as_nanos()) as u64 + 1);
     count.saturating_sub(MAX_HISTORY)
 }
 
@@ -300,7 +363,12 @@ async fn write(out: &mut Option<vkd_provider::BoxWrite>, bytes: &[u8]) {
     }
 }
 
-async fn run_builtin(spec: &InstanceSpec, container: &str, command: Vec<String>, io: &mut StreamIo) -> i32 {
+async fn run_builtin(
+    spec: &InstanceSpec,
+    container: &str,
+    command: Vec<String>,
+    io: &mut StreamIo,
+) -> i32 {
     let mut argv = command;
     if argv.len() == 3 && (argv[0] == "sh" || argv[0] == "/bin/sh") && argv[1] == "-c" {
         argv = argv[2].split_whitespace().map(str::to_owned).collect();
@@ -347,14 +415,25 @@ async fn run_builtin(spec: &InstanceSpec, container: &str, command: Vec<String>,
         }
         "true" => 0,
         "false" => 1,
-        "exit" => args.first().and_then(|a| a.parse::<u8>().ok()).map_or(0, i32::from),
+        "exit" => args
+            .first()
+            .and_then(|a| a.parse::<u8>().ok())
+            .map_or(0, i32::from),
         "sleep" => {
-            let secs = args.first().and_then(|a| a.parse::<f64>().ok()).unwrap_or(0.0).clamp(0.0, 3600.0);
+            let secs = args
+                .first()
+                .and_then(|a| a.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                .clamp(0.0, 3600.0);
             tokio::time::sleep(Duration::from_secs_f64(secs)).await;
             0
         }
         "yes" => {
-            let n = args.first().and_then(|a| a.parse::<u64>().ok()).unwrap_or(1).min(100_000_000);
+            let n = args
+                .first()
+                .and_then(|a| a.parse::<u64>().ok())
+                .unwrap_or(1)
+                .min(100_000_000);
             let chunk = "y\n".repeat(8192);
             let mut left = n;
             while left > 0 {
@@ -375,12 +454,24 @@ async fn run_builtin(spec: &InstanceSpec, container: &str, command: Vec<String>,
                     size = s;
                 }
             }
-            write(&mut io.stdout, format!("{} {}\n", size.height, size.width).as_bytes()).await;
+            write(
+                &mut io.stdout,
+                format!("{} {}\n", size.height, size.width).as_bytes(),
+            )
+            .await;
             0
         }
         other => {
-            let target = if io.tty { &mut io.stdout } else { &mut io.stderr };
-            write(target, format!("sim: {other}: command not found\n").as_bytes()).await;
+            let target = if io.tty {
+                &mut io.stdout
+            } else {
+                &mut io.stderr
+            };
+            write(
+                target,
+                format!("sim: {other}: command not found\n").as_bytes(),
+            )
+            .await;
             127
         }
     }
@@ -395,12 +486,21 @@ mod tests {
     fn log_lines_are_deterministic() {
         let spec = sample_spec("n", "u");
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let run = Run { start: t0, end: None };
+        let run = Run {
+            start: t0,
+            end: None,
+        };
         let lines = lines_between(&spec, "main", run, 0, t0 + Duration::from_millis(2500));
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[2].bytes, "sim: conformance/pod-u main line 2\n");
         assert_eq!(lines[2].time, t0 + Duration::from_secs(2));
-        let ended = Run { start: t0, end: Some(t0 + Duration::from_secs(2)) };
-        assert_eq!(lines_between(&spec, "main", ended, 0, t0 + Duration::from_secs(100)).len(), 2);
+        let ended = Run {
+            start: t0,
+            end: Some(t0 + Duration::from_secs(2)),
+        };
+        assert_eq!(
+            lines_between(&spec, "main", ended, 0, t0 + Duration::from_secs(100)).len(),
+            2
+        );
     }
 }

@@ -30,17 +30,48 @@ pub const GOAWAY_PROTOCOL_ERROR: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    Data { stream_id: u32, flags: u8, data: Bytes },
-    SynStream { stream_id: u32, associated: u32, priority: u8, flags: u8, block: Bytes },
-    SynReply { stream_id: u32, flags: u8, block: Bytes },
-    RstStream { stream_id: u32, status: u32 },
+    Data {
+        stream_id: u32,
+        flags: u8,
+        data: Bytes,
+    },
+    SynStream {
+        stream_id: u32,
+        associated: u32,
+        priority: u8,
+        flags: u8,
+        block: Bytes,
+    },
+    SynReply {
+        stream_id: u32,
+        flags: u8,
+        block: Bytes,
+    },
+    RstStream {
+        stream_id: u32,
+        status: u32,
+    },
     Settings,
-    Ping { id: u32 },
-    GoAway { last_good: u32, status: u32 },
-    Headers { stream_id: u32, flags: u8, block: Bytes },
-    WindowUpdate { stream_id: u32, delta: u32 },
+    Ping {
+        id: u32,
+    },
+    GoAway {
+        last_good: u32,
+        status: u32,
+    },
+    Headers {
+        stream_id: u32,
+        flags: u8,
+        block: Bytes,
+    },
+    WindowUpdate {
+        stream_id: u32,
+        delta: u32,
+    },
     /// A control frame type this implementation ignores.
-    Unknown { kind: u16 },
+    Unknown {
+        kind: u16,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -127,7 +158,9 @@ impl Frame {
                 status: u32be(&p[4..8]),
             },
             TYPE_SETTINGS => Frame::Settings,
-            TYPE_PING => Frame::Ping { id: u32be(&p[0..4]) },
+            TYPE_PING => Frame::Ping {
+                id: u32be(&p[0..4]),
+            },
             TYPE_GOAWAY => Frame::GoAway {
                 last_good: u31(&p[0..4]),
                 status: u32be(&p[4..8]),
@@ -149,13 +182,23 @@ impl Frame {
             put_u24(out, len);
         };
         match self {
-            Frame::Data { stream_id, flags, data } => {
+            Frame::Data {
+                stream_id,
+                flags,
+                data,
+            } => {
                 out.put_u32(stream_id & 0x7fff_ffff);
                 out.put_u8(*flags);
                 put_u24(out, data.len());
                 out.put_slice(data);
             }
-            Frame::SynStream { stream_id, associated, priority, flags, block } => {
+            Frame::SynStream {
+                stream_id,
+                associated,
+                priority,
+                flags,
+                block,
+            } => {
                 control(out, TYPE_SYN_STREAM, *flags, 10 + block.len());
                 out.put_u32(stream_id & 0x7fff_ffff);
                 out.put_u32(associated & 0x7fff_ffff);
@@ -163,12 +206,20 @@ impl Frame {
                 out.put_u8(0);
                 out.put_slice(block);
             }
-            Frame::SynReply { stream_id, flags, block } => {
+            Frame::SynReply {
+                stream_id,
+                flags,
+                block,
+            } => {
                 control(out, TYPE_SYN_REPLY, *flags, 4 + block.len());
                 out.put_u32(stream_id & 0x7fff_ffff);
                 out.put_slice(block);
             }
-            Frame::Headers { stream_id, flags, block } => {
+            Frame::Headers {
+                stream_id,
+                flags,
+                block,
+            } => {
                 control(out, TYPE_HEADERS, *flags, 4 + block.len());
                 out.put_u32(stream_id & 0x7fff_ffff);
                 out.put_slice(block);
@@ -215,7 +266,11 @@ mod tests {
         let mut buf = BytesMut::new();
         f.encode(&mut buf);
         let mut half = buf.split_to(buf.len() / 2);
-        assert_eq!(Frame::decode(&mut half.clone()), Ok(None), "partial frame must wait");
+        assert_eq!(
+            Frame::decode(&mut half.clone()),
+            Ok(None),
+            "partial frame must wait"
+        );
         half.unsplit(buf);
         assert_eq!(Frame::decode(&mut half), Ok(Some(f)));
         assert!(half.is_empty());
@@ -223,7 +278,11 @@ mod tests {
 
     #[test]
     fn frames_roundtrip() {
-        roundtrip(Frame::Data { stream_id: 5, flags: FLAG_FIN, data: Bytes::from_static(b"hello") });
+        roundtrip(Frame::Data {
+            stream_id: 5,
+            flags: FLAG_FIN,
+            data: Bytes::from_static(b"hello"),
+        });
         roundtrip(Frame::SynStream {
             stream_id: 1,
             associated: 0,
@@ -231,20 +290,39 @@ mod tests {
             flags: 0,
             block: Bytes::from_static(b"abc"),
         });
-        roundtrip(Frame::SynReply { stream_id: 1, flags: 0, block: Bytes::from_static(b"x") });
-        roundtrip(Frame::RstStream { stream_id: 3, status: RST_CANCEL });
+        roundtrip(Frame::SynReply {
+            stream_id: 1,
+            flags: 0,
+            block: Bytes::from_static(b"x"),
+        });
+        roundtrip(Frame::RstStream {
+            stream_id: 3,
+            status: RST_CANCEL,
+        });
         roundtrip(Frame::Ping { id: 7 });
-        roundtrip(Frame::GoAway { last_good: 9, status: GOAWAY_OK });
-        roundtrip(Frame::WindowUpdate { stream_id: 1, delta: 1000 });
+        roundtrip(Frame::GoAway {
+            last_good: 9,
+            status: GOAWAY_OK,
+        });
+        roundtrip(Frame::WindowUpdate {
+            stream_id: 1,
+            delta: 1000,
+        });
     }
 
     #[test]
     fn hostile_frames_are_errors() {
         let mut huge = BytesMut::from(&[0x80, 3, 0, 1, 0, 0xff, 0xff, 0xff][..]);
-        assert_eq!(Frame::decode(&mut huge), Err(FrameError::TooLarge(0xff_ffff)));
+        assert_eq!(
+            Frame::decode(&mut huge),
+            Err(FrameError::TooLarge(0xff_ffff))
+        );
         let mut v2 = BytesMut::from(&[0x80, 2, 0, 1, 0, 0, 0, 0][..]);
         assert_eq!(Frame::decode(&mut v2), Err(FrameError::Version(2)));
         let mut short = BytesMut::from(&[0x80, 3, 0, 1, 0, 0, 0, 2, 0, 0][..]);
-        assert!(matches!(Frame::decode(&mut short), Err(FrameError::Short { .. })));
+        assert!(matches!(
+            Frame::decode(&mut short),
+            Err(FrameError::Short { .. })
+        ));
     }
 }

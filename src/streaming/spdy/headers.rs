@@ -80,7 +80,9 @@ impl HeaderDecoder {
 fn parse_block(b: &[u8]) -> Result<Headers, HeaderError> {
     let mut at = 0usize;
     let mut next_u32 = |b: &[u8]| -> Result<u32, HeaderError> {
-        let s = b.get(at..at + 4).ok_or(HeaderError::Malformed("truncated length"))?;
+        let s = b
+            .get(at..at + 4)
+            .ok_or(HeaderError::Malformed("truncated length"))?;
         at += 4;
         Ok(u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
     };
@@ -92,11 +94,17 @@ fn parse_block(b: &[u8]) -> Result<Headers, HeaderError> {
     let mut pos = 4usize;
     for _ in 0..count {
         let mut field = || -> Result<String, HeaderError> {
-            let len = b.get(pos..pos + 4).ok_or(HeaderError::Malformed("truncated length"))?;
+            let len = b
+                .get(pos..pos + 4)
+                .ok_or(HeaderError::Malformed("truncated length"))?;
             let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
             pos += 4;
             let bytes = b
-                .get(pos..pos.checked_add(len).ok_or(HeaderError::Malformed("length overflow"))?)
+                .get(
+                    pos..pos
+                        .checked_add(len)
+                        .ok_or(HeaderError::Malformed("length overflow"))?,
+                )
                 .ok_or(HeaderError::Malformed("truncated value"))?;
             pos += len;
             String::from_utf8(bytes.to_vec()).map_err(|_| HeaderError::Malformed("not UTF-8"))
@@ -170,7 +178,9 @@ mod tests {
         let mut dec = HeaderDecoder::default();
         for i in 0..3 {
             let port = i.to_string();
-            let block = enc.encode(&[("streamType", "data"), ("port", &port)]).unwrap();
+            let block = enc
+                .encode(&[("streamType", "data"), ("port", &port)])
+                .unwrap();
             let h = dec.decode(&block).unwrap();
             assert_eq!(get(&h, "streamtype"), Some("data"));
             assert_eq!(get(&h, "port"), Some(port.as_str()));

@@ -15,9 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::frame::{
-    FLAG_FIN, Frame, GOAWAY_OK, GOAWAY_PROTOCOL_ERROR, RST_PROTOCOL_ERROR,
-};
+use super::frame::{FLAG_FIN, Frame, GOAWAY_OK, GOAWAY_PROTOCOL_ERROR, RST_PROTOCOL_ERROR};
 use super::headers::{HeaderDecoder, HeaderEncoder, Headers};
 
 /// Data frames vkd sends carry at most this much.
@@ -135,7 +133,13 @@ impl Session {
 
     /// Resets a stream (e.g. one the handler did not expect).
     pub async fn reset(&self, id: u32, status: u32) {
-        let _ = self.out.send(Out::Frame(Frame::RstStream { stream_id: id, status })).await;
+        let _ = self
+            .out
+            .send(Out::Frame(Frame::RstStream {
+                stream_id: id,
+                status,
+            }))
+            .await;
     }
 }
 
@@ -170,7 +174,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Out>
             next = rx.try_recv().ok();
         }
         if let Some(status) = close {
-            Frame::GoAway { last_good: last_id, status }.encode(&mut buf);
+            Frame::GoAway {
+                last_good: last_id,
+                status,
+            }
+            .encode(&mut buf);
         }
         if w.write_all(&buf).await.is_err() {
             return;
@@ -208,7 +216,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
             };
             match frame {
-                Frame::SynStream { stream_id, flags, block, .. } => {
+                Frame::SynStream {
+                    stream_id,
+                    flags,
+                    block,
+                    ..
+                } => {
                     let headers = match dec.decode(&block) {
                         Ok(h) => h,
                         Err(e) => {
@@ -218,7 +231,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     };
                     if stream_id % 2 == 0 || stream_id <= last_id {
                         let _ = out
-                            .send(Out::Frame(Frame::RstStream { stream_id, status: RST_PROTOCOL_ERROR }))
+                            .send(Out::Frame(Frame::RstStream {
+                                stream_id,
+                                status: RST_PROTOCOL_ERROR,
+                            }))
                             .await;
                         continue;
                     }
@@ -232,13 +248,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         id: stream_id,
                         headers,
                         data: rx,
-                        writer: StreamWriter { id: stream_id, out: out.clone() },
+                        writer: StreamWriter {
+                            id: stream_id,
+                            out: out.clone(),
+                        },
                     };
                     if streams.send(stream).await.is_err() {
                         break 'session GOAWAY_OK;
                     }
                 }
-                Frame::Data { stream_id, flags, data } => {
+                Frame::Data {
+                    stream_id,
+                    flags,
+                    data,
+                } => {
                     if let Some(tx) = inbound.get(&stream_id)
                         && !data.is_empty()
                         && tx.send(data).await.is_err()
@@ -265,7 +288,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         break 'session GOAWAY_PROTOCOL_ERROR;
                     }
                 }
-                Frame::SynReply { .. } | Frame::Settings | Frame::WindowUpdate { .. } | Frame::Unknown { .. } => {}
+                Frame::SynReply { .. }
+                | Frame::Settings
+                | Frame::WindowUpdate { .. }
+                | Frame::Unknown { .. } => {}
             }
         }
         match r.read_buf(&mut buf).await {
@@ -306,12 +332,20 @@ mod tests {
 
     fn data(id: u32, bytes: &[u8], fin: bool) -> Vec<u8> {
         let mut b = BytesMut::new();
-        Frame::Data { stream_id: id, flags: if fin { FLAG_FIN } else { 0 }, data: Bytes::copy_from_slice(bytes) }
-            .encode(&mut b);
+        Frame::Data {
+            stream_id: id,
+            flags: if fin { FLAG_FIN } else { 0 },
+            data: Bytes::copy_from_slice(bytes),
+        }
+        .encode(&mut b);
         b.to_vec()
     }
 
-    async fn read_frames(io: &mut tokio::io::DuplexStream, buf: &mut BytesMut, n: usize) -> Vec<Frame> {
+    async fn read_frames(
+        io: &mut tokio::io::DuplexStream,
+        buf: &mut BytesMut,
+        n: usize,
+    ) -> Vec<Frame> {
         let mut frames = Vec::new();
         while frames.len() < n {
             while let Some(f) = Frame::decode(buf).unwrap() {
@@ -320,7 +354,10 @@ mod tests {
             if frames.len() >= n {
                 break;
             }
-            assert!(io.read_buf(buf).await.unwrap() > 0, "connection closed early: {frames:?}");
+            assert!(
+                io.read_buf(buf).await.unwrap() > 0,
+                "connection closed early: {frames:?}"
+            );
         }
         frames
     }
@@ -329,15 +366,27 @@ mod tests {
     async fn streams_replies_pings_and_data() {
         let (mut client_io, server_io) = tokio::io::duplex(1 << 20);
         let (session, mut streams) = Session::spawn(server_io);
-        let mut client = Client { enc: HeaderEncoder::default(), dec: HeaderDecoder::default() };
-        client_io.write_all(&client.syn(1, "stdin", false)).await.unwrap();
-        client_io.write_all(&client.syn(3, "stdout", true)).await.unwrap();
+        let mut client = Client {
+            enc: HeaderEncoder::default(),
+            dec: HeaderDecoder::default(),
+        };
+        client_io
+            .write_all(&client.syn(1, "stdin", false))
+            .await
+            .unwrap();
+        client_io
+            .write_all(&client.syn(3, "stdout", true))
+            .await
+            .unwrap();
         let mut stdin = streams.recv().await.unwrap();
         assert_eq!(get(&stdin.headers, "streamtype"), Some("stdin"));
         let stdout = streams.recv().await.unwrap();
         client_io.write_all(&data(1, b"hi", true)).await.unwrap();
         assert_eq!(stdin.data.recv().await.unwrap(), Bytes::from_static(b"hi"));
-        assert!(stdin.data.recv().await.is_none(), "FIN ends the inbound data");
+        assert!(
+            stdin.data.recv().await.is_none(),
+            "FIN ends the inbound data"
+        );
 
         let mut ping = BytesMut::new();
         Frame::Ping { id: 7 }.encode(&mut ping);
@@ -362,7 +411,11 @@ mod tests {
                         replies += 1;
                     }
                     Frame::Ping { id: 7 } => pings += 1,
-                    Frame::Data { stream_id: 3, flags, data } => {
+                    Frame::Data {
+                        stream_id: 3,
+                        flags,
+                        data,
+                    } => {
                         got += data.len();
                         fin |= flags & FLAG_FIN != 0;
                     }
@@ -372,7 +425,11 @@ mod tests {
             }
         }
         assert_eq!((replies, pings), (2, 1));
-        assert_eq!(got, big.len(), "large output arrives whole, no window stall");
+        assert_eq!(
+            got,
+            big.len(),
+            "large output arrives whole, no window stall"
+        );
         assert!(fin);
     }
 
@@ -380,9 +437,18 @@ mod tests {
     async fn garbage_gets_goaway_protocol_error() {
         let (mut client_io, server_io) = tokio::io::duplex(1 << 16);
         let (_session, _streams) = Session::spawn(server_io);
-        client_io.write_all(&[0x80, 2, 0, 1, 0, 0, 0, 0]).await.unwrap();
+        client_io
+            .write_all(&[0x80, 2, 0, 1, 0, 0, 0, 0])
+            .await
+            .unwrap();
         let mut buf = BytesMut::new();
         let frames = read_frames(&mut client_io, &mut buf, 1).await;
-        assert_eq!(frames[0], Frame::GoAway { last_good: 0, status: GOAWAY_PROTOCOL_ERROR });
+        assert_eq!(
+            frames[0],
+            Frame::GoAway {
+                last_good: 0,
+                status: GOAWAY_PROTOCOL_ERROR
+            }
+        );
     }
 }
