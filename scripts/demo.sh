@@ -23,6 +23,7 @@ target/debug/vkd run --node-name "$node" --provider sim \
   --provider-config testdata/fleets/demo.yaml --state-dir "$dir/state" \
   --node-label platform.example.com/execution=external \
   --node-taint platform.example.com/execution=external:NoSchedule \
+  --client-ca-file "$VKD_E2E_KUBELET_CLIENT_CA" \
   >"$dir/logs/vkd.log" 2>&1 &
 vkd_pid=$!
 cleanup() {
@@ -40,12 +41,20 @@ kubectl get nodes -o wide
 echo
 kubectl -n platform-demo get pods -o wide
 echo
+pod=$(kubectl -n platform-demo get pods -o name | head -1)
+echo "# kubectl logs $pod --tail=3"
+kubectl -n platform-demo logs "$pod" --tail=3
+echo "# kubectl exec $pod -- echo hello from the virtual node"
+kubectl -n platform-demo exec "$pod" -- echo hello from the virtual node
+echo
 echo "# what the backend runs (vkd sim list):"
 target/debug/vkd sim list --state-dir "$dir/state" --node "$node"
 echo
 if $check; then
   running=$(target/debug/vkd sim list --json --state-dir "$dir/state" --node "$node" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
   [[ $running == 6 ]] || { echo "demo: expected 6 instances, found $running" >&2; exit 1; }
+  [[ $(kubectl -n platform-demo exec "$pod" -- echo ok) == ok ]] || { echo "demo: exec failed" >&2; exit 1; }
+  kubectl -n platform-demo logs "$pod" --tail=1 | grep -q "line" || { echo "demo: logs failed" >&2; exit 1; }
   echo "demo: ok"
   exit 0
 fi

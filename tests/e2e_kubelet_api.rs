@@ -312,6 +312,19 @@ fn exec_both_protocols(c: &Cluster) -> Result<()> {
             out.len()
         );
     }
+    // The Node declares ExtendWebSocketsToKubelet, so WebSocket exec reached vkd
+    // as WebSocket, not translated to SPDY by the apiserver.
+    let metrics = c.kubectl(&["get", "--raw", "/metrics"])?;
+    let proxied: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_websocket_streaming_requests_total"))
+        .filter(|l| l.contains("proxied_to_kubelet") && l.contains("exec"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    ensure!(
+        proxied >= 6.0,
+        "WebSocket exec requests proxied to the kubelet: {proxied}"
+    );
     Ok(())
 }
 

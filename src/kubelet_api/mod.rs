@@ -35,6 +35,7 @@ use crate::streaming::remotecommand::{
     self, EXEC_PROTOCOLS, Outcome, PORT_FORWARD_PROTOCOL, Requested,
 };
 use crate::streaming::spdy::session::Session;
+use crate::streaming::websocket;
 use auth::{AuthError, Authenticator, User};
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -402,14 +403,35 @@ impl KubeletApi {
                 "you must specify at least one of stdin, stdout, stderr",
             );
         }
-        let protocol = match negotiate(&req, &EXEC_PROTOCOLS) {
-            Ok(p) => p,
-            Err(r) => return r,
-        };
         let provider = Arc::clone(self.pods.provider());
         let container = container.to_owned();
         let span =
             info_span!("stream", pod_uid = %uid, kind = if exec { "exec" } else { "attach" });
+        if is_websocket(&req) {
+            let response = match websocket_accept(&req, websocket::CHANNEL_PROTOCOL) {
+                Ok(r) => r,
+                Err(r) => return r,
+            };
+            tokio::spawn(
+                async move {
+                    let upgraded = match hyper::upgrade::on(&mut req).await {
+                        Ok(u) => u,
+                        Err(e) => return debug!(error = %e, "upgrade failed"),
+                    };
+                    let cmd = command.clone();
+                    websocket::serve_channels(upgraded, want, command, |io| async move {
+                        run_stream(provider.as_ref(), exec, &uid, &container, cmd, io).await
+                    })
+                    .await;
+                }
+                .instrument(span),
+            );
+            return response;
+        }
+        let protocol = match negotiate(&req, &EXEC_PROTOCOLS) {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
         tokio::spawn(
             async move {
                 let upgraded = match hyper::upgrade::on(&mut req).await {
@@ -422,17 +444,15 @@ impl KubeletApi {
                     Err(e) => return warn!(error = %e, "stream setup failed"),
                 };
                 let io = channels.take_io();
-                let outcome = if exec {
-                    match provider.exec(&uid, &container, command.clone(), io).await {
-                        Ok(code) => Outcome::Exited(code),
-                        Err(e) => Outcome::Error(e.to_string()),
-                    }
-                } else {
-                    match provider.attach(&uid, &container, io).await {
-                        Ok(()) => Outcome::Exited(0),
-                        Err(e) => Outcome::Error(e.to_string()),
-                    }
-                };
+                let outcome = run_stream(
+                    provider.as_ref(),
+                    exec,
+                    &uid,
+                    &container,
+                    command.clone(),
+                    io,
+                )
+                .await;
                 debug!(?outcome, "stream finished");
                 channels.finish(outcome, &command).await;
             }
@@ -454,36 +474,126 @@ impl KubeletApi {
         if self.pods.provider().capabilities().port_forward == vkd_provider::Support::Unsupported {
             return provider_error(&self.pods.provider().unsupported("port-forward"));
         }
+        let provider = Arc::clone(self.pods.provider());
+        if is_websocket(&req) {
+            let response = match websocket_accept(&req, websocket::TUNNEL_PROTOCOL) {
+                Ok(r) => r,
+                Err(r) => return r,
+            };
+            tokio::spawn(async move {
+                let upgraded = match hyper::upgrade::on(&mut req).await {
+                    Ok(u) => u,
+                    Err(e) => return debug!(error = %e, "upgrade failed"),
+                };
+                forward_ports(websocket::tunnel(upgraded).await, provider, uid).await;
+            });
+            return response;
+        }
         let protocol = match negotiate(&req, &[PORT_FORWARD_PROTOCOL]) {
             Ok(p) => p,
             Err(r) => return r,
         };
-        let provider = Arc::clone(self.pods.provider());
         tokio::spawn(async move {
             let upgraded = match hyper::upgrade::on(&mut req).await {
                 Ok(u) => u,
                 Err(e) => return debug!(error = %e, "upgrade failed"),
             };
-            let (session, incoming) = Session::spawn(TokioIo::new(upgraded));
-            let closer = session.clone();
-            remotecommand::serve_port_forward(session, incoming, move |fwd| {
-                let provider = Arc::clone(&provider);
-                let uid = uid.clone();
-                async move {
-                    if let Err(e) = provider.port_forward(&uid, fwd.port, fwd.data).await
-                        && let Some(err) = fwd.error
-                    {
-                        let msg = format!("error forwarding port {} to pod {uid}: {e}", fwd.port);
-                        err.write(msg.as_bytes()).await;
-                        err.fin().await;
-                    }
-                }
-            })
-            .await;
-            closer.close().await;
+            forward_ports(TokioIo::new(upgraded), provider, uid).await;
         });
         switching(protocol)
     }
+}
+
+/// Serves a SPDY port-forward session on `io` until the client closes it.
+async fn forward_ports<IO>(io: IO, provider: Arc<dyn vkd_provider::Provider>, uid: String)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
+    let (session, incoming) = Session::spawn(io);
+    let closer = session.clone();
+    remotecommand::serve_port_forward(session, incoming, move |fwd| {
+        let provider = Arc::clone(&provider);
+        let uid = uid.clone();
+        async move {
+            if let Err(e) = provider.port_forward(&uid, fwd.port, fwd.data).await
+                && let Some(err) = fwd.error
+            {
+                let msg = format!("error forwarding port {} to pod {uid}: {e}", fwd.port);
+                err.write(msg.as_bytes()).await;
+                err.fin().await;
+            }
+        }
+    })
+    .await;
+    closer.close().await;
+}
+
+async fn run_stream(
+    provider: &dyn vkd_provider::Provider,
+    exec: bool,
+    uid: &str,
+    container: &str,
+    command: Vec<String>,
+    io: vkd_provider::StreamIo,
+) -> Outcome {
+    if exec {
+        match provider.exec(uid, container, command, io).await {
+            Ok(code) => Outcome::Exited(code),
+            Err(e) => Outcome::Error(e.to_string()),
+        }
+    } else {
+        match provider.attach(uid, container, io).await {
+            Ok(()) => Outcome::Exited(0),
+            Err(e) => Outcome::Error(e.to_string()),
+        }
+    }
+}
+
+fn is_websocket(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// The 101 answer to a WebSocket upgrade offering `protocol`.
+fn websocket_accept(
+    req: &Request<Incoming>,
+    protocol: &'static str,
+) -> Result<Response<Body>, Response<Body>> {
+    let offered: Vec<&str> = req
+        .headers()
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    if !offered.contains(&protocol) {
+        return Err(status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            &format!("WebSocket subprotocol {protocol} required, offered {offered:?}"),
+        ));
+    }
+    let Some(key) = req.headers().get("sec-websocket-key") else {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "missing Sec-WebSocket-Key",
+        ));
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let mut r = Response::new(full(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert("sec-websocket-protocol", HeaderValue::from_static(protocol));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert("sec-websocket-accept", v);
+    }
+    Ok(r)
 }
 
 fn auth_response(e: &AuthError) -> Response<Body> {

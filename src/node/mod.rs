@@ -235,6 +235,8 @@ impl NodeAgent {
                     {"type": "Hostname", "address": self.settings.name},
                 ],
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": self.settings.kubelet_port}},
+                // vkd serves WebSocket v5 itself, so the apiserver need not translate to SPDY.
+                "declaredFeatures": ["ExtendWebSocketsToKubelet"],
                 "nodeInfo": {
                     "machineID": self.settings.name,
                     "systemUUID": self.settings.name,

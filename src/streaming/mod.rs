@@ -3,3 +3,4 @@
 
 pub mod remotecommand;
 pub mod spdy;
+pub mod websocket;
