@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         ),
         ("exec_over_websocket_and_spdy", exec_both_protocols),
         ("attach_streams_the_container", attach),
+        ("exec_tty_carries_the_terminal_size", exec_tty),
         ("port_forward_carries_tcp", port_forward),
         (
             "stats_and_pod_lists_with_a_client_certificate",
@@ -325,6 +326,33 @@ fn exec_both_protocols(c: &Cluster) -> Result<()> {
         proxied >= 6.0,
         "WebSocket exec requests proxied to the kubelet: {proxied}"
     );
+    Ok(())
+}
+
+/// `kubectl exec -t` needs a terminal: util-linux `script` gives it one of a set size.
+fn exec_tty(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    let kubectl = c.env("VKD_E2E_KUBECTL")?.to_owned();
+    for (websocket, rows, cols) in [(true, 30, 100), (false, 31, 101)] {
+        let env = if websocket {
+            ""
+        } else {
+            "KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false "
+        };
+        let inner = format!(
+            "stty rows {rows} cols {cols}; {env}{kubectl} exec -it -n {NS} steady -- stty size"
+        );
+        let out = Command::new("script")
+            .args(["-qec", &inner, "/dev/null"])
+            .env("KUBECONFIG", c.kubeconfig())
+            .output()
+            .context("running script(1)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success() && text.trim() == format!("{rows} {cols}"),
+            "tty exec (websocket={websocket}) printed {text:?}"
+        );
+    }
     Ok(())
 }
 
