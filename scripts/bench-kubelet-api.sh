@@ -19,6 +19,7 @@ target/release/vkd run --node-name vk-bench --provider-config testdata/fleets/de
   --client-ca-file "$VKD_E2E_KUBELET_CLIENT_CA" >"$dir/logs/vkd.log" 2>&1 &
 vkd=$!
 trap 'kill $vkd 2>/dev/null; e2e/cluster down --dir "$dir" >/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 60); do k get node vk-bench >/dev/null 2>&1 && break; sleep 0.5; done
 k wait --for=condition=Ready node/vk-bench --timeout=60s >/dev/null
 cat <<YAML | k apply -f - >/dev/null
 apiVersion: v1

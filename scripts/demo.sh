@@ -33,6 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+for _ in $(seq 60); do kubectl get node "$node" >/dev/null 2>&1 && break; sleep 0.5; done
 kubectl wait --for=condition=Ready "node/$node" --timeout=60s
 kubectl apply -f manifests/examples/external-http.yaml
 kubectl -n platform-demo rollout status deployment/external-http --timeout=120s

@@ -513,7 +513,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 }
 
-/// Reads an annotation-style duration: "500ms", "3s", "2m", "1h" or plain seconds.
+/// Reads an annotation-style duration: "250us", "500ms", "3s", "2m", "1h" or plain seconds.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let split = text
@@ -525,6 +525,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         return None;
     }
     let secs = match unit {
+        "us" => value / 1_000_000.0,
         "ms" => value / 1000.0,
         "" | "s" => value,
         "m" => value * 60.0,
@@ -541,6 +542,7 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
         assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
         assert_eq!(parse_duration("2"), Some(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.5m"), Some(Duration::from_secs(90)));
