@@ -62,6 +62,13 @@ struct ReloadingResolver {
 
 impl ResolvesServerCert for ReloadingResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+impl ReloadingResolver {
+    /// The certificate to serve now, reloading it first if either file changed.
+    fn current(&self) -> Arc<CertifiedKey> {
         let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let now = mtimes(&self.paths);
         if now != cur.0 {
@@ -76,7 +83,7 @@ impl ResolvesServerCert for ReloadingResolver {
                 }
             }
         }
-        Some(Arc::clone(&cur.1))
+        Arc::clone(&cur.1)
     }
 }
 
@@ -205,6 +212,49 @@ mod tests {
         let (name, groups) = identity_of(cert.der()).unwrap();
         assert_eq!(name, "kube-apiserver-kubelet-client");
         assert_eq!(groups, ["system:masters"]);
+    }
+
+    fn write_pair(dir: &std::path::Path, name: &str) -> Vec<u8> {
+        let ck = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+        std::fs::write(dir.join("tls.crt"), ck.cert.pem()).unwrap();
+        std::fs::write(dir.join("tls.key"), ck.signing_key.serialize_pem()).unwrap();
+        ck.cert.der().to_vec()
+    }
+
+    #[test]
+    fn certificate_files_are_reloaded_when_they_change() {
+        let dir = std::env::temp_dir().join(format!("vkd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = write_pair(&dir, "first.example");
+        let paths = [dir.join("tls.crt"), dir.join("tls.key")];
+        let r = ReloadingResolver {
+            current: Mutex::new((mtimes(&paths), load_key(&paths[0], &paths[1]).unwrap())),
+            paths: paths.clone(),
+        };
+        assert_eq!(r.current().cert[0].as_ref(), &first[..]);
+        // A later modification time, as a rotation by cert-manager or a kubelet would give.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let second = write_pair(&dir, "second.example");
+        let later = SystemTime::now() + std::time::Duration::from_secs(5);
+        for p in &paths {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(later)
+                .unwrap();
+        }
+        assert_eq!(r.current().cert[0].as_ref(), &second[..]);
+        // A broken file keeps the last good certificate.
+        std::fs::write(&paths[0], "not a certificate").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&paths[0])
+            .unwrap()
+            .set_modified(later + std::time::Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(r.current().cert[0].as_ref(), &second[..]);
+        std::fs::remove_dir_all(dir).ok();
     }
 
     #[test]
