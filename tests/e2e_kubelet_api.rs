@@ -358,29 +358,34 @@ fn exec_tty(c: &Cluster) -> Result<()> {
 
 fn attach(c: &Cluster) -> Result<()> {
     vkd(c)?;
-    c.apply(&pod(
-        "attachee",
-        "{sim.vkd.io/behavior: exit, sim.vkd.io/run-for: 4s, sim.vkd.io/log-interval: 500ms}",
-        "Never",
-    ))?;
-    wait_for("the attachee to run", Duration::from_secs(30), || {
-        let p = c.kubectl_json(&["get", "pod", "attachee", "-n", NS])?;
-        Ok((at(&p, "status.phase") == "Running").then_some(()))
-    })?;
-    let started = Instant::now();
-    let out = kubectl_cmd(c)?
-        .args(["attach", "attachee", "-n", NS])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        text.contains("attachee main line"),
-        "attach printed {text:?} / {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ensure!(
-        started.elapsed() < Duration::from_secs(20),
-        "attach did not end with the container"
-    );
+    for (name, websocket) in [("attachee-ws", true), ("attachee-spdy", false)] {
+        c.apply(&pod(
+            name,
+            "{sim.vkd.io/behavior: exit, sim.vkd.io/run-for: 4s, sim.vkd.io/log-interval: 500ms}",
+            "Never",
+        ))?;
+        wait_for(&format!("{name} to run"), Duration::from_secs(30), || {
+            let p = c.kubectl_json(&["get", "pod", name, "-n", NS])?;
+            Ok((at(&p, "status.phase") == "Running").then_some(()))
+        })?;
+        let started = Instant::now();
+        let mut cmd = kubectl_cmd(c)?;
+        cmd.args(["attach", name, "-n", NS]);
+        if !websocket {
+            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+        }
+        let out = cmd.output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            text.contains(&format!("{name} main line")),
+            "attach {name} printed {text:?} / {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "attach {name} did not end with the container"
+        );
+    }
     Ok(())
 }
 
