@@ -376,7 +376,7 @@ impl Config {
         if kube_qps == 0 {
             return Err(bad("kube-qps", "must be at least 1"));
         }
-        if kube_burst < kube_qps.min(1) {
+        if kube_burst == 0 {
             return Err(bad("kube-burst", "must be at least 1"));
         }
         let reconcile_concurrency = args
@@ -411,7 +411,7 @@ impl Config {
             node_labels,
             node_taints,
             kube_qps,
-            kube_burst: kube_burst.max(1),
+            kube_burst,
             reconcile_concurrency,
             max_pods: args.max_pods.or(file.max_pods),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),

@@ -85,8 +85,13 @@ fn not_running(what: &str) -> ProviderError {
 }
 
 impl SimProvider {
-    async fn get_instance(&self, uid: &str) -> Result<Option<vkd_provider::Instance>> {
-        vkd_provider::Provider::get(self, uid).await
+    /// The instance of `uid`, or NotFound.
+    async fn instance(&self, uid: &str) -> Result<vkd_provider::Instance> {
+        vkd_provider::Provider::get(self, uid)
+            .await?
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })
     }
 
     fn spec_of(&self, uid: &str) -> Result<InstanceSpec> {
@@ -101,12 +106,7 @@ impl SimProvider {
 
     /// The current and previous run of a container, observed now.
     async fn runs(&self, uid: &str, container: &str) -> Result<(Option<Run>, Option<Run>)> {
-        let inst = self
-            .get_instance(uid)
-            .await?
-            .ok_or_else(|| ProviderError::NotFound {
-                uid: uid.to_owned(),
-            })?;
+        let inst = self.instance(uid).await?;
         let c = inst
             .containers
             .iter()
@@ -290,12 +290,7 @@ impl SimProvider {
     }
 
     pub(crate) async fn sim_port_forward(&self, uid: &str, stream: Box<dyn Duplex>) -> Result<()> {
-        let inst = self
-            .get_instance(uid)
-            .await?
-            .ok_or_else(|| ProviderError::NotFound {
-                uid: uid.to_owned(),
-            })?;
+        let inst = self.instance(uid).await?;
         if inst.phase != vkd_provider::InstancePhase::Running {
             return Err(not_running("the pod is not running"));
         }
@@ -306,12 +301,7 @@ impl SimProvider {
     }
 
     pub(crate) async fn sim_stats(&self, uid: &str) -> Result<PodStats> {
-        let inst = self
-            .get_instance(uid)
-            .await?
-            .ok_or_else(|| ProviderError::NotFound {
-                uid: uid.to_owned(),
-            })?;
+        let inst = self.instance(uid).await?;
         let spec = self.spec_of(uid)?;
         let now = SystemTime::now();
         let n = u64::try_from(spec.containers.len().max(1)).unwrap_or(1);

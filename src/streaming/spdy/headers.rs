@@ -77,40 +77,47 @@ impl HeaderDecoder {
     }
 }
 
+/// Reads length-prefixed fields from a decompressed block, never past its end.
+struct Cursor<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], HeaderError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or(HeaderError::Malformed("length overflow"))?;
+        let s = self
+            .b
+            .get(self.pos..end)
+            .ok_or(HeaderError::Malformed("truncated block"))?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self) -> Result<u32, HeaderError> {
+        self.take(4)
+            .map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+    }
+
+    fn string(&mut self) -> Result<String, HeaderError> {
+        let len = self.u32()? as usize;
+        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| HeaderError::Malformed("not UTF-8"))
+    }
+}
+
 fn parse_block(b: &[u8]) -> Result<Headers, HeaderError> {
-    let mut at = 0usize;
-    let mut next_u32 = |b: &[u8]| -> Result<u32, HeaderError> {
-        let s = b
-            .get(at..at + 4)
-            .ok_or(HeaderError::Malformed("truncated length"))?;
-        at += 4;
-        Ok(u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
-    };
-    let count = next_u32(b)?;
+    let mut c = Cursor { b, pos: 0 };
+    let count = c.u32()?;
     if count > MAX_HEADERS {
         return Err(HeaderError::Malformed("too many headers"));
     }
     let mut headers = Vec::with_capacity(count as usize);
-    let mut pos = 4usize;
     for _ in 0..count {
-        let mut field = || -> Result<String, HeaderError> {
-            let len = b
-                .get(pos..pos + 4)
-                .ok_or(HeaderError::Malformed("truncated length"))?;
-            let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-            pos += 4;
-            let bytes = b
-                .get(
-                    pos..pos
-                        .checked_add(len)
-                        .ok_or(HeaderError::Malformed("length overflow"))?,
-                )
-                .ok_or(HeaderError::Malformed("truncated value"))?;
-            pos += len;
-            String::from_utf8(bytes.to_vec()).map_err(|_| HeaderError::Malformed("not UTF-8"))
-        };
-        let name = field()?;
-        let value = field()?;
+        let name = c.string()?;
+        let value = c.string()?;
         if name.is_empty() {
             return Err(HeaderError::Malformed("empty header name"));
         }
