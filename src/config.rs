@@ -64,10 +64,11 @@ pub struct RunArgs {
     /// Name of the virtual Node to register.
     #[arg(long, env = "VKD_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Backend: `sim`.
+    /// Backend: `process` (the default: Pods as local processes) or `sim`.
     #[arg(long, env = "VKD_PROVIDER")]
     pub provider: Option<String>,
-    /// The provider's own config file (for `sim`: the fleet file).
+    /// The provider's own config file (`sim`: the fleet file; `process`: image map
+    /// and run-as user, optional).
     #[arg(long, env = "VKD_PROVIDER_CONFIG")]
     pub provider_config: Option<PathBuf>,
     /// Where vkd and its providers keep state that outlives the process.
@@ -124,6 +125,18 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "VKD_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Namespaces whose Pods may run on this node (others end Failed); default all.
+    #[arg(long = "allowed-namespace", env = "VKD_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    pub allowed_namespaces: Vec<String>,
+    /// Whether Secret content (env, volumes, ServiceAccount tokens) may be handed to the backend.
+    #[arg(long, env = "VKD_ALLOW_SECRETS")]
+    pub allow_secrets: Option<bool>,
+    /// Whether ConfigMap content may be handed to the backend.
+    #[arg(long, env = "VKD_ALLOW_CONFIG_MAPS")]
+    pub allow_config_maps: Option<bool>,
+    /// Whether hostPath volumes are allowed (default false).
+    #[arg(long, env = "VKD_ALLOW_HOST_PATH")]
+    pub allow_host_path: Option<bool>,
 }
 
 /// The config file: the same names as the flags.
@@ -152,6 +165,10 @@ struct FileConfig {
     reconcile_concurrency: Option<usize>,
     max_pods: Option<u32>,
     log_format: Option<LogFormat>,
+    allowed_namespaces: Option<Vec<String>>,
+    allow_secrets: Option<bool>,
+    allow_config_maps: Option<bool>,
+    allow_host_path: Option<bool>,
 }
 
 /// A configuration problem, naming the field.
@@ -178,12 +195,14 @@ pub struct Taint {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProviderKind {
+    Process,
     Sim,
 }
 
 impl ProviderKind {
     pub fn name(self) -> &'static str {
         match self {
+            Self::Process => "process",
             Self::Sim => "sim",
         }
     }
@@ -195,7 +214,8 @@ pub struct Config {
     pub kubeconfig: Option<PathBuf>,
     pub node_name: String,
     pub provider: ProviderKind,
-    pub provider_config: PathBuf,
+    /// Required for `sim`; optional for `process`.
+    pub provider_config: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub kubelet_port: u16,
     pub kubelet_bind: IpAddr,
@@ -211,6 +231,7 @@ pub struct Config {
     pub reconcile_concurrency: usize,
     pub max_pods: Option<u32>,
     pub log_format: LogFormat,
+    pub policy: crate::pods::spec::Policy,
     /// How often the node lease is renewed (the kubelet's 10 s).
     pub lease_renew_interval: Duration,
     /// The lease duration (the kubelet's 40 s).
@@ -279,23 +300,39 @@ impl Config {
             .ok_or_else(|| bad("node-name", "required (flag --node-name or VKD_NODE_NAME)"))?;
         check_node_name(&node_name)?;
         let provider = match args.provider.or(file.provider).as_deref() {
-            None | Some("sim") => ProviderKind::Sim,
+            None | Some("process") => ProviderKind::Process,
+            Some("sim") => ProviderKind::Sim,
             Some(other) => {
                 return Err(bad(
                     "provider",
-                    format!("unknown provider {other:?}; known: sim"),
+                    format!("unknown provider {other:?}; known: process, sim"),
                 ));
             }
         };
-        let provider_config = args
-            .provider_config
-            .or(file.provider_config)
-            .ok_or_else(|| {
-                bad(
-                    "provider-config",
-                    "required: the sim provider needs a fleet file",
-                )
-            })?;
+        let provider_config = args.provider_config.or(file.provider_config);
+        if provider == ProviderKind::Sim && provider_config.is_none() {
+            return Err(bad(
+                "provider-config",
+                "required: the sim provider needs a fleet file",
+            ));
+        }
+        let allowed_namespaces = if args.allowed_namespaces.is_empty() {
+            file.allowed_namespaces.unwrap_or_default()
+        } else {
+            args.allowed_namespaces
+        };
+        let policy = crate::pods::spec::Policy {
+            allowed_namespaces: allowed_namespaces
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect(),
+            allow_secrets: args.allow_secrets.or(file.allow_secrets).unwrap_or(true),
+            allow_config_maps: args
+                .allow_config_maps
+                .or(file.allow_config_maps)
+                .unwrap_or(true),
+            allow_host_path: args.allow_host_path.or(file.allow_host_path).unwrap_or(false),
+        };
         let kubelet_port = args.kubelet_port.or(file.kubelet_port).unwrap_or(10250);
         let admin_port = args.admin_port.or(file.admin_port).unwrap_or(10256);
         if kubelet_port == 0 {
@@ -415,6 +452,7 @@ impl Config {
             reconcile_concurrency,
             max_pods: args.max_pods.or(file.max_pods),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            policy,
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),
             status_report_interval: Duration::from_secs(300),

@@ -4,6 +4,7 @@
 
 pub mod queue;
 pub mod record;
+pub mod spec;
 pub mod status;
 
 use std::collections::{HashMap, HashSet};
@@ -21,7 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
-use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, ProviderError};
+use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, ProviderError, Support};
 
 use queue::WorkQueue;
 use record::PodRecord;
@@ -29,6 +30,8 @@ use status::Waiting;
 
 /// How often a Pod that waits for backend capacity is looked at again.
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
+/// How often a Pod whose ConfigMap, Secret or ServiceAccount is missing tries again.
+const CONFIG_RECHECK: Duration = Duration::from_secs(5);
 /// How often deletion is checked for confirmation while the backend stops an instance.
 const DELETE_CONFIRM: Duration = Duration::from_millis(500);
 /// Every record is reconciled at least this often, in case a backend event was lost.
@@ -67,6 +70,7 @@ pub struct Settings {
     pub concurrency: usize,
     pub qps: u32,
     pub burst: u32,
+    pub policy: spec::Policy,
 }
 
 pub struct PodController {
@@ -362,6 +366,12 @@ impl PodController {
                     self.queued(&rec, &reason).await?;
                     return Ok(Action::After(QUEUED_RECHECK));
                 }
+                Start::ConfigError(message) => {
+                    warn!(message, "container config incomplete");
+                    self.write_status(&rec, None, &Waiting::ConfigError(message))
+                        .await?;
+                    return Ok(Action::After(CONFIG_RECHECK));
+                }
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
             },
         };
@@ -372,12 +382,27 @@ impl PodController {
 
     /// Admits and creates the instance.
     async fn start(&self, rec: &PodRecord) -> Result<Start, ReconcileError> {
-        let Some(spec) = rec.pending.as_deref() else {
+        let Some(pending) = rec.pending.as_deref() else {
             return Ok(Start::Failed(
                 "InstanceLost".into(),
                 "no spec to create the instance from".into(),
             ));
         };
+        let resolver = spec::Resolver {
+            client: &self.client,
+            policy: &self.settings.policy,
+            host_ip: &self.settings.host_ip,
+            volumes: self.provider.capabilities().volumes == Support::Supported,
+        };
+        let spec = match resolver.resolve(pending).await {
+            Ok(s) => s,
+            Err(spec::ResolveError::Spec(e)) => {
+                return Ok(Start::Failed(e.reason.into(), e.message));
+            }
+            Err(spec::ResolveError::Config(message)) => return Ok(Start::ConfigError(message)),
+            Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
+        };
+        let spec = &spec;
         let admission = match self.provider.admit(spec).await {
             Ok(a) => a,
             Err(ProviderError::Invalid { reason, message }) => {
@@ -639,5 +664,6 @@ impl PodController {
 enum Start {
     Running(Box<Instance>),
     Queued(String),
+    ConfigError(String),
     Failed(String, String),
 }

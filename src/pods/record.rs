@@ -1,21 +1,15 @@
 //! The compact per-Pod record: what vkd must remember about a Pod between watch
 //! events, instead of a cached copy of the whole object.
 
-use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
-use vkd_provider::{ContainerSpec, InstanceSpec, PodRef, Resources, RestartPolicy, quantity};
+use vkd_provider::PodRef;
 
 use super::status::{self, CONDITIONS, StatusView};
 
-/// Why a Pod spec cannot be turned into an instance spec.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}: {message}")]
-pub struct SpecError {
-    pub reason: &'static str,
-    pub message: String,
-}
+pub use super::spec::SpecError;
+use super::spec::{Pending, pending};
 
 #[derive(Clone, Debug)]
 pub struct ContainerInfo {
@@ -68,7 +62,7 @@ pub struct PodRecord {
     /// Set once the Pod has a deletionTimestamp: the grace period in seconds.
     pub deletion_grace: Option<u32>,
     /// The instance spec, kept only until the instance is created.
-    pub pending: Option<Box<InstanceSpec>>,
+    pub pending: Option<Box<Pending>>,
     /// Why the Pod spec cannot run at all (found when the record was built).
     pub spec_error: Option<SpecError>,
     /// The status as the API server holds it.
@@ -147,7 +141,7 @@ impl PodRecord {
             if created || previous.is_some_and(|p| p.pending.is_none() && p.spec_error.is_none()) {
                 (None, None)
             } else {
-                match instance_spec(pod, node) {
+                match pending(pod, node) {
                     Ok(s) => (Some(Box::new(s)), None),
                     Err(e) => (None, Some(e)),
                 }
@@ -184,112 +178,6 @@ impl PodRecord {
     }
 }
 
-/// Sums container requests the way the scheduler does (limits stand in for
-/// missing requests), and the larger of that and any single init container.
-fn resources(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<Resources, SpecError> {
-    let one = |c: &k8s_openapi::api::core::v1::Container| -> Result<Resources, SpecError> {
-        let res = c.resources.as_ref();
-        let get = |name: &str| {
-            res.and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)))
-                .or_else(|| res.and_then(|r| r.limits.as_ref().and_then(|m| m.get(name))))
-                .map(|q| q.0.clone())
-        };
-        let invalid = |what: &str, e: quantity::QuantityError| SpecError {
-            reason: "InvalidResources",
-            message: format!("container {}: {what}: {e}", c.name),
-        };
-        Ok(Resources {
-            cpu_millis: get("cpu")
-                .map(|q| quantity::cpu_millis(&q))
-                .transpose()
-                .map_err(|e| invalid("cpu", e))?
-                .unwrap_or(0),
-            memory_bytes: get("memory")
-                .map(|q| quantity::bytes(&q))
-                .transpose()
-                .map_err(|e| invalid("memory", e))?
-                .unwrap_or(0),
-            gpus: get("nvidia.com/gpu")
-                .map(|q| quantity::count(&q))
-                .transpose()
-                .map_err(|e| invalid("nvidia.com/gpu", e))?
-                .map_or(Ok(0), u32::try_from)
-                .map_err(|_| SpecError {
-                    reason: "InvalidResources",
-                    message: format!("container {}: too many nvidia.com/gpu", c.name),
-                })?,
-        })
-    };
-    let mut total = Resources::default();
-    for c in &spec.containers {
-        let r = one(c)?;
-        total.cpu_millis += r.cpu_millis;
-        total.memory_bytes += r.memory_bytes;
-        total.gpus += r.gpus;
-    }
-    for c in spec.init_containers.iter().flatten() {
-        let r = one(c)?;
-        total.cpu_millis = total.cpu_millis.max(r.cpu_millis);
-        total.memory_bytes = total.memory_bytes.max(r.memory_bytes);
-        total.gpus = total.gpus.max(r.gpus);
-    }
-    Ok(total)
-}
-
-/// What the provider is told about a Pod.
-pub fn instance_spec(pod: &Pod, node: &str) -> Result<InstanceSpec, SpecError> {
-    let meta = &pod.metadata;
-    let spec = pod.spec.as_ref().ok_or(SpecError {
-        reason: "InvalidSpec",
-        message: "the Pod has no spec".into(),
-    })?;
-    let restart_policy = match spec.restart_policy.as_deref() {
-        None | Some("Always") => RestartPolicy::Always,
-        Some("OnFailure") => RestartPolicy::OnFailure,
-        Some("Never") => RestartPolicy::Never,
-        Some(other) => {
-            return Err(SpecError {
-                reason: "InvalidSpec",
-                message: format!("restartPolicy {other:?}"),
-            });
-        }
-    };
-    let containers = spec
-        .containers
-        .iter()
-        .map(|c| ContainerSpec {
-            name: c.name.clone(),
-            image: c.image.clone().unwrap_or_default(),
-            command: c.command.clone().unwrap_or_default(),
-            args: c.args.clone().unwrap_or_default(),
-            env: c
-                .env
-                .iter()
-                .flatten()
-                .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
-                .collect(),
-        })
-        .collect();
-    Ok(InstanceSpec {
-        pod: PodRef {
-            uid: meta.uid.clone().unwrap_or_default(),
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-        },
-        node: node.to_owned(),
-        containers,
-        resources: resources(spec)?,
-        restart_policy,
-        annotations: meta
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .collect::<BTreeMap<_, _>>(),
-        placement: None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,42 +185,6 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn resources_are_summed_like_the_scheduler() {
-        let p = pod(json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
-            "spec": {
-                "containers": [
-                    {"name": "a", "image": "x", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "2"}}},
-                    {"name": "b", "image": "y", "resources": {"requests": {"cpu": "1"}}}
-                ],
-                "initContainers": [{"name": "i", "image": "z", "resources": {"requests": {"cpu": "4"}}}]
-            }
-        }));
-        let s = instance_spec(&p, "vk").unwrap();
-        assert_eq!(
-            s.resources,
-            Resources {
-                cpu_millis: 4000,
-                memory_bytes: 1 << 30,
-                gpus: 2
-            }
-        );
-        assert_eq!(s.pod.uid, "u1");
-        assert_eq!(s.restart_policy, RestartPolicy::Always);
-    }
-
-    #[test]
-    fn bad_quantities_name_the_container() {
-        let p = pod(json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
-            "spec": {"containers": [{"name": "a", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "1.5"}}}]}
-        }));
-        let e = instance_spec(&p, "vk").unwrap_err();
-        assert_eq!(e.reason, "InvalidResources");
-        assert!(e.message.contains("container a"), "{e}");
     }
 
     #[test]

@@ -134,6 +134,8 @@ pub enum Waiting {
     Creating,
     /// The backend has no room yet; the reason says what it waits for.
     Queued(String),
+    /// Something the spec refers to is missing (a ConfigMap, a key, a ServiceAccount).
+    ConfigError(String),
 }
 
 fn state_view(s: &ContainerState) -> StateView {
@@ -156,6 +158,7 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
         let (reason, message) = match waiting {
             Waiting::Creating => ("ContainerCreating".to_owned(), None),
             Waiting::Queued(why) => ("BackendQueued".to_owned(), Some(why.clone())),
+            Waiting::ConfigError(why) => ("CreateContainerConfigError".to_owned(), Some(why.clone())),
         };
         return StatusView {
             phase: "Pending".into(),

@@ -46,6 +46,9 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
         restart_policy: RestartPolicy::Always,
         annotations: Default::default(),
         placement: None,
+        init_containers: Vec::new(),
+        volumes: Vec::new(),
+        termination_grace: Duration::from_secs(5),
     }
 }
 

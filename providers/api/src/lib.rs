@@ -52,8 +52,107 @@ pub struct ContainerSpec {
     pub command: Vec<String>,
     #[serde(default)]
     pub args: Vec<String>,
+    /// Resolved environment, in order (valueFrom and envFrom already looked up).
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// As in the Pod spec; a backend without its own filesystem maps it (see its docs).
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub startup_probe: Option<Probe>,
+    #[serde(default)]
+    pub liveness_probe: Option<Probe>,
+    #[serde(default)]
+    pub readiness_probe: Option<Probe>,
+    #[serde(default)]
+    pub post_start: Option<Handler>,
+    #[serde(default)]
+    pub pre_stop: Option<Handler>,
+}
+
+/// A container's resource limits (absent: unlimited).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+/// A volume mounted into a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub volume: String,
+    pub path: String,
+    #[serde(default)]
+    pub sub_path: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// An action run against a container: a probe's check or a lifecycle hook.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Handler {
+    Exec {
+        command: Vec<String>,
+    },
+    HttpGet {
+        host: Option<String>,
+        port: u16,
+        path: String,
+        https: bool,
+        headers: Vec<(String, String)>,
+    },
+    TcpSocket {
+        host: Option<String>,
+        port: u16,
+    },
+    Sleep {
+        seconds: u64,
+    },
+}
+
+/// A probe, with the kubelet's defaults already applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub handler: Handler,
+    pub initial_delay: Duration,
+    pub period: Duration,
+    pub timeout: Duration,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+}
+
+/// A Pod volume, with the content vkd resolved from the API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    pub name: String,
+    pub source: VolumeSource,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeSource {
+    EmptyDir {
+        size_limit: Option<u64>,
+    },
+    /// configMap, secret, downwardAPI and projected volumes: files vkd wrote out.
+    Files {
+        files: Vec<VolumeFile>,
+    },
+    /// Allowed only where the node policy allows hostPath.
+    HostPath {
+        path: String,
+    },
+}
+
+/// One file of a volume, its path relative to the volume root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeFile {
+    pub path: String,
+    pub data: Vec<u8>,
+    pub mode: u32,
 }
 
 /// Resources a Pod asks for, summed the way the scheduler sums them.
@@ -87,6 +186,19 @@ pub struct InstanceSpec {
     /// Where admission placed the Pod; `None` lets the backend choose.
     #[serde(default)]
     pub placement: Option<Placement>,
+    /// Run to completion, in order, before `containers` start.
+    #[serde(default)]
+    pub init_containers: Vec<ContainerSpec>,
+    /// Filled in only for providers that declare the `volumes` capability.
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+    /// terminationGracePeriodSeconds (30 s when the Pod does not say).
+    #[serde(default = "default_grace")]
+    pub termination_grace: Duration,
+}
+
+fn default_grace() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// Where an instance runs: a host slice and, for GPU Pods, which GPUs.
@@ -254,6 +366,10 @@ pub struct Capabilities {
     pub attach: Support,
     pub port_forward: Support,
     pub stats: Support,
+    /// Materializes volume content (configMap, secret, downwardAPI, projected files).
+    pub volumes: Support,
+    /// Enforces container resource limits.
+    pub limits: Support,
 }
 
 impl Capabilities {
@@ -265,6 +381,8 @@ impl Capabilities {
             ("attach", self.attach),
             ("port-forward", self.port_forward),
             ("stats", self.stats),
+            ("volumes", self.volumes),
+            ("limits", self.limits),
         ]
         .into_iter()
         .filter(|(_, s)| *s == Support::Supported)

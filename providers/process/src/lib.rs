@@ -1,0 +1,1131 @@
+//! The process provider: runs each Pod's containers as host processes.
+//!
+//! There is no image pull and no filesystem isolation. The config maps image
+//! names to something runnable here ([`config::ImageMap`]); a Pod whose image or
+//! command has no such mapping is rejected at admission with the reason.
+//!
+//! Each Pod gets a sandbox directory ([`sandbox`]) and a supervisor process, the
+//! shim ([`shim`]), started detached so it outlives vkd. The provider only
+//! writes the sandbox, starts or signals the shim, and reads what the shim
+//! records; after a restart it finds every running Pod again in the state
+//! directory and checks each shim's identity (PID plus start time) before
+//! trusting or signalling it. `create` is idempotent on the Pod UID: a sandbox
+//! that exists is never started twice.
+
+pub mod config;
+pub mod launch;
+pub mod logs;
+pub mod procfs;
+pub mod sandbox;
+pub mod shim;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use rustix::process::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::broadcast;
+use vkd_provider::{
+    Admission, Capabilities, Capacity, CapacityKind, ContainerState, ContainerStats,
+    ContainerStatus, Duplex, Fence, Health, HostSlice, Instance, InstanceEvent, InstancePhase,
+    InstanceSpec, LogRequest, Logs, Placement, PodStats, Provider, ProviderError, Result,
+    StreamIo, Support, VolumeSource,
+};
+
+pub use config::ProcessConfig;
+use sandbox::{InstanceRecord, Launch, Sandbox, ShimSpec, StatusFile};
+
+/// Runs the shim or launcher part when `args` (the whole argv) asks for one;
+/// `None` when it is a normal invocation.
+pub fn dispatch(args: &[String]) -> Option<i32> {
+    match args.get(1).map(String::as_str) {
+        Some("process-shim") => Some(shim::main(Path::new(args.get(2)?))),
+        Some("process-launch") => Some(launch::main(&args[2..])),
+        _ => None,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("state directory {path}: {source}")]
+    State {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the shim executable {0} does not exist")]
+    Shim(PathBuf),
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    config: ProcessConfig,
+    shim_exe: PathBuf,
+    host: String,
+    run_as: Option<(u32, u32)>,
+    cgroup_parent: Option<PathBuf>,
+    epochs: Mutex<HashMap<String, u64>>,
+    events: broadcast::Sender<InstanceEvent>,
+    /// The last CPU sample per container, for the usage rate.
+    cpu_samples: Mutex<HashMap<(String, String), (SystemTime, u64)>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ProcessProvider {
+    inner: Arc<Inner>,
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ProviderError + '_ {
+    move |e| ProviderError::transient(format!("{}: {e}", path.display()))
+}
+
+fn hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+impl ProcessProvider {
+    /// Opens (or creates) the state under `dir`. `shim_exe` is the program that
+    /// answers `process-shim` and `process-launch` (the vkd binary itself).
+    pub fn open(config: ProcessConfig, dir: &Path, shim_exe: PathBuf) -> Result<Self, OpenError> {
+        if !shim_exe.is_file() {
+            return Err(OpenError::Shim(shim_exe));
+        }
+        for sub in ["pods", "fences"] {
+            let p = dir.join(sub);
+            std::fs::create_dir_all(&p).map_err(|source| OpenError::State {
+                path: p.clone(),
+                source,
+            })?;
+        }
+        let mut epochs = HashMap::new();
+        if let Ok(entries) = std::fs::read_dir(dir.join("fences")) {
+            for e in entries.flatten() {
+                if let (Some(node), Ok(text)) = (
+                    e.file_name().to_str().map(str::to_owned),
+                    std::fs::read_to_string(e.path()),
+                ) && let Ok(epoch) = text.trim().parse()
+                {
+                    epochs.insert(node, epoch);
+                }
+            }
+        }
+        let (events, _) = broadcast::channel(1024);
+        let provider = Self {
+            inner: Arc::new(Inner {
+                dir: dir.to_owned(),
+                run_as: config.run_as(),
+                cgroup_parent: config.cgroup_parent(),
+                config,
+                shim_exe,
+                host: hostname(),
+                epochs: Mutex::new(epochs),
+                events,
+                cpu_samples: Mutex::default(),
+            }),
+        };
+        provider.recover();
+        let weak = Arc::downgrade(&provider.inner);
+        std::thread::Builder::new()
+            .name("process-watch".into())
+            .spawn(move || watch(weak))
+            .map_err(|source| OpenError::State {
+                path: dir.to_owned(),
+                source,
+            })?;
+        Ok(provider)
+    }
+
+    /// How limits are enforced here: `cgroup-v2` or `rlimit`.
+    pub fn limits_mode(&self) -> &'static str {
+        if self.inner.cgroup_parent.is_some() {
+            "cgroup-v2"
+        } else {
+            "rlimit"
+        }
+    }
+
+    pub fn run_as(&self) -> Option<(u32, u32)> {
+        self.inner.run_as
+    }
+
+    fn pods_dir(&self) -> PathBuf {
+        self.inner.dir.join("pods")
+    }
+
+    fn sandbox(&self, uid: &str) -> Sandbox {
+        Sandbox::new(self.pods_dir().join(uid))
+    }
+
+    /// Leftovers of a create that died half way: sandboxes still being built are
+    /// removed; a sandbox whose shim was never started gets it now.
+    fn recover(&self) {
+        let Ok(entries) = std::fs::read_dir(self.pods_dir()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                let _ = std::fs::remove_dir_all(e.path());
+                continue;
+            }
+            let sb = Sandbox::new(e.path());
+            if !sb.instance().exists() {
+                let _ = std::fs::remove_dir_all(&sb.dir);
+                continue;
+            }
+            if sb.shim_process().is_none() && !sb.status().exists() {
+                if let Err(e) = self.spawn_shim(&sb) {
+                    eprintln!("process provider: starting the shim of {name}: {e}");
+                }
+            }
+        }
+    }
+
+    fn check_fence(&self, fence: &Fence) -> Result<()> {
+        let mut epochs = self
+            .inner
+            .epochs
+            .lock()
+            .map_err(|_| ProviderError::transient("epoch table poisoned"))?;
+        let current = epochs.get(&fence.node).copied().unwrap_or(0);
+        if fence.epoch < current {
+            return Err(ProviderError::Fenced {
+                node: fence.node.clone(),
+                current,
+                got: fence.epoch,
+            });
+        }
+        if fence.epoch > current {
+            let path = self.inner.dir.join("fences").join(&fence.node);
+            sandbox::write_atomic(&path, fence.epoch.to_string().as_bytes(), 0o644)
+                .map_err(io_err(&path))?;
+            epochs.insert(fence.node.clone(), fence.epoch);
+        }
+        Ok(())
+    }
+
+    fn spawn_shim(&self, sb: &Sandbox) -> std::io::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(sb.dir.join("shim.log"))?;
+        let err = log.try_clone()?;
+        // std's Command, so no runtime is needed; the thread below reaps the shim
+        // while this vkd lives (after a restart, init does).
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new(&self.inner.shim_exe)
+            .arg("process-shim")
+            .arg(&sb.dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .process_group(0)
+            .spawn()?;
+        if let Some(id) = i32::try_from(child.id()).ok().and_then(procfs::ProcessId::of) {
+            // Written here as well as by the shim, so nothing sees a sandbox without one.
+            if sb.shim_process().is_none() {
+                sandbox::write_atomic(&sb.shim_pid(), id.render().as_bytes(), 0o644)?;
+            }
+        }
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        Ok(())
+    }
+
+    /// Resolves what each container runs: argv, environment, working directory.
+    fn launches(&self, spec: &InstanceSpec, root: &Path) -> Result<Vec<Launch>> {
+        let mut out = Vec::new();
+        for c in spec.init_containers.iter().chain(&spec.containers) {
+            let image = self.inner.config.image(&c.image).ok_or_else(|| {
+                ProviderError::invalid(
+                    "ImageNotRunnable",
+                    format!(
+                        "container {}: image {:?} is not mapped to anything runnable on this host; \
+                         add it to images in the process provider config",
+                        c.name, c.image
+                    ),
+                )
+            })?;
+            let mut argv: Vec<String> = if c.command.is_empty() {
+                image.entrypoint.clone()
+            } else {
+                c.command.clone()
+            };
+            argv.extend(c.args.iter().cloned());
+            if argv.is_empty() {
+                return Err(ProviderError::invalid(
+                    "ImageNotRunnable",
+                    format!(
+                        "container {}: no command, and image {:?} has no entrypoint in the process provider config",
+                        c.name, c.image
+                    ),
+                ));
+            }
+            let cwd = match &c.working_dir {
+                Some(wd) => root.join(wd.trim_start_matches('/')),
+                None => root.to_owned(),
+            };
+            let mut env: Vec<(String, String)> = vec![
+                ("PATH".into(), image.search_path().to_owned()),
+                ("HOME".into(), root.display().to_string()),
+                ("HOSTNAME".into(), spec.pod.name.clone()),
+            ];
+            for (k, v) in &c.env {
+                env.retain(|(n, _)| n != k);
+                env.push((k.clone(), v.clone()));
+            }
+            env.push(("VKD_POD_ROOT".into(), root.display().to_string()));
+            let own = [("VKD_POD_ROOT".to_owned(), root.display().to_string())];
+            let argv: Vec<String> = argv.iter().map(|a| expand_own(a, &own)).collect();
+            let program = &argv[0];
+            let path = env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "PATH")
+                .map_or(image.search_path(), |(_, v)| v.as_str());
+            let resolved = if program.contains('/') {
+                let p = if Path::new(program).is_absolute() {
+                    PathBuf::from(program)
+                } else {
+                    cwd.join(program)
+                };
+                // A relative program may come from a volume that exists only once materialized.
+                if Path::new(program).is_absolute() && !is_executable(&p) {
+                    return Err(not_found(&c.name, program, path, &c.image));
+                }
+                p
+            } else {
+                path.split(':')
+                    .map(|d| Path::new(d).join(program))
+                    .find(|p| is_executable(p))
+                    .ok_or_else(|| not_found(&c.name, program, path, &c.image))?
+            };
+            let mut argv = argv;
+            argv[0] = resolved.display().to_string();
+            for h in [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
+                .into_iter()
+                .flatten()
+                .map(|p| &p.handler)
+                .chain(c.post_start.iter())
+                .chain(c.pre_stop.iter())
+            {
+                if matches!(h, vkd_provider::Handler::HttpGet { https: true, .. }) {
+                    return Err(ProviderError::invalid(
+                        "InvalidProbe",
+                        format!("container {}: HTTPS probes and hooks are not supported by the process provider", c.name),
+                    ));
+                }
+            }
+            out.push(Launch {
+                name: c.name.clone(),
+                argv,
+                env,
+                cwd,
+            });
+        }
+        Ok(out)
+    }
+
+    fn chown(&self, path: &Path) -> std::io::Result<()> {
+        if let Some((u, g)) = self.inner.run_as {
+            std::os::unix::fs::lchown(path, Some(u), Some(g))?;
+        }
+        Ok(())
+    }
+
+    fn mkdirs(&self, base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
+        let mut p = base.to_owned();
+        for part in rel.components() {
+            if let std::path::Component::Normal(s) = part {
+                p.push(s);
+                if !p.exists() {
+                    std::fs::create_dir(&p)?;
+                    self.chown(&p)?;
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Writes volumes and mount links into a fresh sandbox.
+    fn materialize(&self, sb: &Sandbox, spec: &InstanceSpec, launches: &[Launch]) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let e = |e: std::io::Error| ProviderError::transient(format!("building the sandbox: {e}"));
+        for d in [sb.root(), sb.volumes()] {
+            std::fs::create_dir_all(&d).map_err(e)?;
+            self.chown(&d).map_err(e)?;
+        }
+        for v in &spec.volumes {
+            let vdir = sb.volumes().join(&v.name);
+            match &v.source {
+                VolumeSource::HostPath { path } => {
+                    std::os::unix::fs::symlink(path, &vdir).map_err(e)?;
+                }
+                VolumeSource::EmptyDir { .. } => {
+                    std::fs::create_dir_all(&vdir).map_err(e)?;
+                    self.chown(&vdir).map_err(e)?;
+                }
+                VolumeSource::Files { files } => {
+                    std::fs::create_dir_all(&vdir).map_err(e)?;
+                    self.chown(&vdir).map_err(e)?;
+                    for f in files {
+                        let rel = Path::new(&f.path);
+                        let parent = rel.parent().unwrap_or(Path::new(""));
+                        let dir = self.mkdirs(&vdir, parent).map_err(e)?;
+                        let target = dir.join(rel.file_name().unwrap_or_default());
+                        sandbox::write_atomic(&target, &f.data, f.mode).map_err(e)?;
+                        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(f.mode))
+                            .map_err(e)?;
+                        self.chown(&target).map_err(e)?;
+                    }
+                }
+            }
+        }
+        for c in spec.init_containers.iter().chain(&spec.containers) {
+            for m in &c.mounts {
+                let mut target = sb.volumes().join(&m.volume);
+                if let Some(sub) = &m.sub_path {
+                    if sub.split('/').any(|s| s == "..") || sub.starts_with('/') {
+                        return Err(ProviderError::invalid(
+                            "InvalidSpec",
+                            format!("container {}: subPath {sub:?} leaves the volume", c.name),
+                        ));
+                    }
+                    target = target.join(sub);
+                    if !target.exists() {
+                        self.mkdirs(&sb.volumes().join(&m.volume), Path::new(sub))
+                            .map_err(e)?;
+                    }
+                }
+                let rel = Path::new(m.path.trim_start_matches('/'));
+                if rel.components().any(|c| matches!(c, std::path::Component::ParentDir))
+                    || rel.as_os_str().is_empty()
+                {
+                    return Err(ProviderError::invalid(
+                        "InvalidSpec",
+                        format!("container {}: mountPath {:?}", c.name, m.path),
+                    ));
+                }
+                let parent = rel.parent().unwrap_or(Path::new(""));
+                let dir = self.mkdirs(&sb.root(), parent).map_err(e)?;
+                let link = dir.join(rel.file_name().unwrap_or_default());
+                match std::fs::read_link(&link) {
+                    Ok(existing) if existing == target => continue,
+                    Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
+                        return Err(ProviderError::invalid(
+                            "InvalidSpec",
+                            format!("container {}: mountPath {} is taken by another mount", c.name, m.path),
+                        ));
+                    }
+                    _ => {}
+                }
+                std::os::unix::fs::symlink(&target, &link).map_err(e)?;
+                self.chown(&link).map_err(e)?;
+            }
+        }
+        for l in launches {
+            if let Ok(rel) = l.cwd.strip_prefix(sb.root()) {
+                self.mkdirs(&sb.root(), rel).map_err(e)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn instance_of(&self, sb: &Sandbox, rec: InstanceRecord, st: Option<StatusFile>) -> Instance {
+        let (phase, containers, started_at, message) = match st {
+            Some(s) => {
+                let mut containers: Vec<ContainerStatus> =
+                    s.containers.into_iter().map(|c| c.status).collect();
+                if s.phase == InstancePhase::Pending
+                    && let Some(init) = s.init.iter().find(|c| !matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code == 0))
+                {
+                    for c in &mut containers {
+                        if matches!(c.state, ContainerState::Waiting { .. }) {
+                            c.state = ContainerState::Waiting {
+                                reason: "PodInitializing".into(),
+                                message: Some(format!("waiting for init container {}", init.status.name)),
+                            };
+                        }
+                    }
+                }
+                (s.phase, containers, s.started_at, s.message)
+            }
+            None => (InstancePhase::Pending, Vec::new(), None, None),
+        };
+        let _ = sb;
+        Instance {
+            id: rec.id,
+            owner: rec.owner,
+            node: rec.node,
+            epoch: rec.epoch,
+            phase,
+            containers,
+            ip: None,
+            host: Some(rec.host),
+            created_at: rec.created_at,
+            started_at,
+            message,
+        }
+    }
+
+    /// Kills what a dead shim left behind (checked by identity) and removes the sandbox.
+    fn remove(&self, sb: &Sandbox) -> Result<()> {
+        if let Ok(Some(st)) = sb.read_status() {
+            for c in st.init.iter().chain(&st.containers) {
+                if let Some(p) = c.process {
+                    p.signal_group(Signal::KILL);
+                }
+                if let Some(cg) = &c.cgroup {
+                    let _ = std::fs::remove_dir(cg);
+                }
+            }
+        }
+        // Rename first, so a half-removed sandbox is never taken for a live one.
+        let uid = sb.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let grave = self.pods_dir().join(format!(".gone-{uid}-{}", uuid::Uuid::new_v4().simple()));
+        match std::fs::rename(&sb.dir, &grave) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_err(&sb.dir)(e)),
+        }
+        std::fs::remove_dir_all(&grave).map_err(io_err(&grave))?;
+        let _ = self.inner.events.send(InstanceEvent::Changed { uid });
+        Ok(())
+    }
+
+    fn read(&self, uid: &str) -> Result<Option<(Sandbox, InstanceRecord, Option<StatusFile>)>> {
+        if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
+            return Ok(None);
+        }
+        let sb = self.sandbox(uid);
+        let Some(rec) = sb.read_instance().map_err(io_err(&sb.instance()))? else {
+            return Ok(None);
+        };
+        let st = sb.read_status().map_err(io_err(&sb.status()))?;
+        Ok(Some((sb, rec, st)))
+    }
+
+    fn running_process(&self, uid: &str, container: &str) -> Result<(Launch, Option<PathBuf>)> {
+        let not_found = || ProviderError::NotFound { uid: uid.to_owned() };
+        let (sb, _, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let spec = sb.read_spec().map_err(io_err(&sb.spec()))?.ok_or_else(not_found)?;
+        let launch = spec
+            .containers
+            .iter()
+            .rev()
+            .find(|l| l.name == container)
+            .cloned()
+            .ok_or_else(|| ProviderError::invalid("NotFound", format!("no container {container:?} in this Pod")))?;
+        let run = st
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(&s.init))
+            .find(|c| c.status.name == container && matches!(c.status.state, ContainerState::Running { .. }))
+            .ok_or_else(|| {
+                ProviderError::invalid(
+                    "ContainerNotRunning",
+                    format!("container {container:?} is not running"),
+                )
+            })?;
+        Ok((launch, run.cgroup.clone()))
+    }
+
+    fn exec_command(&self, launch: &Launch, cgroup: Option<&Path>, command: &[String]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.inner.shim_exe);
+        cmd.arg("process-launch");
+        if let Some(cg) = cgroup {
+            cmd.arg("--cgroup").arg(cg);
+        }
+        cmd.arg("--").args(command);
+        cmd.env_clear()
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&launch.cwd);
+        if let Some((u, g)) = self.inner.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(u).gid(g);
+        }
+        cmd
+    }
+
+    fn usage(&self) -> (u64, u64, u32) {
+        let mut cpu = 0;
+        let mut mem = 0;
+        let mut n = 0;
+        if let Ok(entries) = std::fs::read_dir(self.pods_dir()) {
+            for e in entries.flatten() {
+                let sb = Sandbox::new(e.path());
+                let Ok(Some(rec)) = sb.read_instance() else {
+                    continue;
+                };
+                let done = sb.read_status().ok().flatten().is_some_and(|s| s.done);
+                if !done {
+                    cpu += rec.cpu_millis;
+                    mem += rec.memory_bytes;
+                    n += 1;
+                }
+            }
+        }
+        (cpu, mem, n)
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        (cpus * 1000, procfs::mem_total().unwrap_or(0))
+    }
+}
+
+fn expand_own(text: &str, vars: &[(String, String)]) -> String {
+    let mut out = text.to_owned();
+    for (k, v) in vars {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    out
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn not_found(container: &str, program: &str, path: &str, image: &str) -> ProviderError {
+    ProviderError::invalid(
+        "ExecutableNotFound",
+        format!(
+            "container {container}: executable {program:?} not found in PATH {path} (image {image:?})"
+        ),
+    )
+}
+
+/// Polls the sandboxes and announces changes; stops when the provider is dropped.
+fn watch(inner: std::sync::Weak<Inner>) {
+    let mut seen: HashMap<String, (Option<SystemTime>, bool)> = HashMap::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let mut now_seen = HashMap::new();
+        if let Ok(entries) = std::fs::read_dir(inner.dir.join("pods")) {
+            for e in entries.flatten() {
+                let uid = e.file_name().to_string_lossy().into_owned();
+                if uid.starts_with('.') {
+                    continue;
+                }
+                let sb = Sandbox::new(e.path());
+                let mtime = std::fs::metadata(sb.status()).and_then(|m| m.modified()).ok();
+                let alive = sb.shim_process().is_some_and(|p| p.alive());
+                now_seen.insert(uid, (mtime, alive));
+            }
+        }
+        for (uid, v) in &now_seen {
+            if seen.get(uid) != Some(v) {
+                let _ = inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+            }
+        }
+        for uid in seen.keys() {
+            if !now_seen.contains_key(uid) {
+                let _ = inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+            }
+        }
+        seen = now_seen;
+    }
+}
+
+#[async_trait]
+impl Provider for ProcessProvider {
+    fn name(&self) -> &str {
+        "process"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            logs: Support::Supported,
+            exec: Support::Supported,
+            attach: Support::Unsupported,
+            port_forward: Support::Supported,
+            stats: Support::Supported,
+            volumes: Support::Supported,
+            limits: Support::Supported,
+        }
+    }
+
+    async fn health(&self) -> Health {
+        match std::fs::metadata(self.pods_dir()) {
+            Ok(m) if m.is_dir() => Health::Healthy,
+            _ => Health::Unhealthy {
+                reason: "StateDirMissing".into(),
+                message: format!("{} is not a directory", self.pods_dir().display()),
+            },
+        }
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        let (cpu_total, mem_total) = self.totals();
+        let (cpu, mem, n) = self.usage();
+        Ok(Capacity {
+            hosts: vec![HostSlice {
+                name: self.inner.host.clone(),
+                cpu_millis_total: cpu_total,
+                cpu_millis_free: cpu_total.saturating_sub(cpu),
+                memory_bytes_total: mem_total,
+                memory_bytes_free: mem_total.saturating_sub(mem),
+                gpus: Vec::new(),
+                rdma_domain: None,
+                labels: Default::default(),
+                cached_models: Vec::new(),
+                max_pods: self.inner.config.max_pods,
+                pods_running: n,
+            }],
+            kind: CapacityKind::Live,
+            observed_at: SystemTime::now(),
+            refresh_interval: Duration::from_secs(10),
+        })
+    }
+
+    async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
+        if spec.resources.gpus > 0 {
+            return Ok(Admission::Rejected {
+                reason: "TopologyUnsatisfiable".into(),
+                message: format!(
+                    "needs {} nvidia.com/gpu; host {} has none",
+                    spec.resources.gpus, self.inner.host
+                ),
+            });
+        }
+        if let Err(ProviderError::Invalid { reason, message }) =
+            self.launches(spec, &self.sandbox(&spec.pod.uid).root())
+        {
+            return Ok(Admission::Rejected { reason, message });
+        }
+        let (cpu_total, mem_total) = self.totals();
+        let r = spec.resources;
+        if r.cpu_millis > cpu_total || r.memory_bytes > mem_total {
+            return Ok(Admission::Rejected {
+                reason: "OutOfResources".into(),
+                message: format!(
+                    "requests {}m cpu and {} bytes memory; host {} has {}m and {} bytes in all",
+                    r.cpu_millis, r.memory_bytes, self.inner.host, cpu_total, mem_total
+                ),
+            });
+        }
+        let (cpu, mem, n) = self.usage();
+        if n >= self.inner.config.max_pods {
+            return Ok(Admission::Queued {
+                reason: format!("host {} runs its maximum of {n} Pods", self.inner.host),
+            });
+        }
+        if r.cpu_millis > cpu_total.saturating_sub(cpu) || r.memory_bytes > mem_total.saturating_sub(mem) {
+            return Ok(Admission::Queued {
+                reason: format!(
+                    "waiting for {}m cpu and {} bytes memory on host {} ({}m and {} bytes free)",
+                    r.cpu_millis,
+                    r.memory_bytes,
+                    self.inner.host,
+                    cpu_total.saturating_sub(cpu),
+                    mem_total.saturating_sub(mem)
+                ),
+            });
+        }
+        Ok(Admission::Fits(Placement {
+            host: self.inner.host.clone(),
+            gpu_ids: Vec::new(),
+        }))
+    }
+
+    async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        self.check_fence(fence)?;
+        let uid = &spec.pod.uid;
+        if let Some((sb, rec, st)) = self.read(uid)? {
+            return Ok(self.instance_of(&sb, rec, st));
+        }
+        if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
+            return Err(ProviderError::invalid("InvalidSpec", format!("Pod UID {uid:?}")));
+        }
+        let sb = self.sandbox(uid);
+        let launches = self.launches(spec, &sb.root())?;
+        // A directory without instance.json is a create that died half way: start over.
+        if sb.dir.exists() {
+            std::fs::remove_dir_all(&sb.dir).map_err(io_err(&sb.dir))?;
+        }
+        std::fs::create_dir(&sb.dir).map_err(io_err(&sb.dir))?;
+        let built = (|| -> Result<InstanceRecord> {
+            self.materialize(&sb, spec, &launches)?;
+            let shim_spec = ShimSpec {
+                spec: spec.clone(),
+                containers: launches.clone(),
+                run_as: self.inner.run_as,
+                log_max_bytes: self.inner.config.log_max_bytes,
+                launcher: self.inner.shim_exe.clone(),
+                cgroup_parent: self.inner.cgroup_parent.clone(),
+            };
+            sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
+            let rec = InstanceRecord {
+                id: format!("proc-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+                owner: spec.pod.clone(),
+                node: spec.node.clone(),
+                epoch: fence.epoch,
+                host: self.inner.host.clone(),
+                created_at: SystemTime::now(),
+                cpu_millis: spec.resources.cpu_millis,
+                memory_bytes: spec.resources.memory_bytes,
+            };
+            // Written last: its presence is what makes the sandbox an instance.
+            sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;
+            Ok(rec)
+        })();
+        let rec = match built {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&sb.dir);
+                return Err(e);
+            }
+        };
+        self.spawn_shim(&sb).map_err(|e| {
+            ProviderError::transient(format!("starting the shim for {}: {e}", spec.pod))
+        })?;
+        let _ = self.inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+        Ok(self.instance_of(&sb, rec, None))
+    }
+
+    async fn get(&self, uid: &str) -> Result<Option<Instance>> {
+        let Some((sb, rec, st)) = self.read(uid)? else {
+            return Ok(None);
+        };
+        let shim = sb.shim_process();
+        let shim_alive = shim.is_some_and(|p| p.alive());
+        let stopping = sb.stop_requested().is_some();
+        if stopping && !shim_alive {
+            self.remove(&sb)?;
+            return Ok(None);
+        }
+        let mut inst = self.instance_of(&sb, rec, st.clone());
+        if !shim_alive && shim.is_some() && !st.as_ref().is_some_and(|s| s.done) {
+            // The supervisor is gone but never said it finished: nothing runs the Pod any more.
+            if let Some(st) = &st {
+                for c in st.init.iter().chain(&st.containers) {
+                    if let Some(p) = c.process {
+                        p.signal_group(Signal::KILL);
+                    }
+                }
+            }
+            inst.phase = InstancePhase::Failed;
+            inst.message = Some("the process supervisor (shim) of this Pod exited unexpectedly; see shim.log in its sandbox".into());
+        }
+        Ok(Some(inst))
+    }
+
+    async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        self.check_fence(fence)?;
+        let Some((sb, _, _)) = self.read(uid)? else {
+            return Ok(());
+        };
+        if sb.stop_requested().is_none() {
+            sandbox::write_atomic(&sb.stop(), grace.as_secs().to_string().as_bytes(), 0o644)
+                .map_err(io_err(&sb.stop()))?;
+        }
+        match sb.shim_process() {
+            Some(p) if p.alive() => {
+                p.signal(Signal::TERM);
+                Ok(())
+            }
+            _ => self.remove(&sb),
+        }
+    }
+
+    async fn list(&self, node: &str) -> Result<Vec<Instance>> {
+        let mut out = Vec::new();
+        let dir = self.pods_dir();
+        for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
+            let uid = e.file_name().to_string_lossy().into_owned();
+            if uid.starts_with('.') {
+                continue;
+            }
+            if let Some(inst) = self.get(&uid).await?
+                && inst.node == node
+            {
+                out.push(inst);
+            }
+        }
+        Ok(out)
+    }
+
+    fn events(&self) -> BoxStream<'static, InstanceEvent> {
+        let rx = self.inner.events.subscribe();
+        futures::stream::unfold(rx, |mut rx| async move {
+            match rx.recv().await {
+                Ok(ev) => Some((ev, rx)),
+                Err(broadcast::error::RecvError::Lagged(_)) => Some((InstanceEvent::Resync, rx)),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        })
+        .boxed()
+    }
+
+    async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
+        let not_found = || ProviderError::NotFound { uid: uid.to_owned() };
+        let (sb, _, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let known = st.as_ref().is_some_and(|s| {
+            s.containers.iter().chain(&s.init).any(|c| c.status.name == container)
+        });
+        if !known {
+            return Err(ProviderError::invalid(
+                "NotFound",
+                format!("no container {container:?} in this Pod"),
+            ));
+        }
+        let dir = sb.logs(container);
+        if request.previous {
+            let (history, _) = logs::read_file(&logs::previous(&dir), 0).map_err(io_err(&dir))?;
+            if history.is_empty() && !logs::previous(&dir).exists() {
+                return Err(ProviderError::invalid(
+                    "NotFound",
+                    format!("previous terminated container {container:?} not found"),
+                ));
+            }
+            return Ok(Logs { history, follow: None });
+        }
+        let (mut history, _) = logs::read_file(&logs::rotated(&dir), 0).map_err(io_err(&dir))?;
+        let (cur, offset) = logs::read_file(&logs::current(&dir), 0).map_err(io_err(&dir))?;
+        history.extend(cur);
+        let follow = request.follow.then(|| {
+            let state = (sb, container.to_owned(), offset, Vec::<vkd_provider::LogLine>::new(), false);
+            futures::stream::unfold(state, |(sb, name, mut offset, mut buf, mut ending)| async move {
+                loop {
+                    if let Some(l) = buf.pop() {
+                        return Some((l, (sb, name, offset, buf, ending)));
+                    }
+                    if ending {
+                        return None;
+                    }
+                    let dir = sb.logs(&name);
+                    let path = logs::current(&dir);
+                    let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+                    if len < offset {
+                        offset = 0; // rotated, or a new run started
+                    }
+                    if let Ok((lines, next)) = logs::read_file(&path, offset) {
+                        offset = next;
+                        buf = lines;
+                        buf.reverse();
+                    }
+                    if buf.is_empty() {
+                        let running = sb.read_status().ok().flatten().is_some_and(|s| {
+                            s.containers.iter().chain(&s.init).any(|c| {
+                                c.status.name == name && !matches!(c.status.state, ContainerState::Terminated(_))
+                            }) && !s.done
+                        });
+                        if !running {
+                            // One last read after the container stopped, then the stream ends.
+                            ending = true;
+                            if let Ok((lines, next)) = logs::read_file(&path, offset) {
+                                offset = next;
+                                buf = lines;
+                                buf.reverse();
+                            }
+                            continue;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            })
+            .boxed()
+        });
+        Ok(Logs { history, follow })
+    }
+
+    async fn exec(&self, uid: &str, container: &str, command: Vec<String>, io: StreamIo) -> Result<i32> {
+        if command.is_empty() {
+            return Err(ProviderError::invalid("InvalidRequest", "exec needs a command"));
+        }
+        let (launch, cgroup) = self.running_process(uid, container)?;
+        let std_cmd = self.exec_command(&launch, cgroup.as_deref(), &command);
+        if io.tty {
+            return exec_tty(std_cmd, io).await;
+        }
+        let mut cmd = tokio::process::Command::from(std_cmd);
+        cmd.stdin(if io.stdin.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ProviderError::transient(format!("starting exec: {e}")))?;
+        let StreamIo { stdin, stdout, stderr, .. } = io;
+        let feed = match (stdin, child.stdin.take()) {
+            (Some(mut from), Some(mut to)) => Some(tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut from, &mut to).await;
+                let _ = to.shutdown().await;
+            })),
+            _ => None,
+        };
+        let out = copy_out(child.stdout.take(), stdout);
+        let err = copy_out(child.stderr.take(), stderr);
+        let (_, _, status) = tokio::join!(out, err, child.wait());
+        if let Some(f) = feed {
+            f.abort();
+        }
+        let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
+        use std::os::unix::process::ExitStatusExt;
+        Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    }
+
+    async fn port_forward(&self, uid: &str, port: u16, mut stream: Box<dyn Duplex>) -> Result<()> {
+        if self.read(uid)?.is_none() {
+            return Err(ProviderError::NotFound { uid: uid.to_owned() });
+        }
+        let mut upstream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| ProviderError::transient(format!("connecting to port {port}: {e}")))?;
+        let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+        Ok(())
+    }
+
+    async fn stats(&self, uid: &str) -> Result<PodStats> {
+        let not_found = || ProviderError::NotFound { uid: uid.to_owned() };
+        let (_, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let now = SystemTime::now();
+        let page = procfs::page_size();
+        let mut containers = Vec::new();
+        for c in st.iter().flat_map(|s| &s.containers) {
+            let Some(p) = c.process.filter(|p| p.alive()) else {
+                continue;
+            };
+            let (mut ticks, mut rss) = (0, 0);
+            for pid in procfs::group_members(p.pid) {
+                if let Some(s) = procfs::stat(pid) {
+                    ticks += s.utime_ticks + s.stime_ticks;
+                    rss += s.rss_pages * page;
+                }
+            }
+            let usage = ticks * (1_000_000_000 / procfs::TICKS_PER_SECOND);
+            let key = (uid.to_owned(), c.status.name.clone());
+            let rate = {
+                let mut samples = self
+                    .inner
+                    .cpu_samples
+                    .lock()
+                    .map_err(|_| ProviderError::transient("cpu samples poisoned"))?;
+                let rate = samples.get(&key).and_then(|(t, u)| {
+                    let dt = now.duration_since(*t).ok()?.as_nanos() as u64;
+                    (dt > 0).then(|| usage.saturating_sub(*u).saturating_mul(1_000_000_000) / dt)
+                });
+                samples.insert(key, (now, usage));
+                rate.unwrap_or(0)
+            };
+            containers.push(ContainerStats {
+                name: c.status.name.clone(),
+                start_time: c.started_at.unwrap_or(rec.created_at),
+                cpu_usage_core_nanoseconds: usage,
+                cpu_usage_nano_cores: rate,
+                memory_working_set_bytes: rss,
+                memory_rss_bytes: rss,
+            });
+        }
+        Ok(PodStats {
+            pod: rec.owner,
+            start_time: st.and_then(|s| s.started_at).unwrap_or(rec.created_at),
+            time: now,
+            containers,
+        })
+    }
+}
+
+async fn copy_out(from: Option<impl tokio::io::AsyncRead + Unpin>, to: Option<vkd_provider::BoxWrite>) {
+    let Some(mut from) = from else { return };
+    match to {
+        Some(mut to) => {
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+            let _ = to.flush().await;
+        }
+        None => {
+            let _ = tokio::io::copy(&mut from, &mut tokio::io::sink()).await;
+        }
+    }
+}
+
+async fn exec_tty(cmd: std::process::Command, io: StreamIo) -> Result<i32> {
+    let e = |e: pty_process::Error| ProviderError::transient(format!("exec with a tty: {e}"));
+    let (pty, pts) = pty_process::open().map_err(e)?;
+    let mut pcmd = pty_process::Command::new(cmd.get_program()).args(cmd.get_args());
+    pcmd = pcmd.env_clear();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            pcmd = pcmd.env(k, v);
+        }
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        pcmd = pcmd.current_dir(d);
+    }
+    let mut rx = io.resize;
+    if let Some(rx) = rx.as_mut()
+        && let Ok(Some(size)) = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await
+    {
+        let _ = pty.resize(pty_process::Size::new(size.height, size.width));
+    }
+    let mut child = pcmd.spawn(pts).map_err(e)?;
+    let (mut read, mut write) = pty.into_split();
+    let mut stdin = io.stdin;
+    let feed = tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        while stdin.is_some() || rx.is_some() {
+            tokio::select! {
+                n = async {
+                    match stdin.as_mut() {
+                        Some(s) => s.read(&mut buf).await,
+                        None => std::future::pending().await,
+                    }
+                } => match n {
+                    Ok(0) | Err(_) => stdin = None,
+                    Ok(n) => {
+                        if write.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                },
+                size = async {
+                    match rx.as_mut() {
+                        Some(r) => r.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => match size {
+                    Some(s) => {
+                        let _ = write.resize(pty_process::Size::new(s.height, s.width));
+                    }
+                    None => rx = None,
+                },
+            }
+        }
+    });
+    let out = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut stdout = io.stdout;
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if let Some(o) = stdout.as_mut() {
+                        if o.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        let _ = o.flush().await;
+                    }
+                }
+            }
+        }
+    };
+    let (_, status) = tokio::join!(out, child.wait());
+    feed.abort();
+    let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+

@@ -1,0 +1,175 @@
+//! Container log files, in the CRI format the kubelet reads:
+//! `<RFC 3339 nano time> <stdout|stderr> <F|P> <content>`, one line per line
+//! written (P marks a piece of a line longer than [`MAX_LINE`]).
+//!
+//! `current.log` grows to the size bound, then becomes `current.log.1` (the one
+//! before it is dropped). When the container restarts, `current.log` becomes
+//! `previous.log`, which `kubectl logs --previous` reads.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use vkd_provider::LogLine;
+
+pub const MAX_LINE: usize = 16 * 1024;
+
+#[derive(Debug)]
+pub struct LogWriter {
+    dir: PathBuf,
+    file: std::fs::File,
+    written: u64,
+    max_bytes: u64,
+}
+
+pub fn current(dir: &Path) -> PathBuf {
+    dir.join("current.log")
+}
+pub fn rotated(dir: &Path) -> PathBuf {
+    dir.join("current.log.1")
+}
+pub fn previous(dir: &Path) -> PathBuf {
+    dir.join("previous.log")
+}
+
+impl LogWriter {
+    /// Opens the log of a new run: the last run's log becomes `previous.log`.
+    pub fn start_run(dir: &Path, max_bytes: u64, restarted: bool) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        if restarted && current(dir).exists() {
+            std::fs::rename(current(dir), previous(dir))?;
+            let _ = std::fs::remove_file(rotated(dir));
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(current(dir))?;
+        let written = file.metadata()?.len();
+        Ok(Self {
+            dir: dir.to_owned(),
+            file,
+            written,
+            max_bytes: max_bytes.max(4096),
+        })
+    }
+
+    /// Appends one line (without its newline) from `stream`.
+    pub fn line(&mut self, stream: &str, content: &[u8], complete: bool) -> std::io::Result<()> {
+        let mut chunks = content.chunks(MAX_LINE).peekable();
+        if chunks.peek().is_none() {
+            return self.record(stream, b"", complete);
+        }
+        while let Some(chunk) = chunks.next() {
+            let last = chunks.peek().is_none();
+            self.record(stream, chunk, complete && last)?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, stream: &str, content: &[u8], complete: bool) -> std::io::Result<()> {
+        let time = jiff::Timestamp::try_from(SystemTime::now())
+            .map(|t| format!("{t:.9}"))
+            .unwrap_or_default();
+        let mut buf = Vec::with_capacity(content.len() + 48);
+        write!(buf, "{time} {stream} {} ", if complete { 'F' } else { 'P' })?;
+        buf.extend_from_slice(content);
+        buf.push(b'\n');
+        if self.written + buf.len() as u64 > self.max_bytes && self.written > 0 {
+            std::fs::rename(current(&self.dir), rotated(&self.dir))?;
+            self.file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(current(&self.dir))?;
+            self.written = 0;
+        }
+        self.file.write_all(&buf)?;
+        self.written += buf.len() as u64;
+        Ok(())
+    }
+}
+
+/// Parses one CRI log line back into a [`LogLine`]; `None` for a malformed line.
+pub fn parse_line(line: &[u8]) -> Option<LogLine> {
+    let text_end = line.iter().position(|b| *b == b' ')?;
+    let time: jiff::Timestamp = std::str::from_utf8(&line[..text_end]).ok()?.parse().ok()?;
+    let rest = &line[text_end + 1..];
+    let stream_end = rest.iter().position(|b| *b == b' ')?;
+    let rest = &rest[stream_end + 1..];
+    let (tag, content) = (rest.first()?, rest.get(2..).unwrap_or_default());
+    let content = content.strip_suffix(b"\n").unwrap_or(content);
+    let mut bytes = content.to_vec();
+    if *tag == b'F' {
+        bytes.push(b'\n');
+    }
+    Some(LogLine {
+        time: SystemTime::from(time),
+        bytes: bytes.into(),
+    })
+}
+
+/// Every line of a file, and the offset after the last complete line.
+pub fn read_file(path: &Path, from: u64) -> std::io::Result<(Vec<LogLine>, u64)> {
+    use std::io::Seek;
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    f.seek(std::io::SeekFrom::Start(from))?;
+    let mut reader = std::io::BufReader::new(f);
+    let mut out = Vec::new();
+    let mut offset = from;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf)?;
+        if n == 0 || buf.last() != Some(&b'\n') {
+            break;
+        }
+        offset += n as u64;
+        if let Some(l) = parse_line(&buf) {
+            out.push(l);
+        }
+    }
+    Ok((out, offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_and_rotate() {
+        let dir = std::env::temp_dir().join(format!("vkd-logs-{}", uuid::Uuid::new_v4()));
+        let mut w = LogWriter::start_run(&dir, 20_000, false).unwrap();
+        w.line("stdout", b"hello", true).unwrap();
+        let long = vec![b'x'; MAX_LINE + 10];
+        w.line("stderr", &long, true).unwrap();
+        w.line("stdout", &long, true).unwrap();
+        // The second long line went over the bound: the first file was rotated once.
+        let (old, _) = read_file(&rotated(&dir), 0).unwrap();
+        let (cur, _) = read_file(&current(&dir), 0).unwrap();
+        assert!(!old.is_empty() && !cur.is_empty());
+        let all: Vec<u8> = old.iter().chain(&cur).flat_map(|l| l.bytes.to_vec()).collect();
+        let mut want = b"hello\n".to_vec();
+        for _ in 0..2 {
+            want.extend_from_slice(&long);
+            want.push(b'\n');
+        }
+        assert_eq!(all, want);
+        drop(w);
+        let _w = LogWriter::start_run(&dir, 20_000, true).unwrap();
+        let (prev, _) = read_file(&previous(&dir), 0).unwrap();
+        assert!(!prev.is_empty(), "a restart keeps the last run as previous.log");
+        assert!(!rotated(&dir).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped() {
+        assert!(parse_line(b"not-a-time stdout F x\n").is_none());
+        assert!(parse_line(b"").is_none());
+        let l = parse_line(b"2026-01-01T00:00:00.000000001Z stdout P part").unwrap();
+        assert_eq!(&l.bytes[..], b"part");
+    }
+}

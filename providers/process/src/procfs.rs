@@ -1,0 +1,150 @@
+//! Process identity and usage from /proc.
+//!
+//! A PID alone is not an identity: after a restart of the machine or enough forks
+//! it names someone else. A [`ProcessId`] pairs it with the process's start time
+//! (field 22 of /proc/PID/stat, in clock ticks since boot), which no later process
+//! with the same PID shares.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    pub pid: i32,
+    pub start_ticks: u64,
+}
+
+/// The fields of /proc/PID/stat vkd uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    pub state: char,
+    pub utime_ticks: u64,
+    pub stime_ticks: u64,
+    pub start_ticks: u64,
+    pub rss_pages: u64,
+}
+
+/// Parses /proc/PID/stat text; the command name may hold spaces and parentheses.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // `f[0]` is field 3 (state); field n is f[n - 3].
+    Some(Stat {
+        state: f.first()?.chars().next()?,
+        utime_ticks: f.get(11)?.parse().ok()?,
+        stime_ticks: f.get(12)?.parse().ok()?,
+        start_ticks: f.get(19)?.parse().ok()?,
+        rss_pages: f.get(21)?.parse().ok()?,
+    })
+}
+
+pub fn stat(pid: i32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+impl ProcessId {
+    pub fn of(pid: i32) -> Option<Self> {
+        Some(Self {
+            pid,
+            start_ticks: stat(pid)?.start_ticks,
+        })
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut it = text.split_whitespace();
+        Some(Self {
+            pid: it.next()?.parse().ok()?,
+            start_ticks: it.next()?.parse().ok()?,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        format!("{} {}", self.pid, self.start_ticks)
+    }
+
+    /// The same process still runs (a zombie does not count).
+    pub fn alive(&self) -> bool {
+        stat(self.pid).is_some_and(|s| s.start_ticks == self.start_ticks && s.state != 'Z')
+    }
+
+    /// Signals the process group this process leads, if it is still the same process.
+    pub fn signal_group(&self, signal: rustix::process::Signal) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        match rustix::process::Pid::from_raw(self.pid) {
+            Some(pid) => rustix::process::kill_process_group(pid, signal).is_ok(),
+            None => false,
+        }
+    }
+
+    pub fn signal(&self, signal: rustix::process::Signal) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        match rustix::process::Pid::from_raw(self.pid) {
+            Some(pid) => rustix::process::kill_process(pid, signal).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// Clock ticks per second (USER_HZ); 100 on every Linux vkd targets.
+pub const TICKS_PER_SECOND: u64 = 100;
+
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+/// Total memory of the host in bytes, from /proc/meminfo.
+pub fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The PIDs of every process in `pgid`'s group (scanning /proc).
+pub fn group_members(pgid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|t| {
+                    let rest = &t[t.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+                })
+                == Some(pgid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_survives_odd_command_names() {
+        let text = "1234 (a (b) c) S 1 1234 1234 0 -1 4194304 100 0 0 0 7 3 0 0 20 0 1 0 987654 1000000 250 18446744073709551615";
+        let s = parse_stat(text).unwrap();
+        assert_eq!(s.state, 'S');
+        assert_eq!((s.utime_ticks, s.stime_ticks), (7, 3));
+        assert_eq!(s.start_ticks, 987654);
+        assert_eq!(s.rss_pages, 250);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn own_identity_is_alive_and_a_changed_start_is_not() {
+        let me = ProcessId::of(std::process::id() as i32).unwrap();
+        assert!(me.alive());
+        assert_eq!(ProcessId::parse(&me.render()), Some(me));
+        let other = ProcessId {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        assert!(!other.alive());
+    }
+}

@@ -1,0 +1,172 @@
+//! The per-Pod sandbox directory: the only channel between the provider (in the
+//! daemon) and the shim (which outlives it).
+//!
+//! ```text
+//! <state>/pods/<uid>/
+//!   instance.json   who owns it, epoch, id, when        written once by the provider
+//!   spec.json       what to run (0600: it holds Secret values)
+//!   shim.pid        "<pid> <start ticks>" of the shim   written by the shim
+//!   status.json     container states                    rewritten by the shim
+//!   stop            grace seconds, when deletion began  written by the provider
+//!   root/           the Pod's filesystem view: mountPaths and workingDirs live here
+//!   volumes/<name>/ materialized volumes
+//!   logs/<container>/current.log, current.log.1, previous.log
+//! ```
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use vkd_provider::{ContainerStatus, InstancePhase, InstanceSpec, PodRef};
+
+use crate::procfs::ProcessId;
+
+/// What the provider records about an instance when it creates it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub id: String,
+    pub owner: PodRef,
+    pub node: String,
+    pub epoch: u64,
+    pub host: String,
+    pub created_at: SystemTime,
+    /// Requests, for capacity accounting.
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+/// What the shim runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShimSpec {
+    pub spec: InstanceSpec,
+    /// Per container (init containers included): the executable resolved at admission,
+    /// the full argv, the environment and the working directory.
+    pub containers: Vec<Launch>,
+    pub run_as: Option<(u32, u32)>,
+    pub log_max_bytes: u64,
+    /// The program that re-executes as `process-launch` (the vkd binary).
+    pub launcher: PathBuf,
+    /// A cgroup v2 directory the shim may create children in, when there is one.
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Launch {
+    pub name: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+/// One container as the shim reports it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ContainerRun {
+    pub status: ContainerStatus,
+    /// The running process, for exec, stats and cleanup.
+    pub process: Option<ProcessId>,
+    pub cgroup: Option<PathBuf>,
+    pub started_at: Option<SystemTime>,
+}
+
+/// The shim's view of the Pod, rewritten on every change.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StatusFile {
+    pub phase: InstancePhase,
+    pub init: Vec<ContainerRun>,
+    pub containers: Vec<ContainerRun>,
+    pub started_at: Option<SystemTime>,
+    pub message: Option<String>,
+    /// The shim has finished: every process it started is gone.
+    pub done: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    pub dir: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    pub fn instance(&self) -> PathBuf {
+        self.dir.join("instance.json")
+    }
+    pub fn spec(&self) -> PathBuf {
+        self.dir.join("spec.json")
+    }
+    pub fn status(&self) -> PathBuf {
+        self.dir.join("status.json")
+    }
+    pub fn shim_pid(&self) -> PathBuf {
+        self.dir.join("shim.pid")
+    }
+    pub fn stop(&self) -> PathBuf {
+        self.dir.join("stop")
+    }
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+    pub fn volumes(&self) -> PathBuf {
+        self.dir.join("volumes")
+    }
+    pub fn logs(&self, container: &str) -> PathBuf {
+        self.dir.join("logs").join(container)
+    }
+
+    pub fn read_status(&self) -> std::io::Result<Option<StatusFile>> {
+        read_json(&self.status())
+    }
+
+    pub fn read_instance(&self) -> std::io::Result<Option<InstanceRecord>> {
+        read_json(&self.instance())
+    }
+
+    pub fn read_spec(&self) -> std::io::Result<Option<ShimSpec>> {
+        read_json(&self.spec())
+    }
+
+    pub fn shim_process(&self) -> Option<ProcessId> {
+        let text = std::fs::read_to_string(self.shim_pid()).ok()?;
+        ProcessId::parse(&text)
+    }
+
+    /// The grace period deletion asked for, once it was asked.
+    pub fn stop_requested(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.stop()).ok()?;
+        text.trim().parse().ok()
+    }
+}
+
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> std::io::Result<Option<T>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes through a temporary file and a rename, so a reader never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+pub fn write_json<T: Serialize>(path: &Path, value: &T, mode: u32) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(value)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    write_atomic(path, &bytes, mode)
+}

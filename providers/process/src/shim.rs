@@ -1,0 +1,733 @@
+//! `process-shim`: the supervisor of one Pod, a kubelet for a single Pod.
+//!
+//! The provider starts it detached (its own process group, no pipes back), so it
+//! and the containers it runs keep going when vkd dies. It runs init containers
+//! in order, then the containers, restarts them by restartPolicy with the
+//! kubelet's back-off, runs probes and hooks, writes each container's log, and
+//! records everything in `status.json`. SIGTERM asks it to stop the Pod with the
+//! grace period written in `stop`; it exits once every process it started is gone.
+
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use rustix::process::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use vkd_provider::{
+    ContainerSpec, ContainerState, ContainerStatus, Handler, InstancePhase, Probe, RestartPolicy,
+    Terminated,
+};
+
+use crate::logs::LogWriter;
+use crate::procfs::ProcessId;
+use crate::sandbox::{ContainerRun, Launch, Sandbox, ShimSpec, StatusFile, write_json};
+
+const BACKOFF_START: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// A container that ran this long without failing starts its back-off afresh.
+const BACKOFF_RESET: Duration = Duration::from_secs(600);
+
+/// Runs the shim for the sandbox at `dir`; returns the process exit code.
+pub fn main(dir: &Path) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("process-shim: runtime: {e}");
+            return 1;
+        }
+    };
+    runtime.block_on(async {
+        match Shim::open(dir) {
+            Ok(shim) => {
+                Arc::new(shim).run().await;
+                0
+            }
+            Err(e) => {
+                eprintln!("process-shim: {}: {e}", dir.display());
+                1
+            }
+        }
+    })
+}
+
+struct Shim {
+    sandbox: Sandbox,
+    spec: ShimSpec,
+    status: Mutex<StatusFile>,
+    stop: watch::Receiver<bool>,
+    stop_tx: watch::Sender<bool>,
+}
+
+fn waiting(reason: &str, message: Option<String>) -> ContainerState {
+    ContainerState::Waiting {
+        reason: reason.into(),
+        message,
+    }
+}
+
+fn run_of(name: &str, state: ContainerState) -> ContainerRun {
+    ContainerRun {
+        status: ContainerStatus {
+            name: name.into(),
+            state,
+            last_termination: None,
+            ready: false,
+            restart_count: 0,
+            container_id: None,
+        },
+        process: None,
+        cgroup: None,
+        started_at: None,
+    }
+}
+
+/// What ended a run of a container.
+enum Ended {
+    Exited(ExitStatus),
+    /// The process could not be started at all.
+    StartFailed(String),
+}
+
+impl Shim {
+    fn open(dir: &Path) -> std::io::Result<Self> {
+        let sandbox = Sandbox::new(dir.to_owned());
+        let spec = sandbox.read_spec()?.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "spec.json is missing")
+        })?;
+        let me = ProcessId::of(std::process::id() as i32)
+            .ok_or_else(|| std::io::Error::other("cannot read own /proc entry"))?;
+        crate::sandbox::write_atomic(&sandbox.shim_pid(), me.render().as_bytes(), 0o644)?;
+        let init_state = if spec.spec.init_containers.is_empty() {
+            "ContainerCreating"
+        } else {
+            "PodInitializing"
+        };
+        let status = StatusFile {
+            phase: InstancePhase::Pending,
+            init: spec
+                .spec
+                .init_containers
+                .iter()
+                .map(|c| run_of(&c.name, waiting("PodInitializing", None)))
+                .collect(),
+            containers: spec
+                .spec
+                .containers
+                .iter()
+                .map(|c| run_of(&c.name, waiting(init_state, None)))
+                .collect(),
+            started_at: None,
+            message: None,
+            done: false,
+        };
+        write_json(&sandbox.status(), &status, 0o644)?;
+        let (stop_tx, stop) = watch::channel(false);
+        Ok(Self {
+            sandbox,
+            spec,
+            status: Mutex::new(status),
+            stop,
+            stop_tx,
+        })
+    }
+
+    fn update(&self, f: impl FnOnce(&mut StatusFile)) {
+        let mut st = match self.status.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(&mut st);
+        if let Err(e) = write_json(&self.sandbox.status(), &*st, 0o644) {
+            eprintln!("process-shim: writing status: {e}");
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    fn grace(&self) -> Duration {
+        self.sandbox
+            .stop_requested()
+            .map_or(self.spec.spec.termination_grace, Duration::from_secs)
+    }
+
+    async fn run(self: Arc<Self>) {
+        let tx = self.stop_tx.clone();
+        tokio::spawn(async move {
+            if let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                term.recv().await;
+                let _ = tx.send(true);
+            }
+        });
+        // A stop asked for before the shim was up is honoured too.
+        if self.sandbox.stop_requested().is_some() {
+            let _ = self.stop_tx.send(true);
+        }
+        let n_init = self.spec.spec.init_containers.len();
+        for i in 0..n_init {
+            if !Arc::clone(&self).run_container(i, true).await {
+                let name = self.spec.spec.init_containers[i].name.clone();
+                self.update(|s| {
+                    s.phase = InstancePhase::Failed;
+                    s.message = Some(format!("init container {name} failed"));
+                    s.done = true;
+                });
+                return;
+            }
+        }
+        self.update(|s| {
+            for c in &mut s.containers {
+                c.status.state = waiting("ContainerCreating", None);
+            }
+        });
+        let tasks: Vec<_> = (0..self.spec.spec.containers.len())
+            .map(|i| tokio::spawn(Arc::clone(&self).run_container(i, false)))
+            .collect();
+        for t in tasks {
+            let _ = t.await;
+        }
+        self.update(|s| {
+            let all_ok = s.containers.iter().all(|c| {
+                matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code == 0)
+            });
+            s.phase = if all_ok {
+                InstancePhase::Succeeded
+            } else {
+                InstancePhase::Failed
+            };
+            s.done = true;
+        });
+    }
+
+    fn container(&self, i: usize, init: bool) -> (&ContainerSpec, &Launch) {
+        let n_init = self.spec.spec.init_containers.len();
+        if init {
+            (&self.spec.spec.init_containers[i], &self.spec.containers[i])
+        } else {
+            (&self.spec.spec.containers[i], &self.spec.containers[n_init + i])
+        }
+    }
+
+    fn set(&self, i: usize, init: bool, f: impl FnOnce(&mut ContainerRun)) {
+        self.update(|s| {
+            let list = if init { &mut s.init } else { &mut s.containers };
+            if let Some(c) = list.get_mut(i) {
+                f(c);
+            }
+            if !init
+                && s.phase == InstancePhase::Pending
+                && s.containers.iter().any(|c| c.started_at.is_some())
+            {
+                s.phase = InstancePhase::Running;
+                s.started_at.get_or_insert_with(SystemTime::now);
+            }
+        });
+    }
+
+    /// Runs one container until it ends for good; true when it ended well
+    /// (for an init container: exited 0).
+    async fn run_container(self: Arc<Self>, i: usize, init: bool) -> bool {
+        let (spec, _) = self.container(i, init);
+        let policy = self.spec.spec.restart_policy;
+        let mut backoff: Option<Duration> = None;
+        let mut restarts = 0u32;
+        loop {
+            if self.stopping() {
+                return false;
+            }
+            let started = Instant::now();
+            let (ended, oom, started_at) = self.run_once(i, init, restarts > 0).await;
+            let finished_at = SystemTime::now();
+            let term = match ended {
+                Ended::Exited(st) => {
+                    let code = exit_code(st);
+                    let reason = if oom {
+                        "OOMKilled"
+                    } else if code == 0 {
+                        "Completed"
+                    } else {
+                        "Error"
+                    };
+                    Terminated {
+                        exit_code: code,
+                        reason: reason.into(),
+                        message: None,
+                        started_at,
+                        finished_at,
+                    }
+                }
+                Ended::StartFailed(message) => Terminated {
+                    exit_code: 128,
+                    reason: "StartError".into(),
+                    message: Some(message),
+                    started_at: None,
+                    finished_at,
+                },
+            };
+            let ok = term.exit_code == 0;
+            let restart = !self.stopping()
+                && match (policy, init) {
+                    (RestartPolicy::Never, _) => false,
+                    (RestartPolicy::Always, false) => true,
+                    _ => !ok,
+                };
+            if !restart {
+                self.set(i, init, |c| {
+                    c.status.state = ContainerState::Terminated(term);
+                    c.status.ready = false;
+                    c.process = None;
+                });
+                return ok;
+            }
+            if started.elapsed() >= BACKOFF_RESET {
+                backoff = None;
+            }
+            // The kubelet restarts at once the first time, then backs off 10 s, 20 s, ... 5 min.
+            if let Some(delay) = backoff {
+                let message = format!(
+                    "back-off {}s restarting failed container={} pod={}_{}",
+                    delay.as_secs(),
+                    spec.name,
+                    self.spec.spec.pod.name,
+                    self.spec.spec.pod.namespace
+                );
+                self.set(i, init, |c| {
+                    c.status.state = waiting("CrashLoopBackOff", Some(message));
+                    c.status.last_termination = Some(term.clone());
+                    c.status.ready = false;
+                    c.process = None;
+                });
+                let mut stop = self.stop.clone();
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = async { let _ = stop.wait_for(|s| *s).await; } => {}
+                }
+            } else {
+                self.set(i, init, |c| {
+                    c.status.last_termination = Some(term.clone());
+                    c.status.ready = false;
+                });
+            }
+            backoff = Some(backoff.map_or(BACKOFF_START, |d| (d * 2).min(BACKOFF_MAX)));
+            restarts += 1;
+            self.set(i, init, |c| c.status.restart_count = restarts);
+        }
+    }
+
+    fn cgroup(&self, spec: &ContainerSpec) -> Option<std::path::PathBuf> {
+        let parent = self.spec.cgroup_parent.as_ref()?;
+        let dir = parent.join(format!("{}-{}", self.spec.spec.pod.uid, spec.name));
+        std::fs::create_dir_all(&dir).ok()?;
+        if let Some(m) = spec.limits.memory_bytes {
+            let _ = std::fs::write(dir.join("memory.max"), m.to_string());
+            let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+        }
+        if let Some(c) = spec.limits.cpu_millis {
+            let _ = std::fs::write(dir.join("cpu.max"), format!("{} 100000", c.max(1) * 100));
+        }
+        if let Some((uid, gid)) = self.spec.run_as {
+            let _ = std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(uid), Some(gid));
+        }
+        Some(dir)
+    }
+
+    fn command(&self, launch: &Launch, argv: &[String], spec: &ContainerSpec, cgroup: Option<&Path>) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.spec.launcher);
+        cmd.arg("process-launch");
+        if let (Some(m), None) = (spec.limits.memory_bytes, cgroup) {
+            cmd.arg("--rlimit-data").arg(m.to_string());
+        }
+        if let Some(cg) = cgroup {
+            cmd.arg("--cgroup").arg(cg);
+        }
+        cmd.arg("--").args(argv);
+        cmd.env_clear()
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&launch.cwd)
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(false);
+        if let Some((uid, gid)) = self.spec.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd
+    }
+
+    /// One run: start, log, hooks, probes, until the process exits.
+    /// Returns how it ended, whether the kernel killed it for memory, and when it started.
+    async fn run_once(&self, i: usize, init: bool, restarted: bool) -> (Ended, bool, Option<SystemTime>) {
+        let (spec, launch) = self.container(i, init);
+        let log_dir = self.sandbox.logs(&spec.name);
+        let writer = match LogWriter::start_run(&log_dir, self.spec.log_max_bytes, restarted) {
+            Ok(w) => Arc::new(Mutex::new(w)),
+            Err(e) => return (Ended::StartFailed(format!("opening the log: {e}")), false, None),
+        };
+        let cgroup = self.cgroup(spec);
+        let oom_before = cgroup.as_deref().map_or(0, oom_kills);
+        let mut cmd = self.command(launch, &launch.argv, spec, cgroup.as_deref());
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return (Ended::StartFailed(format!("starting {:?}: {e}", launch.argv.first())), false, None),
+        };
+        let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let process = ProcessId::of(pid);
+        let started_at = SystemTime::now();
+        let mut pumps = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            pumps.push(tokio::spawn(pump(out, "stdout", Arc::clone(&writer))));
+        }
+        if let Some(err) = child.stderr.take() {
+            pumps.push(tokio::spawn(pump(err, "stderr", Arc::clone(&writer))));
+        }
+        let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
+        let id = format!("process://{}-{}-{}", &self.spec.spec.pod.uid[..self.spec.spec.pod.uid.len().min(8)], spec.name, pid);
+        self.set(i, init, |c| {
+            c.status.state = ContainerState::Running { started_at };
+            c.status.ready = no_readiness && !init;
+            c.status.container_id = Some(id.clone());
+            c.process = process;
+            c.cgroup = cgroup.clone();
+            c.started_at = Some(started_at);
+        });
+        let group = process;
+        let exit = child.wait();
+        tokio::pin!(exit);
+        let mut stop = self.stop.clone();
+        let mut kill_at: Option<Instant> = None;
+        let mut terminating = false;
+        if let Some(h) = &spec.post_start {
+            let grace = self.spec.spec.termination_grace;
+            if !self.handle(h, launch, spec, grace).await {
+                self.note(&format!("postStart hook failed for container {}", spec.name));
+                terminating = true;
+                kill_at = Some(self.terminate(group, None, launch, spec).await);
+            }
+        }
+        let begin = Instant::now();
+        let mut probes = Probes::new(spec, begin);
+        let status = loop {
+            let next = probes.next_due().min(kill_at.unwrap_or_else(far_future));
+            tokio::select! {
+                st = &mut exit => break st,
+                () = async { let _ = stop.wait_for(|s| *s).await; }, if !terminating => {
+                    terminating = true;
+                    kill_at = Some(self.terminate(group, spec.pre_stop.as_ref(), launch, spec).await);
+                }
+                () = tokio::time::sleep_until(next) => {
+                    if kill_at.is_some_and(|k| Instant::now() >= k) {
+                        if let Some(g) = group { g.signal_group(Signal::KILL); }
+                        kill_at = None;
+                        continue;
+                    }
+                    if terminating { continue; }
+                    match probes.run_due(self, launch, spec).await {
+                        ProbeOutcome::Nothing => {}
+                        ProbeOutcome::Ready(r) => {
+                            let ready = r && !init;
+                            self.set(i, init, |c| c.status.ready = ready);
+                        }
+                        ProbeOutcome::Restart(why) => {
+                            self.note(&why);
+                            terminating = true;
+                            kill_at = Some(self.terminate(group, spec.pre_stop.as_ref(), launch, spec).await);
+                        }
+                    }
+                }
+            }
+        };
+        // Whatever the container left in its group goes with it, as with a container's cgroup.
+        if let Some(g) = group {
+            if let Some(pid) = rustix::process::Pid::from_raw(g.pid) {
+                let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+            }
+        }
+        for p in pumps {
+            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+        }
+        let oom = cgroup.as_deref().is_some_and(|cg| oom_kills(cg) > oom_before);
+        if let Some(cg) = &cgroup {
+            let _ = std::fs::remove_dir(cg);
+        }
+        match status {
+            Ok(st) => (Ended::Exited(st), oom, Some(started_at)),
+            Err(e) => (Ended::StartFailed(format!("waiting for the process: {e}")), oom, Some(started_at)),
+        }
+    }
+
+    /// Runs preStop (within the grace period), sends SIGTERM, and returns when to send SIGKILL.
+    async fn terminate(
+        &self,
+        group: Option<ProcessId>,
+        pre_stop: Option<&Handler>,
+        launch: &Launch,
+        spec: &ContainerSpec,
+    ) -> Instant {
+        let grace = self.grace();
+        let deadline = Instant::now() + grace;
+        if let Some(h) = pre_stop {
+            let _ = tokio::time::timeout(grace, self.handle(h, launch, spec, grace)).await;
+        }
+        if let Some(g) = group {
+            g.signal_group(Signal::TERM);
+        }
+        // Like the kubelet, a preStop hook that used the whole grace period still
+        // leaves the process 2 s between SIGTERM and SIGKILL.
+        let floor = if pre_stop.is_some() {
+            Duration::from_secs(2)
+        } else {
+            Duration::ZERO
+        };
+        deadline.max(Instant::now() + floor)
+    }
+
+    /// What the kubelet would send as an Event goes to the shim's own log (`shim.log`).
+    fn note(&self, text: &str) {
+        eprintln!(
+            "process-shim: {}/{}: {text}",
+            self.spec.spec.pod.namespace, self.spec.spec.pod.name
+        );
+    }
+
+    /// Runs a hook or probe action; true on success.
+    async fn handle(&self, h: &Handler, launch: &Launch, spec: &ContainerSpec, timeout: Duration) -> bool {
+        match h {
+            Handler::Exec { command } => {
+                let mut cmd = self.command(launch, command, spec, None);
+                cmd.stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .kill_on_drop(true);
+                let Ok(mut child) = cmd.spawn() else {
+                    return false;
+                };
+                let pid = child.id().and_then(|p| i32::try_from(p).ok());
+                match tokio::time::timeout(timeout, child.wait()).await {
+                    Ok(Ok(st)) => st.success(),
+                    _ => {
+                        if let Some(p) = pid.and_then(rustix::process::Pid::from_raw) {
+                            let _ = rustix::process::kill_process_group(p, Signal::KILL);
+                        }
+                        false
+                    }
+                }
+            }
+            Handler::HttpGet { host, port, path, headers, .. } => {
+                let host = host.as_deref().unwrap_or("127.0.0.1");
+                matches!(tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await, Ok(Ok(code)) if (200..400).contains(&code))
+            }
+            Handler::TcpSocket { host, port } => {
+                let host = host.as_deref().unwrap_or("127.0.0.1");
+                matches!(tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, *port))).await, Ok(Ok(_)))
+            }
+            Handler::Sleep { seconds } => {
+                tokio::time::sleep(Duration::from_secs(*seconds).min(timeout)).await;
+                true
+            }
+        }
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400)
+}
+
+fn exit_code(st: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+fn oom_kills(cgroup: &Path) -> u64 {
+    std::fs::read_to_string(cgroup.join("memory.events"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn pump(stream: impl tokio::io::AsyncRead + Unpin, name: &'static str, writer: Arc<Mutex<LogWriter>>) {
+    let mut reader = tokio::io::BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let complete = buf.last() == Some(&b'\n');
+                let content = buf.strip_suffix(b"\n").unwrap_or(&buf);
+                let mut w = match writer.lock() {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                };
+                if let Err(e) = w.line(name, content, complete) {
+                    eprintln!("process-shim: writing the log: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET for probes; returns the status code.
+async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> std::io::Result<u16> {
+    let mut s = tokio::net::TcpStream::connect((host, port)).await?;
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut head = vec![0u8; 64];
+    let mut n = 0;
+    while n < 12 {
+        let m = s.read(&mut head[n..]).await?;
+        if m == 0 {
+            break;
+        }
+        n += m;
+    }
+    let text = String::from_utf8_lossy(&head[..n]);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .filter(|_| text.starts_with("HTTP/"))
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response"))
+}
+
+enum ProbeOutcome {
+    Nothing,
+    Ready(bool),
+    Restart(String),
+}
+
+struct ProbeState {
+    probe: Probe,
+    next: Instant,
+    successes: u32,
+    failures: u32,
+}
+
+impl ProbeState {
+    fn new(p: &Probe, begin: Instant) -> Self {
+        Self {
+            probe: p.clone(),
+            next: begin + p.initial_delay,
+            successes: 0,
+            failures: 0,
+        }
+    }
+
+    /// Records a result; `Some(passing)` when the probe's verdict changed or holds.
+    fn record(&mut self, ok: bool) -> Option<bool> {
+        self.next = Instant::now() + self.probe.period;
+        if ok {
+            self.failures = 0;
+            self.successes += 1;
+            (self.successes >= self.probe.success_threshold).then_some(true)
+        } else {
+            self.successes = 0;
+            self.failures += 1;
+            (self.failures >= self.probe.failure_threshold).then_some(false)
+        }
+    }
+}
+
+struct Probes {
+    startup: Option<ProbeState>,
+    liveness: Option<ProbeState>,
+    readiness: Option<ProbeState>,
+    started: bool,
+    ready: Option<bool>,
+}
+
+impl Probes {
+    fn new(spec: &ContainerSpec, begin: Instant) -> Self {
+        Self {
+            startup: spec.startup_probe.as_ref().map(|p| ProbeState::new(p, begin)),
+            liveness: spec.liveness_probe.as_ref().map(|p| ProbeState::new(p, begin)),
+            readiness: spec.readiness_probe.as_ref().map(|p| ProbeState::new(p, begin)),
+            started: spec.startup_probe.is_none(),
+            ready: None,
+        }
+    }
+
+    fn next_due(&self) -> Instant {
+        let mut next = far_future();
+        if !self.started {
+            if let Some(s) = &self.startup {
+                next = next.min(s.next);
+            }
+            return next;
+        }
+        for p in [&self.liveness, &self.readiness].into_iter().flatten() {
+            next = next.min(p.next);
+        }
+        next
+    }
+
+    async fn run_due(&mut self, shim: &Shim, launch: &Launch, spec: &ContainerSpec) -> ProbeOutcome {
+        let now = Instant::now();
+        if !self.started {
+            let Some(s) = self.startup.as_mut() else {
+                return ProbeOutcome::Nothing;
+            };
+            if s.next > now {
+                return ProbeOutcome::Nothing;
+            }
+            let ok = shim.handle(&s.probe.handler, launch, spec, s.probe.timeout).await;
+            match s.record(ok) {
+                Some(true) => {
+                    self.started = true;
+                    let begin = Instant::now();
+                    for p in [&mut self.liveness, &mut self.readiness].into_iter().flatten() {
+                        p.next = begin + p.probe.initial_delay;
+                    }
+                    if self.readiness.is_none() {
+                        return ProbeOutcome::Ready(true);
+                    }
+                }
+                Some(false) => {
+                    return ProbeOutcome::Restart(format!(
+                        "container {} failed its startup probe, will be restarted",
+                        spec.name
+                    ));
+                }
+                None => {}
+            }
+            return ProbeOutcome::Nothing;
+        }
+        if let Some(l) = self.liveness.as_mut()
+            && l.next <= now
+        {
+            let ok = shim.handle(&l.probe.handler, launch, spec, l.probe.timeout).await;
+            if l.record(ok) == Some(false) {
+                return ProbeOutcome::Restart(format!(
+                    "container {} failed its liveness probe, will be restarted",
+                    spec.name
+                ));
+            }
+        }
+        if let Some(r) = self.readiness.as_mut()
+            && r.next <= now
+        {
+            let ok = shim.handle(&r.probe.handler, launch, spec, r.probe.timeout).await;
+            if let Some(v) = r.record(ok)
+                && self.ready != Some(v)
+            {
+                self.ready = Some(v);
+                return ProbeOutcome::Ready(v);
+            }
+        }
+        ProbeOutcome::Nothing
+    }
+}

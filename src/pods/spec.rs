@@ -1,0 +1,1097 @@
+//! From a Pod to what a provider is told: the instance spec.
+//!
+//! Two steps. [`pending`] runs when the record is built, with no API calls: it
+//! checks what can be checked from the Pod alone (resources, probes, volume
+//! types) and keeps the little it needs to finish later. [`resolve`] runs just
+//! before admission: it applies the node policy and reads the ConfigMaps,
+//! Secrets and ServiceAccount tokens that env and volumes refer to, so a
+//! provider never talks to the API server itself.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, EnvFromSource, EnvVar, KeyToPath, Pod, PodSpec, Secret, ServiceAccount,
+    Volume as KubeVolume,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use vkd_provider::{
+    ContainerSpec, Handler, InstanceSpec, Limits, Mount, PodRef, Probe, Resources, RestartPolicy,
+    Volume, VolumeFile, VolumeSource, quantity,
+};
+
+/// Why a Pod spec cannot be turned into an instance spec.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct SpecError {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+fn spec_error(reason: &'static str, message: impl Into<String>) -> SpecError {
+    SpecError {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// Who may run what on this node; enforced for every provider.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Namespaces whose Pods may run here; empty means all.
+    pub allowed_namespaces: Vec<String>,
+    pub allow_secrets: bool,
+    pub allow_config_maps: bool,
+    pub allow_host_path: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            allowed_namespaces: Vec::new(),
+            allow_secrets: true,
+            allow_config_maps: true,
+            allow_host_path: false,
+        }
+    }
+}
+
+/// What resolving found.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The Pod can never run here as written: it ends Failed.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// Something it refers to is missing; the kubelet retries this
+    /// (CreateContainerConfigError), and so do we.
+    #[error("{0}")]
+    Config(String),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The environment of one container as the Pod declares it.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerEnv {
+    pub env_from: Vec<EnvFromSource>,
+    pub env: Vec<EnvVar>,
+}
+
+/// An instance spec waiting for its references to be read.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub spec: InstanceSpec,
+    /// Init containers first, then containers, as in `spec`.
+    pub env: Vec<ContainerEnv>,
+    pub volumes: Vec<KubeVolume>,
+    pub service_account: String,
+    /// Downward-API values known from the Pod (`metadata.name`, `metadata.labels['k']`, ...).
+    pub fields: BTreeMap<String, String>,
+    /// Per container: `limits.cpu` and friends, as the downward API renders them.
+    pub resources: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+const SUPPORTED_VOLUMES: &[&str] = &[
+    "emptyDir",
+    "configMap",
+    "secret",
+    "downwardAPI",
+    "projected",
+    "hostPath",
+];
+
+/// Builds the pending spec from the Pod alone.
+pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
+    let meta = &pod.metadata;
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| spec_error("InvalidSpec", "the Pod has no spec"))?;
+    let restart_policy = match spec.restart_policy.as_deref() {
+        None | Some("Always") => RestartPolicy::Always,
+        Some("OnFailure") => RestartPolicy::OnFailure,
+        Some("Never") => RestartPolicy::Never,
+        Some(other) => return Err(spec_error("InvalidSpec", format!("restartPolicy {other:?}"))),
+    };
+    for v in spec.volumes.iter().flatten() {
+        let kind = volume_kind(v);
+        if !SUPPORTED_VOLUMES.contains(&kind.as_str()) {
+            return Err(spec_error(
+                "UnsupportedVolume",
+                format!(
+                    "volume {:?} is of type {kind}; this node supports {}",
+                    v.name,
+                    SUPPORTED_VOLUMES.join(", ")
+                ),
+            ));
+        }
+    }
+    let volume_names: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    let all: Vec<&Container> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .collect();
+    let mut built = Vec::with_capacity(all.len());
+    for c in &all {
+        built.push(container(c, &volume_names)?);
+    }
+    let n_init = spec.init_containers.as_ref().map_or(0, Vec::len);
+    let containers = built.split_off(n_init);
+    let grace = spec
+        .termination_grace_period_seconds
+        .map_or(30, |g| g.max(0).unsigned_abs());
+    Ok(Pending {
+        spec: InstanceSpec {
+            pod: PodRef {
+                uid: meta.uid.clone().unwrap_or_default(),
+                namespace: meta.namespace.clone().unwrap_or_default(),
+                name: meta.name.clone().unwrap_or_default(),
+            },
+            node: node.to_owned(),
+            containers,
+            resources: resources(spec)?,
+            restart_policy,
+            annotations: meta.annotations.clone().unwrap_or_default().into_iter().collect(),
+            placement: None,
+            init_containers: built,
+            volumes: Vec::new(),
+            termination_grace: Duration::from_secs(grace),
+        },
+        env: all
+            .iter()
+            .map(|c| ContainerEnv {
+                env_from: c.env_from.clone().unwrap_or_default(),
+                env: c.env.clone().unwrap_or_default(),
+            })
+            .collect(),
+        volumes: spec.volumes.clone().unwrap_or_default(),
+        service_account: spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        fields: fields(pod),
+        resources: all
+            .iter()
+            .map(|c| (c.name.clone(), resource_fields(c)))
+            .collect(),
+    })
+}
+
+/// The volume's type: the one field of the union that is set.
+fn volume_kind(v: &KubeVolume) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::Object(m)) => m
+            .keys()
+            .find(|k| *k != "name")
+            .cloned()
+            .unwrap_or_else(|| "unknown".into()),
+        _ => "unknown".into(),
+    }
+}
+
+fn fields(pod: &Pod) -> BTreeMap<String, String> {
+    let meta = &pod.metadata;
+    let mut f = BTreeMap::new();
+    let mut put = |k: &str, v: Option<&String>| {
+        if let Some(v) = v {
+            f.insert(k.to_owned(), v.clone());
+        }
+    };
+    put("metadata.name", meta.name.as_ref());
+    put("metadata.namespace", meta.namespace.as_ref());
+    put("metadata.uid", meta.uid.as_ref());
+    let spec = pod.spec.as_ref();
+    put("spec.nodeName", spec.and_then(|s| s.node_name.as_ref()));
+    put(
+        "spec.serviceAccountName",
+        spec.and_then(|s| s.service_account_name.as_ref()),
+    );
+    for (prefix, map) in [
+        ("metadata.labels", meta.labels.as_ref()),
+        ("metadata.annotations", meta.annotations.as_ref()),
+    ] {
+        let map = map.cloned().unwrap_or_default();
+        // The downward API's file format: one `key="value"` per line, sorted.
+        let rendered: Vec<String> = map.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        f.insert(prefix.to_owned(), rendered.join("\n"));
+        for (k, v) in map {
+            f.insert(format!("{prefix}['{k}']"), v);
+        }
+    }
+    f
+}
+
+fn resource_fields(c: &Container) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let res = c.resources.as_ref();
+    for (kind, map) in [
+        ("limits", res.and_then(|r| r.limits.as_ref())),
+        ("requests", res.and_then(|r| r.requests.as_ref())),
+    ] {
+        for (name, q) in map.into_iter().flatten() {
+            out.insert(format!("{kind}.{name}"), q.0.clone());
+        }
+    }
+    out
+}
+
+fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError> {
+    let ports: BTreeMap<&str, u16> = c
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            let n = p.name.as_deref()?;
+            Some((n, u16::try_from(p.container_port).ok()?))
+        })
+        .collect();
+    let probe = |what: &str, p: Option<&k8s_openapi::api::core::v1::Probe>| {
+        p.map(|p| probe(&c.name, what, p, &ports)).transpose()
+    };
+    let hook = |what: &str, h: Option<&k8s_openapi::api::core::v1::LifecycleHandler>| {
+        h.map(|h| {
+            handler(
+                &c.name,
+                what,
+                h.exec.as_ref().and_then(|e| e.command.clone()),
+                h.http_get.as_ref(),
+                h.tcp_socket.as_ref(),
+                h.sleep.as_ref().map(|s| s.seconds),
+                &ports,
+            )
+        })
+        .transpose()
+    };
+    let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let invalid = |what: &str, e: quantity::QuantityError| {
+        spec_error("InvalidResources", format!("container {}: {what}: {e}", c.name))
+    };
+    let mut mounts = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        if !volumes.contains(&m.name.as_str()) {
+            return Err(spec_error(
+                "InvalidSpec",
+                format!("container {}: volumeMount of unknown volume {:?}", c.name, m.name),
+            ));
+        }
+        mounts.push(Mount {
+            volume: m.name.clone(),
+            path: m.mount_path.clone(),
+            sub_path: m.sub_path.clone().filter(|s| !s.is_empty()),
+            read_only: m.read_only.unwrap_or(false),
+        });
+    }
+    let lifecycle = c.lifecycle.as_ref();
+    Ok(ContainerSpec {
+        name: c.name.clone(),
+        image: c.image.clone().unwrap_or_default(),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        env: Vec::new(),
+        working_dir: c.working_dir.clone().filter(|w| !w.is_empty()),
+        mounts,
+        limits: Limits {
+            cpu_millis: limits
+                .and_then(|l| l.get("cpu"))
+                .map(|q| quantity::cpu_millis(&q.0))
+                .transpose()
+                .map_err(|e| invalid("limits.cpu", e))?,
+            memory_bytes: limits
+                .and_then(|l| l.get("memory"))
+                .map(|q| quantity::bytes(&q.0))
+                .transpose()
+                .map_err(|e| invalid("limits.memory", e))?,
+        },
+        startup_probe: probe("startupProbe", c.startup_probe.as_ref())?,
+        liveness_probe: probe("livenessProbe", c.liveness_probe.as_ref())?,
+        readiness_probe: probe("readinessProbe", c.readiness_probe.as_ref())?,
+        post_start: hook("postStart", lifecycle.and_then(|l| l.post_start.as_ref()))?,
+        pre_stop: hook("preStop", lifecycle.and_then(|l| l.pre_stop.as_ref()))?,
+    })
+}
+
+fn port_of(
+    container: &str,
+    what: &str,
+    port: &IntOrString,
+    ports: &BTreeMap<&str, u16>,
+) -> Result<u16, SpecError> {
+    match port {
+        IntOrString::Int(n) => u16::try_from(*n).ok().filter(|p| *p > 0).ok_or_else(|| {
+            spec_error(
+                "InvalidProbe",
+                format!("container {container}: {what} port {n} is not a port number"),
+            )
+        }),
+        IntOrString::String(name) => ports.get(name.as_str()).copied().ok_or_else(|| {
+            spec_error(
+                "InvalidProbe",
+                format!("container {container}: {what} port {name:?} names no containerPort"),
+            )
+        }),
+    }
+}
+
+fn handler(
+    container: &str,
+    what: &str,
+    exec: Option<Vec<String>>,
+    http: Option<&k8s_openapi::api::core::v1::HTTPGetAction>,
+    tcp: Option<&k8s_openapi::api::core::v1::TCPSocketAction>,
+    sleep: Option<i64>,
+    ports: &BTreeMap<&str, u16>,
+) -> Result<Handler, SpecError> {
+    if let Some(command) = exec {
+        if command.is_empty() {
+            return Err(spec_error(
+                "InvalidProbe",
+                format!("container {container}: {what} exec has an empty command"),
+            ));
+        }
+        return Ok(Handler::Exec { command });
+    }
+    if let Some(h) = http {
+        let https = match h.scheme.as_deref() {
+            None | Some("HTTP") => false,
+            Some("HTTPS") => true,
+            Some(other) => {
+                return Err(spec_error(
+                    "InvalidProbe",
+                    format!("container {container}: {what} scheme {other:?}"),
+                ));
+            }
+        };
+        return Ok(Handler::HttpGet {
+            host: h.host.clone().filter(|s| !s.is_empty()),
+            port: port_of(container, what, &h.port, ports)?,
+            path: h.path.clone().unwrap_or_else(|| "/".into()),
+            https,
+            headers: h
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|x| (x.name.clone(), x.value.clone()))
+                .collect(),
+        });
+    }
+    if let Some(t) = tcp {
+        return Ok(Handler::TcpSocket {
+            host: t.host.clone().filter(|s| !s.is_empty()),
+            port: port_of(container, what, &t.port, ports)?,
+        });
+    }
+    if let Some(seconds) = sleep {
+        return Ok(Handler::Sleep {
+            seconds: seconds.max(0).unsigned_abs(),
+        });
+    }
+    Err(spec_error(
+        "InvalidProbe",
+        format!("container {container}: {what} has no handler this node supports (exec, httpGet, tcpSocket, sleep)"),
+    ))
+}
+
+fn probe(
+    container: &str,
+    what: &str,
+    p: &k8s_openapi::api::core::v1::Probe,
+    ports: &BTreeMap<&str, u16>,
+) -> Result<Probe, SpecError> {
+    if p.grpc.is_some() {
+        return Err(spec_error(
+            "InvalidProbe",
+            format!("container {container}: {what} grpc probes are not supported on this node"),
+        ));
+    }
+    let secs = |v: Option<i32>, default: u64| {
+        Duration::from_secs(v.map_or(default, |v| u64::from(v.max(0).unsigned_abs())))
+    };
+    let count = |v: Option<i32>, default: u32| v.map_or(default, |v| v.max(1).unsigned_abs());
+    Ok(Probe {
+        handler: handler(
+            container,
+            what,
+            p.exec.as_ref().and_then(|e| e.command.clone()),
+            p.http_get.as_ref(),
+            p.tcp_socket.as_ref(),
+            None,
+            ports,
+        )?,
+        initial_delay: secs(p.initial_delay_seconds, 0),
+        period: secs(p.period_seconds, 10).max(Duration::from_secs(1)),
+        timeout: secs(p.timeout_seconds, 1).max(Duration::from_secs(1)),
+        success_threshold: count(p.success_threshold, 1),
+        failure_threshold: count(p.failure_threshold, 3),
+    })
+}
+
+/// Sums container requests the way the scheduler does (limits stand in for
+/// missing requests), and the larger of that and any single init container.
+fn resources(spec: &PodSpec) -> Result<Resources, SpecError> {
+    let one = |c: &Container| -> Result<Resources, SpecError> {
+        let res = c.resources.as_ref();
+        let get = |name: &str| {
+            res.and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)))
+                .or_else(|| res.and_then(|r| r.limits.as_ref().and_then(|m| m.get(name))))
+                .map(|q| q.0.clone())
+        };
+        let invalid = |what: &str, e: quantity::QuantityError| {
+            spec_error("InvalidResources", format!("container {}: {what}: {e}", c.name))
+        };
+        Ok(Resources {
+            cpu_millis: get("cpu")
+                .map(|q| quantity::cpu_millis(&q))
+                .transpose()
+                .map_err(|e| invalid("cpu", e))?
+                .unwrap_or(0),
+            memory_bytes: get("memory")
+                .map(|q| quantity::bytes(&q))
+                .transpose()
+                .map_err(|e| invalid("memory", e))?
+                .unwrap_or(0),
+            gpus: get("nvidia.com/gpu")
+                .map(|q| quantity::count(&q))
+                .transpose()
+                .map_err(|e| invalid("nvidia.com/gpu", e))?
+                .map_or(Ok(0), u32::try_from)
+                .map_err(|_| {
+                    spec_error(
+                        "InvalidResources",
+                        format!("container {}: too many nvidia.com/gpu", c.name),
+                    )
+                })?,
+        })
+    };
+    let mut total = Resources::default();
+    for c in &spec.containers {
+        let r = one(c)?;
+        total.cpu_millis += r.cpu_millis;
+        total.memory_bytes += r.memory_bytes;
+        total.gpus += r.gpus;
+    }
+    for c in spec.init_containers.iter().flatten() {
+        let r = one(c)?;
+        total.cpu_millis = total.cpu_millis.max(r.cpu_millis);
+        total.memory_bytes = total.memory_bytes.max(r.memory_bytes);
+        total.gpus = total.gpus.max(r.gpus);
+    }
+    Ok(total)
+}
+
+/// Expands `$(VAR)` from `env` the way the kubelet does: `$$` escapes, and an
+/// unknown name is left as written.
+pub fn expand(text: &str, env: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match env.iter().rev().find(|(k, _)| k == name) {
+                Some((_, v)) => out.push_str(v),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Reads what a pending spec refers to and returns the spec a provider gets.
+/// `volumes` is whether the provider materializes volume content.
+pub struct Resolver<'a> {
+    pub client: &'a Client,
+    pub policy: &'a Policy,
+    pub host_ip: &'a str,
+    pub volumes: bool,
+}
+
+#[derive(Default)]
+struct Fetched {
+    config_maps: BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,
+    secrets: BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,
+}
+
+impl Resolver<'_> {
+    pub async fn resolve(&self, p: &Pending) -> Result<InstanceSpec, ResolveError> {
+        let ns = &p.spec.pod.namespace;
+        let policy = self.policy;
+        if !policy.allowed_namespaces.is_empty() && !policy.allowed_namespaces.contains(ns) {
+            return Err(spec_error(
+                "NamespaceNotAllowed",
+                format!(
+                    "node {} runs Pods only from namespaces {}",
+                    p.spec.node,
+                    policy.allowed_namespaces.join(", ")
+                ),
+            )
+            .into());
+        }
+        let mut fetched = Fetched::default();
+        let mut spec = p.spec.clone();
+        let mut fields = p.fields.clone();
+        fields.insert("status.hostIP".into(), self.host_ip.to_owned());
+        fields.insert("status.hostIPs".into(), self.host_ip.to_owned());
+        fields.insert("status.podIP".into(), self.host_ip.to_owned());
+        fields.insert("status.podIPs".into(), self.host_ip.to_owned());
+        let mut all: Vec<&mut ContainerSpec> = spec
+            .init_containers
+            .iter_mut()
+            .chain(spec.containers.iter_mut())
+            .collect();
+        for (c, declared) in all.iter_mut().zip(&p.env) {
+            let env = self.env(ns, &c.name, declared, &fields, p, &mut fetched).await?;
+            c.command = c.command.iter().map(|s| expand(s, &env)).collect();
+            c.args = c.args.iter().map(|s| expand(s, &env)).collect();
+            c.env = env;
+        }
+        for v in &p.volumes {
+            let source = self.volume(ns, v, &fields, p, &mut fetched).await?;
+            if self.volumes {
+                spec.volumes.push(Volume {
+                    name: v.name.clone(),
+                    source,
+                });
+            }
+        }
+        Ok(spec)
+    }
+
+    async fn env(
+        &self,
+        ns: &str,
+        container: &str,
+        declared: &ContainerEnv,
+        fields: &BTreeMap<String, String>,
+        p: &Pending,
+        fetched: &mut Fetched,
+    ) -> Result<Vec<(String, String)>, ResolveError> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        let mut set = |env: &mut Vec<(String, String)>, k: String, v: String| {
+            env.retain(|(n, _)| *n != k);
+            env.push((k, v));
+        };
+        for from in &declared.env_from {
+            let prefix = from.prefix.clone().unwrap_or_default();
+            let (data, name, optional, what) = if let Some(r) = &from.config_map_ref {
+                (
+                    self.config_map(ns, &r.name, fetched).await?,
+                    &r.name,
+                    r.optional.unwrap_or(false),
+                    "configmap",
+                )
+            } else if let Some(r) = &from.secret_ref {
+                (
+                    self.secret(ns, &r.name, fetched).await?,
+                    &r.name,
+                    r.optional.unwrap_or(false),
+                    "secret",
+                )
+            } else {
+                continue;
+            };
+            match data {
+                Some(d) => {
+                    for (k, v) in d {
+                        set(&mut env, format!("{prefix}{k}"), lossy(&v));
+                    }
+                }
+                None if optional => {}
+                None => return Err(ResolveError::Config(format!("{what} {name:?} not found"))),
+            }
+        }
+        for e in &declared.env {
+            let value = match &e.value_from {
+                None => expand(e.value.as_deref().unwrap_or(""), &env),
+                Some(src) => {
+                    if let Some(r) = &src.config_map_key_ref {
+                        match self.key(ns, &r.name, &r.key, true, fetched).await? {
+                            Some(v) => lossy(&v),
+                            None if r.optional.unwrap_or(false) => continue,
+                            None => {
+                                return Err(ResolveError::Config(format!(
+                                    "couldn't find key {} in ConfigMap {ns}/{}",
+                                    r.key, r.name
+                                )));
+                            }
+                        }
+                    } else if let Some(r) = &src.secret_key_ref {
+                        match self.key(ns, &r.name, &r.key, false, fetched).await? {
+                            Some(v) => lossy(&v),
+                            None if r.optional.unwrap_or(false) => continue,
+                            None => {
+                                return Err(ResolveError::Config(format!(
+                                    "couldn't find key {} in Secret {ns}/{}",
+                                    r.key, r.name
+                                )));
+                            }
+                        }
+                    } else if let Some(f) = &src.field_ref {
+                        field(fields, &f.field_path)?
+                    } else if let Some(r) = &src.resource_field_ref {
+                        let of = r.container_name.as_deref().unwrap_or(container);
+                        resource_field(p, of, &r.resource, r.divisor.as_ref().map(|d| &d.0))?
+                    } else {
+                        return Err(spec_error(
+                            "InvalidSpec",
+                            format!("env {} has a valueFrom this node does not support", e.name),
+                        )
+                        .into());
+                    }
+                }
+            };
+            set(&mut env, e.name.clone(), value);
+        }
+        Ok(env)
+    }
+
+    async fn key(
+        &self,
+        ns: &str,
+        name: &str,
+        key: &str,
+        config_map: bool,
+        fetched: &mut Fetched,
+    ) -> Result<Option<Vec<u8>>, ResolveError> {
+        let data = if config_map {
+            self.config_map(ns, name, fetched).await?
+        } else {
+            self.secret(ns, name, fetched).await?
+        };
+        Ok(data.and_then(|mut d| d.remove(key)))
+    }
+
+    async fn config_map(
+        &self,
+        ns: &str,
+        name: &str,
+        fetched: &mut Fetched,
+    ) -> Result<Option<BTreeMap<String, Vec<u8>>>, ResolveError> {
+        if !self.policy.allow_config_maps {
+            return Err(spec_error(
+                "ConfigMapsNotAllowed",
+                format!("the node policy hands no ConfigMaps to this backend (wanted {name:?})"),
+            )
+            .into());
+        }
+        if let Some(d) = fetched.config_maps.get(name) {
+            return Ok(d.clone());
+        }
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        let data = api.get_opt(name).await?.map(|cm| {
+            let mut out: BTreeMap<String, Vec<u8>> = cm
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect();
+            for (k, v) in cm.binary_data.unwrap_or_default() {
+                out.insert(k, v.0);
+            }
+            out
+        });
+        fetched.config_maps.insert(name.to_owned(), data.clone());
+        Ok(data)
+    }
+
+    async fn secret(
+        &self,
+        ns: &str,
+        name: &str,
+        fetched: &mut Fetched,
+    ) -> Result<Option<BTreeMap<String, Vec<u8>>>, ResolveError> {
+        if !self.policy.allow_secrets {
+            return Err(spec_error(
+                "SecretsNotAllowed",
+                format!("the node policy hands no Secrets to this backend (wanted {name:?})"),
+            )
+            .into());
+        }
+        if let Some(d) = fetched.secrets.get(name) {
+            return Ok(d.clone());
+        }
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let data = api.get_opt(name).await?.map(|s| {
+            let mut out: BTreeMap<String, Vec<u8>> = s
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect();
+            for (k, v) in s.string_data.unwrap_or_default() {
+                out.insert(k, v.into_bytes());
+            }
+            out
+        });
+        fetched.secrets.insert(name.to_owned(), data.clone());
+        Ok(data)
+    }
+
+    async fn token(
+        &self,
+        p: &Pending,
+        audience: Option<&str>,
+        expiration: Option<i64>,
+    ) -> Result<Vec<u8>, ResolveError> {
+        if !self.policy.allow_secrets {
+            return Err(spec_error(
+                "SecretsNotAllowed",
+                "the node policy hands no credentials to this backend, and the Pod mounts a \
+                 ServiceAccount token (set automountServiceAccountToken: false)",
+            )
+            .into());
+        }
+        let api: Api<ServiceAccount> =
+            Api::namespaced(self.client.clone(), &p.spec.pod.namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: audience.map(|a| vec![a.to_owned()]).unwrap_or_default(),
+                expiration_seconds: Some(expiration.unwrap_or(3607)),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(p.spec.pod.name.clone()),
+                    uid: Some(p.spec.pod.uid.clone()),
+                }),
+            },
+            ..Default::default()
+        };
+        let made = api
+            .create_token_request(&p.service_account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 404 => ResolveError::Config(format!(
+                    "serviceaccount {:?} not found",
+                    p.service_account
+                )),
+                e => e.into(),
+            })?;
+        Ok(made.status.map(|s| s.token).unwrap_or_default().into_bytes())
+    }
+
+    async fn volume(
+        &self,
+        ns: &str,
+        v: &KubeVolume,
+        fields: &BTreeMap<String, String>,
+        p: &Pending,
+        fetched: &mut Fetched,
+    ) -> Result<VolumeSource, ResolveError> {
+        if let Some(e) = &v.empty_dir {
+            let size_limit = e
+                .size_limit
+                .as_ref()
+                .map(|q| quantity::bytes(&q.0))
+                .transpose()
+                .map_err(|e| spec_error("InvalidSpec", format!("volume {}: {e}", v.name)))?;
+            return Ok(VolumeSource::EmptyDir { size_limit });
+        }
+        if let Some(h) = &v.host_path {
+            if !self.policy.allow_host_path {
+                return Err(spec_error(
+                    "HostPathNotAllowed",
+                    format!("volume {}: the node policy does not allow hostPath", v.name),
+                )
+                .into());
+            }
+            return Ok(VolumeSource::HostPath {
+                path: h.path.clone(),
+            });
+        }
+        let mut files = Vec::new();
+        if let Some(c) = &v.config_map {
+            let data = self.config_map(ns, &c.name, fetched).await?;
+            let mode = c.default_mode.unwrap_or(0o644);
+            project(&mut files, data, c.items.as_deref(), mode, c.optional, "ConfigMap", &c.name)?;
+        } else if let Some(s) = &v.secret {
+            let name = s.secret_name.clone().unwrap_or_default();
+            let data = self.secret(ns, &name, fetched).await?;
+            let mode = s.default_mode.unwrap_or(0o600);
+            project(&mut files, data, s.items.as_deref(), mode, s.optional, "Secret", &name)?;
+        } else if let Some(d) = &v.downward_api {
+            let mode = d.default_mode.unwrap_or(0o644);
+            for item in d.items.iter().flatten() {
+                let data = downward(fields, p, item.field_ref.as_ref(), item.resource_field_ref.as_ref())?;
+                files.push(file(&item.path, data.into_bytes(), item.mode.unwrap_or(mode))?);
+            }
+        } else if let Some(pr) = &v.projected {
+            let mode = pr.default_mode.unwrap_or(0o644);
+            for src in pr.sources.iter().flatten() {
+                if let Some(c) = &src.config_map {
+                    let data = self.config_map(ns, &c.name, fetched).await?;
+                    project(&mut files, data, c.items.as_deref(), mode, c.optional, "ConfigMap", &c.name)?;
+                } else if let Some(s) = &src.secret {
+                    let data = self.secret(ns, &s.name, fetched).await?;
+                    project(&mut files, data, s.items.as_deref(), mode.min(0o600), s.optional, "Secret", &s.name)?;
+                } else if let Some(d) = &src.downward_api {
+                    for item in d.items.iter().flatten() {
+                        let data = downward(fields, p, item.field_ref.as_ref(), item.resource_field_ref.as_ref())?;
+                        files.push(file(&item.path, data.into_bytes(), item.mode.unwrap_or(mode))?);
+                    }
+                } else if let Some(t) = &src.service_account_token {
+                    let token = self
+                        .token(p, t.audience.as_deref(), t.expiration_seconds)
+                        .await?;
+                    files.push(file(&t.path, token, 0o600)?);
+                } else {
+                    return Err(spec_error(
+                        "UnsupportedVolume",
+                        format!("volume {}: a projected source this node does not support", v.name),
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(VolumeSource::Files { files })
+    }
+}
+
+fn lossy(v: &[u8]) -> String {
+    String::from_utf8_lossy(v).into_owned()
+}
+
+fn field(fields: &BTreeMap<String, String>, path: &str) -> Result<String, ResolveError> {
+    if let Some(v) = fields.get(path) {
+        return Ok(v.clone());
+    }
+    if path.starts_with("metadata.labels[") || path.starts_with("metadata.annotations[") {
+        return Ok(String::new());
+    }
+    Err(spec_error("InvalidSpec", format!("unsupported fieldRef {path:?}")).into())
+}
+
+fn resource_field(
+    p: &Pending,
+    container: &str,
+    resource: &str,
+    divisor: Option<&String>,
+) -> Result<String, ResolveError> {
+    let value = p
+        .resources
+        .get(container)
+        .and_then(|r| r.get(resource).cloned())
+        .or_else(|| {
+            // An unset limit reads as the request, the closest figure vkd knows here.
+            let alt = resource.replacen("limits.", "requests.", 1);
+            p.resources.get(container).and_then(|r| r.get(&alt).cloned())
+        })
+        .unwrap_or_else(|| "0".into());
+    let bad = |e: quantity::QuantityError| {
+        ResolveError::from(spec_error("InvalidSpec", format!("resourceFieldRef {resource}: {e}")))
+    };
+    if resource.ends_with(".cpu") {
+        let millis = quantity::cpu_millis(&value).map_err(bad)?;
+        let div = divisor.map(|d| quantity::cpu_millis(d)).transpose().map_err(bad)?.unwrap_or(1000).max(1);
+        Ok(millis.div_ceil(div).to_string())
+    } else {
+        let bytes = quantity::bytes(&value).map_err(bad)?;
+        let div = divisor.map(|d| quantity::bytes(d)).transpose().map_err(bad)?.unwrap_or(1).max(1);
+        Ok(bytes.div_ceil(div).to_string())
+    }
+}
+
+fn downward(
+    fields: &BTreeMap<String, String>,
+    p: &Pending,
+    field_ref: Option<&k8s_openapi::api::core::v1::ObjectFieldSelector>,
+    resource_ref: Option<&k8s_openapi::api::core::v1::ResourceFieldSelector>,
+) -> Result<String, ResolveError> {
+    if let Some(f) = field_ref {
+        return field(fields, &f.field_path);
+    }
+    if let Some(r) = resource_ref {
+        let container = r.container_name.as_deref().unwrap_or_default();
+        return resource_field(p, container, &r.resource, r.divisor.as_ref().map(|d| &d.0));
+    }
+    Err(spec_error("InvalidSpec", "a downwardAPI item with neither fieldRef nor resourceFieldRef").into())
+}
+
+/// A relative file path inside a volume; `..` and absolute paths are refused.
+fn file(path: &str, data: Vec<u8>, mode: i32) -> Result<VolumeFile, ResolveError> {
+    let ok = !path.is_empty()
+        && !path.starts_with('/')
+        && path.split('/').all(|s| !s.is_empty() && s != "..");
+    if !ok {
+        return Err(spec_error("InvalidSpec", format!("volume file path {path:?}")).into());
+    }
+    Ok(VolumeFile {
+        path: path.to_owned(),
+        data,
+        mode: mode.max(0).unsigned_abs() & 0o777,
+    })
+}
+
+fn project(
+    files: &mut Vec<VolumeFile>,
+    data: Option<BTreeMap<String, Vec<u8>>>,
+    items: Option<&[KeyToPath]>,
+    mode: i32,
+    optional: Option<bool>,
+    what: &str,
+    name: &str,
+) -> Result<(), ResolveError> {
+    let Some(mut data) = data else {
+        if optional.unwrap_or(false) {
+            return Ok(());
+        }
+        return Err(ResolveError::Config(format!("{what} {name:?} not found")));
+    };
+    match items {
+        None => {
+            for (k, v) in data {
+                files.push(file(&k, v, mode)?);
+            }
+        }
+        Some(items) => {
+            for it in items {
+                let Some(v) = data.remove(&it.key) else {
+                    if optional.unwrap_or(false) {
+                        continue;
+                    }
+                    return Err(ResolveError::Config(format!(
+                        "couldn't find key {} in {what} {name}",
+                        it.key
+                    )));
+                };
+                files.push(file(&it.path, v, it.mode.unwrap_or(mode))?);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn resources_are_summed_like_the_scheduler() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "image": "x", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "2"}}},
+                    {"name": "b", "image": "y", "resources": {"requests": {"cpu": "1"}}}
+                ],
+                "initContainers": [{"name": "i", "image": "z", "resources": {"requests": {"cpu": "4"}}}]
+            }
+        }));
+        let s = pending(&p, "vk").unwrap().spec;
+        assert_eq!(
+            s.resources,
+            Resources {
+                cpu_millis: 4000,
+                memory_bytes: 1 << 30,
+                gpus: 2
+            }
+        );
+        assert_eq!(s.pod.uid, "u1");
+        assert_eq!(s.restart_policy, RestartPolicy::Always);
+        assert_eq!(s.init_containers.len(), 1);
+        assert_eq!(s.containers.len(), 2);
+        assert_eq!(s.termination_grace, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn bad_quantities_name_the_container() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "a", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "1.5"}}}]}
+        }));
+        let e = pending(&p, "vk").unwrap_err();
+        assert_eq!(e.reason, "InvalidResources");
+        assert!(e.message.contains("container a"), "{e}");
+    }
+
+    #[test]
+    fn probes_get_kubelet_defaults_and_named_ports() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "web", "image": "x",
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"port": "http", "path": "/ready"}},
+                "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2, "failureThreshold": 1},
+                "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo bye"]}}}}]}
+        }));
+        let c = &pending(&p, "vk").unwrap().spec.containers[0];
+        let r = c.readiness_probe.as_ref().unwrap();
+        assert_eq!(r.period, Duration::from_secs(10));
+        assert_eq!(r.failure_threshold, 3);
+        assert!(matches!(&r.handler, Handler::HttpGet { port: 8080, path, .. } if path == "/ready"));
+        let l = c.liveness_probe.as_ref().unwrap();
+        assert_eq!((l.period, l.failure_threshold), (Duration::from_secs(2), 1));
+        assert!(matches!(&c.pre_stop, Some(Handler::Exec { command }) if command.len() == 3));
+    }
+
+    #[test]
+    fn malformed_probes_and_volumes_fail_clearly() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "web", "image": "x",
+                "readinessProbe": {"httpGet": {"port": "nosuch"}}}]}
+        }));
+        let e = pending(&p, "vk").unwrap_err();
+        assert_eq!(e.reason, "InvalidProbe");
+        assert!(e.message.contains("\"nosuch\" names no containerPort"), "{e}");
+
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "web", "image": "x"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]}
+        }));
+        let e = pending(&p, "vk").unwrap_err();
+        assert_eq!(e.reason, "UnsupportedVolume");
+        assert!(e.message.contains("persistentVolumeClaim"), "{e}");
+    }
+
+    #[test]
+    fn expansion_follows_the_kubelet() {
+        let env = vec![("A".to_owned(), "1".to_owned()), ("B".to_owned(), "x y".to_owned())];
+        assert_eq!(expand("$(A)-$(B)", &env), "1-x y");
+        assert_eq!(expand("$$(A) $(C) $A $", &env), "$(A) $(C) $A $");
+        assert_eq!(expand("$(unterminated", &env), "$(unterminated");
+    }
+
+    #[test]
+    fn downward_fields_and_resources() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "web", "image": "x",
+                "resources": {"limits": {"memory": "64Mi", "cpu": "250m"}}}]}
+        }));
+        let pend = pending(&p, "vk").unwrap();
+        assert_eq!(field(&pend.fields, "metadata.labels['app']").unwrap(), "web");
+        assert_eq!(field(&pend.fields, "metadata.labels").unwrap(), "app=\"web\"");
+        assert_eq!(resource_field(&pend, "web", "limits.memory", None).unwrap(), "67108864");
+        assert_eq!(resource_field(&pend, "web", "limits.cpu", None).unwrap(), "1");
+        let mi = "1Mi".to_owned();
+        assert_eq!(resource_field(&pend, "web", "limits.memory", Some(&mi)).unwrap(), "64");
+        assert!(file("../etc/passwd", vec![], 0o644).is_err());
+        assert!(file("/abs", vec![], 0o644).is_err());
+        assert_eq!(file("a/b", vec![], 0o4755).unwrap().mode, 0o755);
+    }
+}
