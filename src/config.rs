@@ -26,6 +26,25 @@ pub enum Command {
     /// Inspect the simulated backend from outside the daemon.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Inspect the process backend from outside the daemon.
+    #[command(subcommand)]
+    Process(ProcessCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProcessCommand {
+    /// List the process backend's instances and their host processes.
+    List {
+        /// The daemon's state directory (the provider keeps its state in DIR/process).
+        #[arg(long, env = "VKD_STATE_DIR")]
+        state_dir: PathBuf,
+        /// Only instances of this node.
+        #[arg(long)]
+        node: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,7 +145,11 @@ pub struct RunArgs {
     #[arg(long, env = "VKD_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
     /// Namespaces whose Pods may run on this node (others end Failed); default all.
-    #[arg(long = "allowed-namespace", env = "VKD_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-namespace",
+        env = "VKD_ALLOWED_NAMESPACES",
+        value_delimiter = ','
+    )]
     pub allowed_namespaces: Vec<String>,
     /// Whether Secret content (env, volumes, ServiceAccount tokens) may be handed to the backend.
     #[arg(long, env = "VKD_ALLOW_SECRETS")]
@@ -331,7 +354,10 @@ impl Config {
                 .allow_config_maps
                 .or(file.allow_config_maps)
                 .unwrap_or(true),
-            allow_host_path: args.allow_host_path.or(file.allow_host_path).unwrap_or(false),
+            allow_host_path: args
+                .allow_host_path
+                .or(file.allow_host_path)
+                .unwrap_or(false),
         };
         let kubelet_port = args.kubelet_port.or(file.kubelet_port).unwrap_or(10250);
         let admin_port = args.admin_port.or(file.admin_port).unwrap_or(10256);

@@ -48,8 +48,40 @@ pub const STATIC_EPOCH: u64 = 1;
 /// Builds the configured provider. A malformed provider config is a config error.
 pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
     match cfg.provider {
+        ProviderKind::Process => {
+            let config = match &cfg.provider_config {
+                Some(path) => vkd_process::ProcessConfig::load(path).map_err(|e| {
+                    Error::Config(config::ConfigError {
+                        field: "provider-config".into(),
+                        message: e.to_string(),
+                    })
+                })?,
+                None => vkd_process::ProcessConfig::default(),
+            };
+            // The vkd binary is also the shim and the launcher (`vkd process-shim`).
+            let exe = std::env::current_exe().map_err(|e| Error::Provider {
+                provider: "process",
+                message: format!("locating the vkd binary: {e}"),
+            })?;
+            let provider =
+                vkd_process::ProcessProvider::open(config, &cfg.state_dir.join("process"), exe)
+                    .map_err(|e| Error::Provider {
+                        provider: "process",
+                        message: e.to_string(),
+                    })?;
+            info!(
+                limits = provider.limits_mode(),
+                run_as = ?provider.run_as(),
+                "process provider ready"
+            );
+            Ok(Arc::new(provider))
+        }
         ProviderKind::Sim => {
-            let fleet = vkd_sim::Fleet::load(&cfg.provider_config).map_err(|e| {
+            let fleet_path = cfg
+                .provider_config
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            let fleet = vkd_sim::Fleet::load(fleet_path).map_err(|e| {
                 Error::Config(config::ConfigError {
                     field: "provider-config".into(),
                     message: e.to_string(),
@@ -100,6 +132,7 @@ pub async fn run(
             concurrency: cfg.reconcile_concurrency,
             qps: cfg.kube_qps,
             burst: cfg.kube_burst,
+            policy: cfg.policy.clone(),
         },
         pod_client.clone(),
         Arc::clone(&provider),

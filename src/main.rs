@@ -6,11 +6,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
-use vkd::config::{Cli, Command, Config, LogFormat, SimCommand};
+use vkd::config::{Cli, Command, Config, LogFormat, ProcessCommand, SimCommand};
 
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    // `vkd process-shim DIR` and `vkd process-launch ..`: the process provider's
+    // supervisor and launcher, started by the daemon itself, not by people.
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(code) = vkd_process::dispatch(&argv) {
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -26,6 +32,11 @@ fn main() -> ExitCode {
             node,
             json,
         }) => sim_list(&state_dir, node.as_deref(), json),
+        Command::Process(ProcessCommand::List {
+            state_dir,
+            node,
+            json,
+        }) => process_list(&state_dir, node.as_deref(), json),
     }
 }
 
@@ -159,6 +170,57 @@ fn sim_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> Exit
                 r.ip
             );
         }
+    }
+    ExitCode::SUCCESS
+}
+
+fn process_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> ExitCode {
+    let rows = match vkd_process::read_listings(&state_dir.join("process")) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("vkd process list: {}: {e}", state_dir.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let rows: Vec<_> = rows
+        .into_iter()
+        .filter(|r| node.is_none_or(|n| r.node == n))
+        .collect();
+    if json {
+        match serde_json::to_string(&rows) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("vkd process list: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:<18} {:<40} {:<16} {:>5} {:<14} PROCESSES",
+        "INSTANCE", "POD", "NODE", "EPOCH", "SHIM"
+    );
+    for r in &rows {
+        let shim = match (r.shim_pid, r.shim_alive, r.stopping) {
+            (Some(p), true, false) => format!("{p}"),
+            (Some(p), true, true) => format!("{p} stopping"),
+            (_, false, _) => "exited".to_owned(),
+            (None, true, _) => "?".to_owned(),
+        };
+        let procs: Vec<String> = r
+            .processes
+            .iter()
+            .map(|(c, p)| format!("{c}={p}"))
+            .collect();
+        println!(
+            "{:<18} {:<40} {:<16} {:>5} {:<14} {}",
+            r.instance,
+            format!("{}/{}", r.namespace, r.name),
+            r.node,
+            r.epoch,
+            shim,
+            procs.join(" ")
+        );
     }
     ExitCode::SUCCESS
 }

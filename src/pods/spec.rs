@@ -114,7 +114,12 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
         None | Some("Always") => RestartPolicy::Always,
         Some("OnFailure") => RestartPolicy::OnFailure,
         Some("Never") => RestartPolicy::Never,
-        Some(other) => return Err(spec_error("InvalidSpec", format!("restartPolicy {other:?}"))),
+        Some(other) => {
+            return Err(spec_error(
+                "InvalidSpec",
+                format!("restartPolicy {other:?}"),
+            ));
+        }
     };
     for v in spec.volumes.iter().flatten() {
         let kind = volume_kind(v);
@@ -129,7 +134,12 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             ));
         }
     }
-    let volume_names: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    let volume_names: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
     let all: Vec<&Container> = spec
         .init_containers
         .iter()
@@ -156,7 +166,12 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             containers,
             resources: resources(spec)?,
             restart_policy,
-            annotations: meta.annotations.clone().unwrap_or_default().into_iter().collect(),
+            annotations: meta
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
             placement: None,
             init_containers: built,
             volumes: Vec::new(),
@@ -269,14 +284,20 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
     };
     let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
     let invalid = |what: &str, e: quantity::QuantityError| {
-        spec_error("InvalidResources", format!("container {}: {what}: {e}", c.name))
+        spec_error(
+            "InvalidResources",
+            format!("container {}: {what}: {e}", c.name),
+        )
     };
     let mut mounts = Vec::new();
     for m in c.volume_mounts.iter().flatten() {
         if !volumes.contains(&m.name.as_str()) {
             return Err(spec_error(
                 "InvalidSpec",
-                format!("container {}: volumeMount of unknown volume {:?}", c.name, m.name),
+                format!(
+                    "container {}: volumeMount of unknown volume {:?}",
+                    c.name, m.name
+                ),
             ));
         }
         mounts.push(Mount {
@@ -392,7 +413,9 @@ fn handler(
     }
     Err(spec_error(
         "InvalidProbe",
-        format!("container {container}: {what} has no handler this node supports (exec, httpGet, tcpSocket, sleep)"),
+        format!(
+            "container {container}: {what} has no handler this node supports (exec, httpGet, tcpSocket, sleep)"
+        ),
     ))
 }
 
@@ -441,7 +464,10 @@ fn resources(spec: &PodSpec) -> Result<Resources, SpecError> {
                 .map(|q| q.0.clone())
         };
         let invalid = |what: &str, e: quantity::QuantityError| {
-            spec_error("InvalidResources", format!("container {}: {what}: {e}", c.name))
+            spec_error(
+                "InvalidResources",
+                format!("container {}: {what}: {e}", c.name),
+            )
         };
         Ok(Resources {
             cpu_millis: get("cpu")
@@ -518,6 +544,7 @@ pub fn expand(text: &str, env: &[(String, String)]) -> String {
 
 /// Reads what a pending spec refers to and returns the spec a provider gets.
 /// `volumes` is whether the provider materializes volume content.
+#[allow(missing_debug_implementations)]
 pub struct Resolver<'a> {
     pub client: &'a Client,
     pub policy: &'a Policy,
@@ -559,7 +586,9 @@ impl Resolver<'_> {
             .chain(spec.containers.iter_mut())
             .collect();
         for (c, declared) in all.iter_mut().zip(&p.env) {
-            let env = self.env(ns, &c.name, declared, &fields, p, &mut fetched).await?;
+            let env = self
+                .env(ns, &c.name, declared, &fields, p, &mut fetched)
+                .await?;
             c.command = c.command.iter().map(|s| expand(s, &env)).collect();
             c.args = c.args.iter().map(|s| expand(s, &env)).collect();
             c.env = env;
@@ -586,7 +615,7 @@ impl Resolver<'_> {
         fetched: &mut Fetched,
     ) -> Result<Vec<(String, String)>, ResolveError> {
         let mut env: Vec<(String, String)> = Vec::new();
-        let mut set = |env: &mut Vec<(String, String)>, k: String, v: String| {
+        let set = |env: &mut Vec<(String, String)>, k: String, v: String| {
             env.retain(|(n, _)| *n != k);
             env.push((k, v));
         };
@@ -760,11 +789,10 @@ impl Resolver<'_> {
             )
             .into());
         }
-        let api: Api<ServiceAccount> =
-            Api::namespaced(self.client.clone(), &p.spec.pod.namespace);
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &p.spec.pod.namespace);
         let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: audience.map(|a| vec![a.to_owned()]).unwrap_or_default(),
+            spec: Some(TokenRequestSpec {
+                audiences: audience.map(|a| vec![a.to_owned()]),
                 expiration_seconds: Some(expiration.unwrap_or(3607)),
                 bound_object_ref: Some(BoundObjectReference {
                     api_version: Some("v1".into()),
@@ -772,7 +800,8 @@ impl Resolver<'_> {
                     name: Some(p.spec.pod.name.clone()),
                     uid: Some(p.spec.pod.uid.clone()),
                 }),
-            },
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let made = api
@@ -785,7 +814,11 @@ impl Resolver<'_> {
                 )),
                 e => e.into(),
             })?;
-        Ok(made.status.map(|s| s.token).unwrap_or_default().into_bytes())
+        Ok(made
+            .status
+            .and_then(|s| s.token)
+            .unwrap_or_default()
+            .into_bytes())
     }
 
     async fn volume(
@@ -821,31 +854,81 @@ impl Resolver<'_> {
         if let Some(c) = &v.config_map {
             let data = self.config_map(ns, &c.name, fetched).await?;
             let mode = c.default_mode.unwrap_or(0o644);
-            project(&mut files, data, c.items.as_deref(), mode, c.optional, "ConfigMap", &c.name)?;
+            project(
+                &mut files,
+                data,
+                c.items.as_deref(),
+                mode,
+                c.optional,
+                "ConfigMap",
+                &c.name,
+            )?;
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
             let data = self.secret(ns, &name, fetched).await?;
             let mode = s.default_mode.unwrap_or(0o600);
-            project(&mut files, data, s.items.as_deref(), mode, s.optional, "Secret", &name)?;
+            project(
+                &mut files,
+                data,
+                s.items.as_deref(),
+                mode,
+                s.optional,
+                "Secret",
+                &name,
+            )?;
         } else if let Some(d) = &v.downward_api {
             let mode = d.default_mode.unwrap_or(0o644);
             for item in d.items.iter().flatten() {
-                let data = downward(fields, p, item.field_ref.as_ref(), item.resource_field_ref.as_ref())?;
-                files.push(file(&item.path, data.into_bytes(), item.mode.unwrap_or(mode))?);
+                let data = downward(
+                    fields,
+                    p,
+                    item.field_ref.as_ref(),
+                    item.resource_field_ref.as_ref(),
+                )?;
+                files.push(file(
+                    &item.path,
+                    data.into_bytes(),
+                    item.mode.unwrap_or(mode),
+                )?);
             }
         } else if let Some(pr) = &v.projected {
             let mode = pr.default_mode.unwrap_or(0o644);
             for src in pr.sources.iter().flatten() {
                 if let Some(c) = &src.config_map {
                     let data = self.config_map(ns, &c.name, fetched).await?;
-                    project(&mut files, data, c.items.as_deref(), mode, c.optional, "ConfigMap", &c.name)?;
+                    project(
+                        &mut files,
+                        data,
+                        c.items.as_deref(),
+                        mode,
+                        c.optional,
+                        "ConfigMap",
+                        &c.name,
+                    )?;
                 } else if let Some(s) = &src.secret {
                     let data = self.secret(ns, &s.name, fetched).await?;
-                    project(&mut files, data, s.items.as_deref(), mode.min(0o600), s.optional, "Secret", &s.name)?;
+                    project(
+                        &mut files,
+                        data,
+                        s.items.as_deref(),
+                        mode,
+                        s.optional,
+                        "Secret",
+                        &s.name,
+                    )?;
                 } else if let Some(d) = &src.downward_api {
                     for item in d.items.iter().flatten() {
-                        let data = downward(fields, p, item.field_ref.as_ref(), item.resource_field_ref.as_ref())?;
-                        files.push(file(&item.path, data.into_bytes(), item.mode.unwrap_or(mode))?);
+                        let data = downward(
+                            fields,
+                            p,
+                            item.field_ref.as_ref(),
+                            item.resource_field_ref.as_ref(),
+                        )?;
+                        files.push(file(
+                            &item.path,
+                            data.into_bytes(),
+                            item.mode.unwrap_or(mode),
+                        )?);
                     }
                 } else if let Some(t) = &src.service_account_token {
                     let token = self
@@ -855,7 +938,10 @@ impl Resolver<'_> {
                 } else {
                     return Err(spec_error(
                         "UnsupportedVolume",
-                        format!("volume {}: a projected source this node does not support", v.name),
+                        format!(
+                            "volume {}: a projected source this node does not support",
+                            v.name
+                        ),
                     )
                     .into());
                 }
@@ -892,19 +978,34 @@ fn resource_field(
         .or_else(|| {
             // An unset limit reads as the request, the closest figure vkd knows here.
             let alt = resource.replacen("limits.", "requests.", 1);
-            p.resources.get(container).and_then(|r| r.get(&alt).cloned())
+            p.resources
+                .get(container)
+                .and_then(|r| r.get(&alt).cloned())
         })
         .unwrap_or_else(|| "0".into());
     let bad = |e: quantity::QuantityError| {
-        ResolveError::from(spec_error("InvalidSpec", format!("resourceFieldRef {resource}: {e}")))
+        ResolveError::from(spec_error(
+            "InvalidSpec",
+            format!("resourceFieldRef {resource}: {e}"),
+        ))
     };
     if resource.ends_with(".cpu") {
         let millis = quantity::cpu_millis(&value).map_err(bad)?;
-        let div = divisor.map(|d| quantity::cpu_millis(d)).transpose().map_err(bad)?.unwrap_or(1000).max(1);
+        let div = divisor
+            .map(|d| quantity::cpu_millis(d))
+            .transpose()
+            .map_err(bad)?
+            .unwrap_or(1000)
+            .max(1);
         Ok(millis.div_ceil(div).to_string())
     } else {
         let bytes = quantity::bytes(&value).map_err(bad)?;
-        let div = divisor.map(|d| quantity::bytes(d)).transpose().map_err(bad)?.unwrap_or(1).max(1);
+        let div = divisor
+            .map(|d| quantity::bytes(d))
+            .transpose()
+            .map_err(bad)?
+            .unwrap_or(1)
+            .max(1);
         Ok(bytes.div_ceil(div).to_string())
     }
 }
@@ -922,7 +1023,11 @@ fn downward(
         let container = r.container_name.as_deref().unwrap_or_default();
         return resource_field(p, container, &r.resource, r.divisor.as_ref().map(|d| &d.0));
     }
-    Err(spec_error("InvalidSpec", "a downwardAPI item with neither fieldRef nor resourceFieldRef").into())
+    Err(spec_error(
+        "InvalidSpec",
+        "a downwardAPI item with neither fieldRef nor resourceFieldRef",
+    )
+    .into())
 }
 
 /// A relative file path inside a volume; `..` and absolute paths are refused.
@@ -940,6 +1045,8 @@ fn file(path: &str, data: Vec<u8>, mode: i32) -> Result<VolumeFile, ResolveError
     })
 }
 
+/// Writes a ConfigMap's or Secret's keys as files. Secret files are readable by
+/// their owner only, whatever defaultMode says (the API server defaults it to 0644).
 fn project(
     files: &mut Vec<VolumeFile>,
     data: Option<BTreeMap<String, Vec<u8>>>,
@@ -949,6 +1056,7 @@ fn project(
     what: &str,
     name: &str,
 ) -> Result<(), ResolveError> {
+    let from = files.len();
     let Some(mut data) = data else {
         if optional.unwrap_or(false) {
             return Ok(());
@@ -974,6 +1082,11 @@ fn project(
                 };
                 files.push(file(&it.path, v, it.mode.unwrap_or(mode))?);
             }
+        }
+    }
+    if what == "Secret" {
+        for f in &mut files[from..] {
+            f.mode &= 0o700;
         }
     }
     Ok(())
@@ -1041,7 +1154,9 @@ mod tests {
         let r = c.readiness_probe.as_ref().unwrap();
         assert_eq!(r.period, Duration::from_secs(10));
         assert_eq!(r.failure_threshold, 3);
-        assert!(matches!(&r.handler, Handler::HttpGet { port: 8080, path, .. } if path == "/ready"));
+        assert!(
+            matches!(&r.handler, Handler::HttpGet { port: 8080, path, .. } if path == "/ready")
+        );
         let l = c.liveness_probe.as_ref().unwrap();
         assert_eq!((l.period, l.failure_threshold), (Duration::from_secs(2), 1));
         assert!(matches!(&c.pre_stop, Some(Handler::Exec { command }) if command.len() == 3));
@@ -1056,7 +1171,10 @@ mod tests {
         }));
         let e = pending(&p, "vk").unwrap_err();
         assert_eq!(e.reason, "InvalidProbe");
-        assert!(e.message.contains("\"nosuch\" names no containerPort"), "{e}");
+        assert!(
+            e.message.contains("\"nosuch\" names no containerPort"),
+            "{e}"
+        );
 
         let p = pod(json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
@@ -1069,8 +1187,34 @@ mod tests {
     }
 
     #[test]
+    fn secret_files_are_owner_only() {
+        let data: BTreeMap<String, Vec<u8>> = [("k".to_owned(), b"v".to_vec())].into();
+        let mut files = Vec::new();
+        project(
+            &mut files,
+            Some(data.clone()),
+            None,
+            0o644,
+            None,
+            "Secret",
+            "s",
+        )
+        .unwrap();
+        project(&mut files, Some(data), None, 0o644, None, "ConfigMap", "c").unwrap();
+        assert_eq!((files[0].mode, files[1].mode), (0o600, 0o644));
+        let missing = project(&mut files, None, None, 0o644, None, "Secret", "gone");
+        assert!(
+            matches!(missing, Err(ResolveError::Config(m)) if m.contains("\"gone\" not found"))
+        );
+        assert!(project(&mut files, None, None, 0o644, Some(true), "Secret", "gone").is_ok());
+    }
+
+    #[test]
     fn expansion_follows_the_kubelet() {
-        let env = vec![("A".to_owned(), "1".to_owned()), ("B".to_owned(), "x y".to_owned())];
+        let env = vec![
+            ("A".to_owned(), "1".to_owned()),
+            ("B".to_owned(), "x y".to_owned()),
+        ];
         assert_eq!(expand("$(A)-$(B)", &env), "1-x y");
         assert_eq!(expand("$$(A) $(C) $A $", &env), "$(A) $(C) $A $");
         assert_eq!(expand("$(unterminated", &env), "$(unterminated");
@@ -1084,12 +1228,27 @@ mod tests {
                 "resources": {"limits": {"memory": "64Mi", "cpu": "250m"}}}]}
         }));
         let pend = pending(&p, "vk").unwrap();
-        assert_eq!(field(&pend.fields, "metadata.labels['app']").unwrap(), "web");
-        assert_eq!(field(&pend.fields, "metadata.labels").unwrap(), "app=\"web\"");
-        assert_eq!(resource_field(&pend, "web", "limits.memory", None).unwrap(), "67108864");
-        assert_eq!(resource_field(&pend, "web", "limits.cpu", None).unwrap(), "1");
+        assert_eq!(
+            field(&pend.fields, "metadata.labels['app']").unwrap(),
+            "web"
+        );
+        assert_eq!(
+            field(&pend.fields, "metadata.labels").unwrap(),
+            "app=\"web\""
+        );
+        assert_eq!(
+            resource_field(&pend, "web", "limits.memory", None).unwrap(),
+            "67108864"
+        );
+        assert_eq!(
+            resource_field(&pend, "web", "limits.cpu", None).unwrap(),
+            "1"
+        );
         let mi = "1Mi".to_owned();
-        assert_eq!(resource_field(&pend, "web", "limits.memory", Some(&mi)).unwrap(), "64");
+        assert_eq!(
+            resource_field(&pend, "web", "limits.memory", Some(&mi)).unwrap(),
+            "64"
+        );
         assert!(file("../etc/passwd", vec![], 0o644).is_err());
         assert!(file("/abs", vec![], 0o644).is_err());
         assert_eq!(file("a/b", vec![], 0o4755).unwrap().mode, 0o755);

@@ -158,7 +158,9 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
         let (reason, message) = match waiting {
             Waiting::Creating => ("ContainerCreating".to_owned(), None),
             Waiting::Queued(why) => ("BackendQueued".to_owned(), Some(why.clone())),
-            Waiting::ConfigError(why) => ("CreateContainerConfigError".to_owned(), Some(why.clone())),
+            Waiting::ConfigError(why) => {
+                ("CreateContainerConfigError".to_owned(), Some(why.clone()))
+            }
         };
         return StatusView {
             phase: "Pending".into(),

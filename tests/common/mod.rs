@@ -33,9 +33,32 @@ impl Vkd {
     }
 
     pub fn start_with_fleet(c: &Cluster, node: &str, fleet: &str, extra: &[&str]) -> Result<Self> {
-        let state_dir = c.dir().join("vkd-state").join(node);
-        std::fs::create_dir_all(&state_dir)?;
         let fleet = repo_root().join("testdata/fleets").join(fleet);
+        Self::start_provider(c, node, "sim", &fleet, extra)
+    }
+
+    /// vkd on the process provider, with `testdata/process/e2e.yaml`.
+    pub fn start_process(c: &Cluster, node: &str, extra: &[&str]) -> Result<Self> {
+        let config = repo_root().join("testdata/process/e2e.yaml");
+        Self::start_provider(c, node, "process", &config, extra)
+    }
+
+    fn start_provider(
+        c: &Cluster,
+        node: &str,
+        provider: &str,
+        config: &std::path::Path,
+        extra: &[&str],
+    ) -> Result<Self> {
+        // Processes run as an unprivileged user, who must reach the sandboxes: the
+        // process provider's state goes under the temp dir, not the (maybe private) checkout.
+        let state_dir = if provider == "process" {
+            std::env::temp_dir().join(format!("vkd-e2e-{}-{node}", std::process::id()))
+        } else {
+            c.dir().join("vkd-state").join(node)
+        };
+        std::fs::create_dir_all(&state_dir)?;
+        let fleet = config;
         let kubelet_port = free_port()?;
         let mut args: Vec<String> = vec![
             "run".into(),
@@ -44,7 +67,7 @@ impl Vkd {
             "--node-name".into(),
             node.into(),
             "--provider".into(),
-            "sim".into(),
+            provider.into(),
             "--provider-config".into(),
             fleet.display().to_string(),
             "--state-dir".into(),
@@ -116,6 +139,41 @@ impl Vkd {
             .as_array()
             .cloned()
             .unwrap_or_default())
+    }
+}
+
+impl Vkd {
+    /// Kills what the process provider left running (shims and their containers'
+    /// process groups) and removes its state; for the end of a suite.
+    pub fn reap_processes(&self) {
+        let pods = self.state_dir.join("process/pods");
+        let Ok(entries) = std::fs::read_dir(&pods) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let dir = e.path();
+            if let Ok(text) = std::fs::read_to_string(dir.join("shim.pid"))
+                && let Some(pid) = text.split_whitespace().next()
+            {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+            if let Ok(bytes) = std::fs::read(dir.join("status.json"))
+                && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+            {
+                for list in ["init", "containers"] {
+                    for c in at(&v, list).as_array().into_iter().flatten() {
+                        if let Some(pid) = c["process"]["pid"].as_i64() {
+                            let _ = Command::new("kill")
+                                .args(["-9", "--", &format!("-{pid}")])
+                                .status();
+                        }
+                    }
+                }
+            }
+        }
+        if self.state_dir.starts_with(std::env::temp_dir()) {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
     }
 }
 

@@ -33,8 +33,8 @@ use tokio::sync::broadcast;
 use vkd_provider::{
     Admission, Capabilities, Capacity, CapacityKind, ContainerState, ContainerStats,
     ContainerStatus, Duplex, Fence, Health, HostSlice, Instance, InstanceEvent, InstancePhase,
-    InstanceSpec, LogRequest, Logs, Placement, PodStats, Provider, ProviderError, Result,
-    StreamIo, Support, VolumeSource,
+    InstanceSpec, LogRequest, Logs, Placement, PodStats, Provider, ProviderError, Result, StreamIo,
+    Support, VolumeSource,
 };
 
 pub use config::ProcessConfig;
@@ -59,6 +59,39 @@ pub enum OpenError {
     },
     #[error("the shim executable {0} does not exist")]
     Shim(PathBuf),
+    #[error(
+        "{path} is not reachable by uid {uid} ({blocker} has mode {mode:o}), so Pods could not \
+         use their own sandbox: put --state-dir under a world-traversable directory \
+         (for example /var/lib/vkd) or set runAsUser in the process provider config"
+    )]
+    Unreachable {
+        path: PathBuf,
+        uid: u32,
+        blocker: PathBuf,
+        mode: u32,
+    },
+}
+
+/// The first directory on the way to `path` that `uid`/`gid` may not traverse.
+fn blocker(path: &Path, uid: u32, gid: u32) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut p = PathBuf::new();
+    for c in path.components() {
+        p.push(c);
+        let m = std::fs::metadata(&p).ok()?;
+        let mode = m.mode();
+        let ok = if m.uid() == uid {
+            mode & 0o100 != 0
+        } else if m.gid() == gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !ok {
+            return Some((p, mode & 0o7777));
+        }
+    }
+    None
 }
 
 #[derive(Debug)]
@@ -104,6 +137,20 @@ impl ProcessProvider {
                 path: p.clone(),
                 source,
             })?;
+        }
+        let dir = &std::path::absolute(dir).map_err(|source| OpenError::State {
+            path: dir.to_owned(),
+            source,
+        })?;
+        if let Some((uid, gid)) = config.run_as()
+            && let Some((blocker, mode)) = blocker(&dir.join("pods"), uid, gid)
+        {
+            return Err(OpenError::Unreachable {
+                path: dir.to_owned(),
+                uid,
+                blocker,
+                mode,
+            });
         }
         let mut epochs = HashMap::new();
         if let Ok(entries) = std::fs::read_dir(dir.join("fences")) {
@@ -229,7 +276,10 @@ impl ProcessProvider {
             .stderr(err)
             .process_group(0)
             .spawn()?;
-        if let Some(id) = i32::try_from(child.id()).ok().and_then(procfs::ProcessId::of) {
+        if let Some(id) = i32::try_from(child.id())
+            .ok()
+            .and_then(procfs::ProcessId::of)
+        {
             // Written here as well as by the shim, so nothing sees a sandbox without one.
             if sb.shim_process().is_none() {
                 sandbox::write_atomic(&sb.shim_pid(), id.render().as_bytes(), 0o644)?;
@@ -321,7 +371,10 @@ impl ProcessProvider {
                 if matches!(h, vkd_provider::Handler::HttpGet { https: true, .. }) {
                     return Err(ProviderError::invalid(
                         "InvalidProbe",
-                        format!("container {}: HTTPS probes and hooks are not supported by the process provider", c.name),
+                        format!(
+                            "container {}: HTTPS probes and hooks are not supported by the process provider",
+                            c.name
+                        ),
                     ));
                 }
             }
@@ -407,7 +460,9 @@ impl ProcessProvider {
                     }
                 }
                 let rel = Path::new(m.path.trim_start_matches('/'));
-                if rel.components().any(|c| matches!(c, std::path::Component::ParentDir))
+                if rel
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
                     || rel.as_os_str().is_empty()
                 {
                     return Err(ProviderError::invalid(
@@ -423,7 +478,10 @@ impl ProcessProvider {
                     Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
                         return Err(ProviderError::invalid(
                             "InvalidSpec",
-                            format!("container {}: mountPath {} is taken by another mount", c.name, m.path),
+                            format!(
+                                "container {}: mountPath {} is taken by another mount",
+                                c.name, m.path
+                            ),
                         ));
                     }
                     _ => {}
@@ -490,8 +548,15 @@ impl ProcessProvider {
             }
         }
         // Rename first, so a half-removed sandbox is never taken for a live one.
-        let uid = sb.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        let grave = self.pods_dir().join(format!(".gone-{uid}-{}", uuid::Uuid::new_v4().simple()));
+        let uid = sb
+            .dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let grave = self
+            .pods_dir()
+            .join(format!(".gone-{uid}-{}", uuid::Uuid::new_v4().simple()));
         match std::fs::rename(&sb.dir, &grave) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -515,20 +580,33 @@ impl ProcessProvider {
     }
 
     fn running_process(&self, uid: &str, container: &str) -> Result<(Launch, Option<PathBuf>)> {
-        let not_found = || ProviderError::NotFound { uid: uid.to_owned() };
+        let not_found = || ProviderError::NotFound {
+            uid: uid.to_owned(),
+        };
         let (sb, _, st) = self.read(uid)?.ok_or_else(not_found)?;
-        let spec = sb.read_spec().map_err(io_err(&sb.spec()))?.ok_or_else(not_found)?;
+        let spec = sb
+            .read_spec()
+            .map_err(io_err(&sb.spec()))?
+            .ok_or_else(not_found)?;
         let launch = spec
             .containers
             .iter()
             .rev()
             .find(|l| l.name == container)
             .cloned()
-            .ok_or_else(|| ProviderError::invalid("NotFound", format!("no container {container:?} in this Pod")))?;
+            .ok_or_else(|| {
+                ProviderError::invalid(
+                    "NotFound",
+                    format!("no container {container:?} in this Pod"),
+                )
+            })?;
         let run = st
             .iter()
             .flat_map(|s| s.containers.iter().chain(&s.init))
-            .find(|c| c.status.name == container && matches!(c.status.state, ContainerState::Running { .. }))
+            .find(|c| {
+                c.status.name == container
+                    && matches!(c.status.state, ContainerState::Running { .. })
+            })
             .ok_or_else(|| {
                 ProviderError::invalid(
                     "ContainerNotRunning",
@@ -538,20 +616,24 @@ impl ProcessProvider {
         Ok((launch, run.cgroup.clone()))
     }
 
-    fn exec_command(&self, launch: &Launch, cgroup: Option<&Path>, command: &[String]) -> std::process::Command {
+    fn exec_command(
+        &self,
+        launch: &Launch,
+        cgroup: Option<&Path>,
+        command: &[String],
+    ) -> std::process::Command {
         let mut cmd = std::process::Command::new(&self.inner.shim_exe);
         cmd.arg("process-launch");
         if let Some(cg) = cgroup {
             cmd.arg("--cgroup").arg(cg);
         }
+        if let Some((u, g)) = self.inner.run_as {
+            cmd.arg("--user").arg(format!("{u}:{g}"));
+        }
         cmd.arg("--").args(command);
         cmd.env_clear()
             .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&launch.cwd);
-        if let Some((u, g)) = self.inner.run_as {
-            use std::os::unix::process::CommandExt;
-            cmd.uid(u).gid(g);
-        }
         cmd
     }
 
@@ -580,6 +662,66 @@ impl ProcessProvider {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         (cpus * 1000, procfs::mem_total().unwrap_or(0))
     }
+}
+
+/// One sandbox as `vkd process list` shows it: read from the state directory alone,
+/// so it works with the daemon stopped.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Listing {
+    pub instance: String,
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub epoch: u64,
+    pub shim_pid: Option<i32>,
+    pub shim_alive: bool,
+    pub stopping: bool,
+    /// `(container, pid)` of every running container process.
+    pub processes: Vec<(String, i32)>,
+}
+
+/// Every instance in the state directory `dir` (the provider's own, `<state>/process`).
+pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir.join("pods"))?.flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let sb = Sandbox::new(e.path());
+        let Some(rec) = sb.read_instance()? else {
+            continue;
+        };
+        let shim = sb.shim_process();
+        let processes = sb
+            .read_status()?
+            .map(|st| {
+                st.init
+                    .iter()
+                    .chain(&st.containers)
+                    .filter_map(|c| {
+                        let p = c.process.filter(|p| p.alive())?;
+                        Some((c.status.name.clone(), p.pid))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Listing {
+            instance: rec.id,
+            pod_uid: rec.owner.uid,
+            namespace: rec.owner.namespace,
+            name: rec.owner.name,
+            node: rec.node,
+            epoch: rec.epoch,
+            shim_pid: shim.map(|p| p.pid),
+            shim_alive: shim.is_some_and(|p| p.alive()),
+            stopping: sb.stop_requested().is_some(),
+            processes,
+        });
+    }
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Ok(out)
 }
 
 fn expand_own(text: &str, vars: &[(String, String)]) -> String {
@@ -620,19 +762,25 @@ fn watch(inner: std::sync::Weak<Inner>) {
                     continue;
                 }
                 let sb = Sandbox::new(e.path());
-                let mtime = std::fs::metadata(sb.status()).and_then(|m| m.modified()).ok();
+                let mtime = std::fs::metadata(sb.status())
+                    .and_then(|m| m.modified())
+                    .ok();
                 let alive = sb.shim_process().is_some_and(|p| p.alive());
                 now_seen.insert(uid, (mtime, alive));
             }
         }
         for (uid, v) in &now_seen {
             if seen.get(uid) != Some(v) {
-                let _ = inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+                let _ = inner
+                    .events
+                    .send(InstanceEvent::Changed { uid: uid.clone() });
             }
         }
         for uid in seen.keys() {
             if !now_seen.contains_key(uid) {
-                let _ = inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+                let _ = inner
+                    .events
+                    .send(InstanceEvent::Changed { uid: uid.clone() });
             }
         }
         seen = now_seen;
@@ -722,7 +870,9 @@ impl Provider for ProcessProvider {
                 reason: format!("host {} runs its maximum of {n} Pods", self.inner.host),
             });
         }
-        if r.cpu_millis > cpu_total.saturating_sub(cpu) || r.memory_bytes > mem_total.saturating_sub(mem) {
+        if r.cpu_millis > cpu_total.saturating_sub(cpu)
+            || r.memory_bytes > mem_total.saturating_sub(mem)
+        {
             return Ok(Admission::Queued {
                 reason: format!(
                     "waiting for {}m cpu and {} bytes memory on host {} ({}m and {} bytes free)",
@@ -747,7 +897,10 @@ impl Provider for ProcessProvider {
             return Ok(self.instance_of(&sb, rec, st));
         }
         if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
-            return Err(ProviderError::invalid("InvalidSpec", format!("Pod UID {uid:?}")));
+            return Err(ProviderError::invalid(
+                "InvalidSpec",
+                format!("Pod UID {uid:?}"),
+            ));
         }
         let sb = self.sandbox(uid);
         let launches = self.launches(spec, &sb.root())?;
@@ -791,7 +944,10 @@ impl Provider for ProcessProvider {
         self.spawn_shim(&sb).map_err(|e| {
             ProviderError::transient(format!("starting the shim for {}: {e}", spec.pod))
         })?;
-        let _ = self.inner.events.send(InstanceEvent::Changed { uid: uid.clone() });
+        let _ = self
+            .inner
+            .events
+            .send(InstanceEvent::Changed { uid: uid.clone() });
         Ok(self.instance_of(&sb, rec, None))
     }
 
@@ -870,10 +1026,15 @@ impl Provider for ProcessProvider {
     }
 
     async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
-        let not_found = || ProviderError::NotFound { uid: uid.to_owned() };
+        let not_found = || ProviderError::NotFound {
+            uid: uid.to_owned(),
+        };
         let (sb, _, st) = self.read(uid)?.ok_or_else(not_found)?;
         let known = st.as_ref().is_some_and(|s| {
-            s.containers.iter().chain(&s.init).any(|c| c.status.name == container)
+            s.containers
+                .iter()
+                .chain(&s.init)
+                .any(|c| c.status.name == container)
         });
         if !known {
             return Err(ProviderError::invalid(
@@ -890,60 +1051,82 @@ impl Provider for ProcessProvider {
                     format!("previous terminated container {container:?} not found"),
                 ));
             }
-            return Ok(Logs { history, follow: None });
+            return Ok(Logs {
+                history,
+                follow: None,
+            });
         }
         let (mut history, _) = logs::read_file(&logs::rotated(&dir), 0).map_err(io_err(&dir))?;
         let (cur, offset) = logs::read_file(&logs::current(&dir), 0).map_err(io_err(&dir))?;
         history.extend(cur);
         let follow = request.follow.then(|| {
-            let state = (sb, container.to_owned(), offset, Vec::<vkd_provider::LogLine>::new(), false);
-            futures::stream::unfold(state, |(sb, name, mut offset, mut buf, mut ending)| async move {
-                loop {
-                    if let Some(l) = buf.pop() {
-                        return Some((l, (sb, name, offset, buf, ending)));
-                    }
-                    if ending {
-                        return None;
-                    }
-                    let dir = sb.logs(&name);
-                    let path = logs::current(&dir);
-                    let len = std::fs::metadata(&path).map_or(0, |m| m.len());
-                    if len < offset {
-                        offset = 0; // rotated, or a new run started
-                    }
-                    if let Ok((lines, next)) = logs::read_file(&path, offset) {
-                        offset = next;
-                        buf = lines;
-                        buf.reverse();
-                    }
-                    if buf.is_empty() {
-                        let running = sb.read_status().ok().flatten().is_some_and(|s| {
-                            s.containers.iter().chain(&s.init).any(|c| {
-                                c.status.name == name && !matches!(c.status.state, ContainerState::Terminated(_))
-                            }) && !s.done
-                        });
-                        if !running {
-                            // One last read after the container stopped, then the stream ends.
-                            ending = true;
-                            if let Ok((lines, next)) = logs::read_file(&path, offset) {
-                                offset = next;
-                                buf = lines;
-                                buf.reverse();
-                            }
-                            continue;
+            let state = (
+                sb,
+                container.to_owned(),
+                offset,
+                Vec::<vkd_provider::LogLine>::new(),
+                false,
+            );
+            futures::stream::unfold(
+                state,
+                |(sb, name, mut offset, mut buf, mut ending)| async move {
+                    loop {
+                        if let Some(l) = buf.pop() {
+                            return Some((l, (sb, name, offset, buf, ending)));
                         }
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        if ending {
+                            return None;
+                        }
+                        let dir = sb.logs(&name);
+                        let path = logs::current(&dir);
+                        let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+                        if len < offset {
+                            offset = 0; // rotated, or a new run started
+                        }
+                        if let Ok((lines, next)) = logs::read_file(&path, offset) {
+                            offset = next;
+                            buf = lines;
+                            buf.reverse();
+                        }
+                        if buf.is_empty() {
+                            let running = sb.read_status().ok().flatten().is_some_and(|s| {
+                                s.containers.iter().chain(&s.init).any(|c| {
+                                    c.status.name == name
+                                        && !matches!(c.status.state, ContainerState::Terminated(_))
+                                }) && !s.done
+                            });
+                            if !running {
+                                // One last read after the container stopped, then the stream ends.
+                                ending = true;
+                                if let Ok((lines, next)) = logs::read_file(&path, offset) {
+                                    offset = next;
+                                    buf = lines;
+                                    buf.reverse();
+                                }
+                                continue;
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
                     }
-                }
-            })
+                },
+            )
             .boxed()
         });
         Ok(Logs { history, follow })
     }
 
-    async fn exec(&self, uid: &str, container: &str, command: Vec<String>, io: StreamIo) -> Result<i32> {
+    async fn exec(
+        &self,
+        uid: &str,
+        container: &str,
+        command: Vec<String>,
+        io: StreamIo,
+    ) -> Result<i32> {
         if command.is_empty() {
-            return Err(ProviderError::invalid("InvalidRequest", "exec needs a command"));
+            return Err(ProviderError::invalid(
+                "InvalidRequest",
+                "exec needs a command",
+            ));
         }
         let (launch, cgroup) = self.running_process(uid, container)?;
         let std_cmd = self.exec_command(&launch, cgroup.as_deref(), &command);
@@ -951,15 +1134,24 @@ impl Provider for ProcessProvider {
             return exec_tty(std_cmd, io).await;
         }
         let mut cmd = tokio::process::Command::from(std_cmd);
-        cmd.stdin(if io.stdin.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() })
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+        cmd.stdin(if io.stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
         let mut child = cmd
             .spawn()
             .map_err(|e| ProviderError::transient(format!("starting exec: {e}")))?;
-        let StreamIo { stdin, stdout, stderr, .. } = io;
+        let StreamIo {
+            stdin,
+            stdout,
+            stderr,
+            ..
+        } = io;
         let feed = match (stdin, child.stdin.take()) {
             (Some(mut from), Some(mut to)) => Some(tokio::spawn(async move {
                 let _ = tokio::io::copy(&mut from, &mut to).await;
@@ -973,14 +1165,19 @@ impl Provider for ProcessProvider {
         if let Some(f) = feed {
             f.abort();
         }
-        let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
+        let status =
+            status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
         use std::os::unix::process::ExitStatusExt;
-        Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+        Ok(status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
     }
 
     async fn port_forward(&self, uid: &str, port: u16, mut stream: Box<dyn Duplex>) -> Result<()> {
         if self.read(uid)?.is_none() {
-            return Err(ProviderError::NotFound { uid: uid.to_owned() });
+            return Err(ProviderError::NotFound {
+                uid: uid.to_owned(),
+            });
         }
         let mut upstream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -990,7 +1187,9 @@ impl Provider for ProcessProvider {
     }
 
     async fn stats(&self, uid: &str) -> Result<PodStats> {
-        let not_found = || ProviderError::NotFound { uid: uid.to_owned() };
+        let not_found = || ProviderError::NotFound {
+            uid: uid.to_owned(),
+        };
         let (_, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
         let now = SystemTime::now();
         let page = procfs::page_size();
@@ -1039,7 +1238,10 @@ impl Provider for ProcessProvider {
     }
 }
 
-async fn copy_out(from: Option<impl tokio::io::AsyncRead + Unpin>, to: Option<vkd_provider::BoxWrite>) {
+async fn copy_out(
+    from: Option<impl tokio::io::AsyncRead + Unpin>,
+    to: Option<vkd_provider::BoxWrite>,
+) {
     let Some(mut from) = from else { return };
     match to {
         Some(mut to) => {
@@ -1126,6 +1328,7 @@ async fn exec_tty(cmd: std::process::Command, io: StreamIo) -> Result<i32> {
     feed.abort();
     let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
     use std::os::unix::process::ExitStatusExt;
-    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
-

@@ -150,7 +150,11 @@ mod tests {
         let (old, _) = read_file(&rotated(&dir), 0).unwrap();
         let (cur, _) = read_file(&current(&dir), 0).unwrap();
         assert!(!old.is_empty() && !cur.is_empty());
-        let all: Vec<u8> = old.iter().chain(&cur).flat_map(|l| l.bytes.to_vec()).collect();
+        let all: Vec<u8> = old
+            .iter()
+            .chain(&cur)
+            .flat_map(|l| l.bytes.to_vec())
+            .collect();
         let mut want = b"hello\n".to_vec();
         for _ in 0..2 {
             want.extend_from_slice(&long);
@@ -160,7 +164,10 @@ mod tests {
         drop(w);
         let _w = LogWriter::start_run(&dir, 20_000, true).unwrap();
         let (prev, _) = read_file(&previous(&dir), 0).unwrap();
-        assert!(!prev.is_empty(), "a restart keeps the last run as previous.log");
+        assert!(
+            !prev.is_empty(),
+            "a restart keeps the last run as previous.log"
+        );
         assert!(!rotated(&dir).exists());
         let _ = std::fs::remove_dir_all(&dir);
     }

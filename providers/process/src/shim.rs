@@ -196,9 +196,9 @@ impl Shim {
             let _ = t.await;
         }
         self.update(|s| {
-            let all_ok = s.containers.iter().all(|c| {
-                matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code == 0)
-            });
+            let all_ok = s.containers.iter().all(
+                |c| matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code == 0),
+            );
             s.phase = if all_ok {
                 InstancePhase::Succeeded
             } else {
@@ -213,7 +213,10 @@ impl Shim {
         if init {
             (&self.spec.spec.init_containers[i], &self.spec.containers[i])
         } else {
-            (&self.spec.spec.containers[i], &self.spec.containers[n_init + i])
+            (
+                &self.spec.spec.containers[i],
+                &self.spec.containers[n_init + i],
+            )
         }
     }
 
@@ -334,13 +337,16 @@ impl Shim {
         if let Some(c) = spec.limits.cpu_millis {
             let _ = std::fs::write(dir.join("cpu.max"), format!("{} 100000", c.max(1) * 100));
         }
-        if let Some((uid, gid)) = self.spec.run_as {
-            let _ = std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(uid), Some(gid));
-        }
         Some(dir)
     }
 
-    fn command(&self, launch: &Launch, argv: &[String], spec: &ContainerSpec, cgroup: Option<&Path>) -> tokio::process::Command {
+    fn command(
+        &self,
+        launch: &Launch,
+        argv: &[String],
+        spec: &ContainerSpec,
+        cgroup: Option<&Path>,
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.spec.launcher);
         cmd.arg("process-launch");
         if let (Some(m), None) = (spec.limits.memory_bytes, cgroup) {
@@ -349,6 +355,9 @@ impl Shim {
         if let Some(cg) = cgroup {
             cmd.arg("--cgroup").arg(cg);
         }
+        if let Some((uid, gid)) = self.spec.run_as {
+            cmd.arg("--user").arg(format!("{uid}:{gid}"));
+        }
         cmd.arg("--").args(argv);
         cmd.env_clear()
             .envs(launch.env.iter().map(|(k, v)| (k, v)))
@@ -356,20 +365,28 @@ impl Shim {
             .process_group(0)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false);
-        if let Some((uid, gid)) = self.spec.run_as {
-            cmd.uid(uid).gid(gid);
-        }
         cmd
     }
 
     /// One run: start, log, hooks, probes, until the process exits.
     /// Returns how it ended, whether the kernel killed it for memory, and when it started.
-    async fn run_once(&self, i: usize, init: bool, restarted: bool) -> (Ended, bool, Option<SystemTime>) {
+    async fn run_once(
+        &self,
+        i: usize,
+        init: bool,
+        restarted: bool,
+    ) -> (Ended, bool, Option<SystemTime>) {
         let (spec, launch) = self.container(i, init);
         let log_dir = self.sandbox.logs(&spec.name);
         let writer = match LogWriter::start_run(&log_dir, self.spec.log_max_bytes, restarted) {
             Ok(w) => Arc::new(Mutex::new(w)),
-            Err(e) => return (Ended::StartFailed(format!("opening the log: {e}")), false, None),
+            Err(e) => {
+                return (
+                    Ended::StartFailed(format!("opening the log: {e}")),
+                    false,
+                    None,
+                );
+            }
         };
         let cgroup = self.cgroup(spec);
         let oom_before = cgroup.as_deref().map_or(0, oom_kills);
@@ -378,7 +395,13 @@ impl Shim {
             .stderr(std::process::Stdio::piped());
         let mut child = match cmd.spawn() {
             Ok(c) => c,
-            Err(e) => return (Ended::StartFailed(format!("starting {:?}: {e}", launch.argv.first())), false, None),
+            Err(e) => {
+                return (
+                    Ended::StartFailed(format!("starting {:?}: {e}", launch.argv.first())),
+                    false,
+                    None,
+                );
+            }
         };
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         let process = ProcessId::of(pid);
@@ -391,7 +414,12 @@ impl Shim {
             pumps.push(tokio::spawn(pump(err, "stderr", Arc::clone(&writer))));
         }
         let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
-        let id = format!("process://{}-{}-{}", &self.spec.spec.pod.uid[..self.spec.spec.pod.uid.len().min(8)], spec.name, pid);
+        let id = format!(
+            "process://{}-{}-{}",
+            &self.spec.spec.pod.uid[..self.spec.spec.pod.uid.len().min(8)],
+            spec.name,
+            pid
+        );
         self.set(i, init, |c| {
             c.status.state = ContainerState::Running { started_at };
             c.status.ready = no_readiness && !init;
@@ -409,7 +437,10 @@ impl Shim {
         if let Some(h) = &spec.post_start {
             let grace = self.spec.spec.termination_grace;
             if !self.handle(h, launch, spec, grace).await {
-                self.note(&format!("postStart hook failed for container {}", spec.name));
+                self.note(&format!(
+                    "postStart hook failed for container {}",
+                    spec.name
+                ));
                 terminating = true;
                 kill_at = Some(self.terminate(group, None, launch, spec).await);
             }
@@ -455,13 +486,19 @@ impl Shim {
         for p in pumps {
             let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
         }
-        let oom = cgroup.as_deref().is_some_and(|cg| oom_kills(cg) > oom_before);
+        let oom = cgroup
+            .as_deref()
+            .is_some_and(|cg| oom_kills(cg) > oom_before);
         if let Some(cg) = &cgroup {
             let _ = std::fs::remove_dir(cg);
         }
         match status {
             Ok(st) => (Ended::Exited(st), oom, Some(started_at)),
-            Err(e) => (Ended::StartFailed(format!("waiting for the process: {e}")), oom, Some(started_at)),
+            Err(e) => (
+                Ended::StartFailed(format!("waiting for the process: {e}")),
+                oom,
+                Some(started_at),
+            ),
         }
     }
 
@@ -500,7 +537,13 @@ impl Shim {
     }
 
     /// Runs a hook or probe action; true on success.
-    async fn handle(&self, h: &Handler, launch: &Launch, spec: &ContainerSpec, timeout: Duration) -> bool {
+    async fn handle(
+        &self,
+        h: &Handler,
+        launch: &Launch,
+        spec: &ContainerSpec,
+        timeout: Duration,
+    ) -> bool {
         match h {
             Handler::Exec { command } => {
                 let mut cmd = self.command(launch, command, spec, None);
@@ -521,13 +564,23 @@ impl Shim {
                     }
                 }
             }
-            Handler::HttpGet { host, port, path, headers, .. } => {
+            Handler::HttpGet {
+                host,
+                port,
+                path,
+                headers,
+                ..
+            } => {
                 let host = host.as_deref().unwrap_or("127.0.0.1");
                 matches!(tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await, Ok(Ok(code)) if (200..400).contains(&code))
             }
             Handler::TcpSocket { host, port } => {
                 let host = host.as_deref().unwrap_or("127.0.0.1");
-                matches!(tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, *port))).await, Ok(Ok(_)))
+                matches!(
+                    tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, *port)))
+                        .await,
+                    Ok(Ok(_))
+                )
             }
             Handler::Sleep { seconds } => {
                 tokio::time::sleep(Duration::from_secs(*seconds).min(timeout)).await;
@@ -556,7 +609,11 @@ fn oom_kills(cgroup: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-async fn pump(stream: impl tokio::io::AsyncRead + Unpin, name: &'static str, writer: Arc<Mutex<LogWriter>>) {
+async fn pump(
+    stream: impl tokio::io::AsyncRead + Unpin,
+    name: &'static str,
+    writer: Arc<Mutex<LogWriter>>,
+) {
     let mut reader = tokio::io::BufReader::new(stream);
     let mut buf = Vec::new();
     loop {
@@ -579,9 +636,16 @@ async fn pump(stream: impl tokio::io::AsyncRead + Unpin, name: &'static str, wri
 }
 
 /// A minimal HTTP/1.1 GET for probes; returns the status code.
-async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> std::io::Result<u16> {
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> std::io::Result<u16> {
     let mut s = tokio::net::TcpStream::connect((host, port)).await?;
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n");
+    let mut req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n"
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -653,9 +717,18 @@ struct Probes {
 impl Probes {
     fn new(spec: &ContainerSpec, begin: Instant) -> Self {
         Self {
-            startup: spec.startup_probe.as_ref().map(|p| ProbeState::new(p, begin)),
-            liveness: spec.liveness_probe.as_ref().map(|p| ProbeState::new(p, begin)),
-            readiness: spec.readiness_probe.as_ref().map(|p| ProbeState::new(p, begin)),
+            startup: spec
+                .startup_probe
+                .as_ref()
+                .map(|p| ProbeState::new(p, begin)),
+            liveness: spec
+                .liveness_probe
+                .as_ref()
+                .map(|p| ProbeState::new(p, begin)),
+            readiness: spec
+                .readiness_probe
+                .as_ref()
+                .map(|p| ProbeState::new(p, begin)),
             started: spec.startup_probe.is_none(),
             ready: None,
         }
@@ -675,7 +748,12 @@ impl Probes {
         next
     }
 
-    async fn run_due(&mut self, shim: &Shim, launch: &Launch, spec: &ContainerSpec) -> ProbeOutcome {
+    async fn run_due(
+        &mut self,
+        shim: &Shim,
+        launch: &Launch,
+        spec: &ContainerSpec,
+    ) -> ProbeOutcome {
         let now = Instant::now();
         if !self.started {
             let Some(s) = self.startup.as_mut() else {
@@ -684,12 +762,17 @@ impl Probes {
             if s.next > now {
                 return ProbeOutcome::Nothing;
             }
-            let ok = shim.handle(&s.probe.handler, launch, spec, s.probe.timeout).await;
+            let ok = shim
+                .handle(&s.probe.handler, launch, spec, s.probe.timeout)
+                .await;
             match s.record(ok) {
                 Some(true) => {
                     self.started = true;
                     let begin = Instant::now();
-                    for p in [&mut self.liveness, &mut self.readiness].into_iter().flatten() {
+                    for p in [&mut self.liveness, &mut self.readiness]
+                        .into_iter()
+                        .flatten()
+                    {
                         p.next = begin + p.probe.initial_delay;
                     }
                     if self.readiness.is_none() {
@@ -709,7 +792,9 @@ impl Probes {
         if let Some(l) = self.liveness.as_mut()
             && l.next <= now
         {
-            let ok = shim.handle(&l.probe.handler, launch, spec, l.probe.timeout).await;
+            let ok = shim
+                .handle(&l.probe.handler, launch, spec, l.probe.timeout)
+                .await;
             if l.record(ok) == Some(false) {
                 return ProbeOutcome::Restart(format!(
                     "container {} failed its liveness probe, will be restarted",
@@ -720,7 +805,9 @@ impl Probes {
         if let Some(r) = self.readiness.as_mut()
             && r.next <= now
         {
-            let ok = shim.handle(&r.probe.handler, launch, spec, r.probe.timeout).await;
+            let ok = shim
+                .handle(&r.probe.handler, launch, spec, r.probe.timeout)
+                .await;
             if let Some(v) = r.record(ok)
                 && self.ready != Some(v)
             {

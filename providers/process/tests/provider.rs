@@ -48,10 +48,7 @@ fn spec(uid: &str, command: &[&str]) -> InstanceSpec {
     s
 }
 
-async fn wait_for<T>(
-    what: &str,
-    mut f: impl AsyncFnMut() -> Option<T>,
-) -> T {
+async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..200 {
         if let Some(v) = f().await {
             return v;
@@ -78,7 +75,10 @@ async fn conforms() {
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_logs_restarts_and_stops() {
     let (p, dir) = provider();
-    let s = spec("u-logs", &["sh", "-c", "echo out-$HOSTNAME; echo err >&2; exit 3"]);
+    let s = spec(
+        "u-logs",
+        &["sh", "-c", "echo out-$HOSTNAME; echo err >&2; exit 3"],
+    );
     let s = InstanceSpec {
         restart_policy: RestartPolicy::OnFailure,
         ..s
@@ -95,17 +95,35 @@ async fn runs_logs_restarts_and_stops() {
     assert!(c.restart_count >= 1, "{c:?}");
     let last = c.last_termination.unwrap();
     assert_eq!((last.exit_code, last.reason.as_str()), (3, "Error"));
-    let logs = p.logs("u-logs", "main", LogRequest::default()).await.unwrap();
+    let logs = p
+        .logs("u-logs", "main", LogRequest::default())
+        .await
+        .unwrap();
     let text: Vec<u8> = logs.history.iter().flat_map(|l| l.bytes.to_vec()).collect();
     let text = String::from_utf8(text).unwrap();
-    assert!(text.contains("out-pod-u-logs\n") && text.contains("err\n"), "{text:?}");
+    assert!(
+        text.contains("out-pod-u-logs\n") && text.contains("err\n"),
+        "{text:?}"
+    );
     let prev = p
-        .logs("u-logs", "main", LogRequest { previous: true, follow: false })
+        .logs(
+            "u-logs",
+            "main",
+            LogRequest {
+                previous: true,
+                follow: false,
+            },
+        )
         .await
         .unwrap();
     assert!(!prev.history.is_empty());
-    p.delete(&fence(), "u-logs", Duration::from_secs(1)).await.unwrap();
-    wait_for("deletion", async || p.get("u-logs").await.unwrap().is_none().then_some(())).await;
+    p.delete(&fence(), "u-logs", Duration::from_secs(1))
+        .await
+        .unwrap();
+    wait_for("deletion", async || {
+        p.get("u-logs").await.unwrap().is_none().then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -126,7 +144,11 @@ async fn exec_runs_in_the_container_environment() {
         .exec(
             "u-exec",
             "main",
-            vec!["sh".into(), "-c".into(), "echo $GREETING; pwd; exit 7".into()],
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "echo $GREETING; pwd; exit 7".into(),
+            ],
             StreamIo {
                 stdin: None,
                 stdout: Some(Box::new(w)),
@@ -142,15 +164,23 @@ async fn exec_runs_in_the_container_environment() {
     r.read_to_string(&mut out).await.unwrap();
     assert!(out.starts_with("hi\n"), "{out:?}");
     assert!(out.trim_end().ends_with("u-exec/root/work"), "{out:?}");
-    p.delete(&fence(), "u-exec", Duration::from_secs(1)).await.unwrap();
-    wait_for("deletion", async || p.get("u-exec").await.unwrap().is_none().then_some(())).await;
+    p.delete(&fence(), "u-exec", Duration::from_secs(1))
+        .await
+        .unwrap();
+    wait_for("deletion", async || {
+        p.get("u-exec").await.unwrap().is_none().then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unrunnable_containers_are_rejected_at_admission() {
     let (p, dir) = provider();
-    let a = p.admit(&spec("u-bad", &["no-such-program-vkd"])).await.unwrap();
+    let a = p
+        .admit(&spec("u-bad", &["no-such-program-vkd"]))
+        .await
+        .unwrap();
     assert!(
         matches!(&a, Admission::Rejected { reason, message } if reason == "ExecutableNotFound" && message.contains("no-such-program-vkd")),
         "{a:?}"
@@ -158,14 +188,19 @@ async fn unrunnable_containers_are_rejected_at_admission() {
     let mut s = spec("u-img", &["sleep", "1"]);
     s.containers[0].image = "nginx".into();
     let a = p.admit(&s).await.unwrap();
-    assert!(matches!(&a, Admission::Rejected { reason, .. } if reason == "ImageNotRunnable"), "{a:?}");
+    assert!(
+        matches!(&a, Admission::Rejected { reason, .. } if reason == "ImageNotRunnable"),
+        "{a:?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_provider_adopts_running_pods() {
     let (p, dir) = provider();
-    p.create(&fence(), &spec("u-adopt", &["sleep", "60"])).await.unwrap();
+    p.create(&fence(), &spec("u-adopt", &["sleep", "60"]))
+        .await
+        .unwrap();
     let first = wait_for("running", async || {
         let i = p.get("u-adopt").await.unwrap()?;
         (i.phase == InstancePhase::Running).then_some(i)
@@ -189,10 +224,22 @@ async fn a_new_provider_adopts_running_pods() {
     let i = again.get("u-adopt").await.unwrap().unwrap();
     assert_eq!(i.id, first.id);
     assert_eq!(i.phase, InstancePhase::Running);
-    let again_created = again.create(&fence(), &spec("u-adopt", &["sleep", "60"])).await.unwrap();
-    assert_eq!(again_created.id, first.id, "a second create returns the same instance");
+    let again_created = again
+        .create(&fence(), &spec("u-adopt", &["sleep", "60"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        again_created.id, first.id,
+        "a second create returns the same instance"
+    );
     assert_eq!(again.list("node-p").await.unwrap().len(), 1);
-    again.delete(&fence(), "u-adopt", Duration::from_secs(1)).await.unwrap();
-    wait_for("deletion", async || again.get("u-adopt").await.unwrap().is_none().then_some(())).await;
+    again
+        .delete(&fence(), "u-adopt", Duration::from_secs(1))
+        .await
+        .unwrap();
+    wait_for("deletion", async || {
+        again.get("u-adopt").await.unwrap().is_none().then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -427,6 +427,7 @@ impl Provider for SimProvider {
             attach: Supported,
             port_forward: Supported,
             stats: Supported,
+            ..Default::default()
         }
     }
 

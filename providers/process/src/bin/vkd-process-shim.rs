@@ -6,7 +6,9 @@ fn main() -> std::process::ExitCode {
     match vkd_process::dispatch(&args) {
         Some(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => {
-            eprintln!("usage: vkd-process-shim process-shim DIR | process-launch [..] -- PROGRAM ..");
+            eprintln!(
+                "usage: vkd-process-shim process-shim DIR | process-launch [..] -- PROGRAM .."
+            );
             std::process::ExitCode::from(64)
         }
     }
