@@ -493,7 +493,12 @@ impl PodController {
         instance: Option<&Instance>,
         waiting: &Waiting,
     ) -> Result<(), ReconcileError> {
-        let view = status::desired_view(rec, instance, waiting);
+        let mut view = status::desired_view(rec, instance, waiting);
+        if view.pod_ip.is_none() && instance.is_some() {
+            // A backend without Pod networking (processes) shares the host's, as
+            // hostNetwork Pods do: the kubelet reports the host IP as the Pod IP.
+            view.pod_ip = Some(self.settings.host_ip.clone());
+        }
         if view.digest() == rec.observed_digest {
             return Ok(());
         }

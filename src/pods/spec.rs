@@ -594,15 +594,48 @@ impl Resolver<'_> {
             c.env = env;
         }
         for v in &p.volumes {
-            let source = self.volume(ns, v, &fields, p, &mut fetched).await?;
             if self.volumes {
+                let source = self.volume(ns, v, &fields, p, &mut fetched).await?;
                 spec.volumes.push(Volume {
                     name: v.name.clone(),
                     source,
                 });
+            } else {
+                // Nothing is read for a backend that does not use volume content,
+                // but the policy still says what may be asked for.
+                self.check_policy(v)?;
             }
         }
         Ok(spec)
+    }
+
+    fn check_policy(&self, v: &KubeVolume) -> Result<(), SpecError> {
+        let projected = v.projected.iter().flat_map(|p| p.sources.iter().flatten());
+        let secret = v.secret.is_some()
+            || projected
+                .clone()
+                .any(|s| s.secret.is_some() || s.service_account_token.is_some());
+        let config_map =
+            v.config_map.is_some() || projected.clone().any(|s| s.config_map.is_some());
+        let refuse = |reason: &'static str, what: &str| {
+            Err(spec_error(
+                reason,
+                format!(
+                    "volume {}: the node policy hands no {what} to this backend",
+                    v.name
+                ),
+            ))
+        };
+        if secret && !self.policy.allow_secrets {
+            return refuse("SecretsNotAllowed", "Secrets or ServiceAccount tokens");
+        }
+        if config_map && !self.policy.allow_config_maps {
+            return refuse("ConfigMapsNotAllowed", "ConfigMaps");
+        }
+        if v.host_path.is_some() && !self.policy.allow_host_path {
+            return refuse("HostPathNotAllowed", "hostPath volumes");
+        }
+        Ok(())
     }
 
     async fn env(
