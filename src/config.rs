@@ -509,14 +509,32 @@ mod tests {
         let c = Config::from_args(args("vk-1")).unwrap();
         assert_eq!(c.kubelet_port, 10250);
         assert_eq!(c.lease_duration, Duration::from_secs(40));
+        assert_eq!(c.provider, ProviderKind::Process);
         assert_eq!(
             c.node_taints,
             [Taint {
                 key: "virtual-kubelet.io/provider".into(),
-                value: Some("sim".into()),
+                value: Some("process".into()),
                 effect: "NoSchedule".into()
             }]
         );
+        assert!(c.policy.allowed_namespaces.is_empty() && !c.policy.allow_host_path);
+        assert!(c.policy.allow_secrets && c.policy.allow_config_maps);
+    }
+
+    #[test]
+    fn policy_flags_are_read() {
+        let mut a = args("vk");
+        a.allowed_namespaces = vec!["team-a".into(), "team-b".into()];
+        a.allow_secrets = Some(false);
+        a.allow_host_path = Some(true);
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.policy.allowed_namespaces, ["team-a", "team-b"]);
+        assert!(!c.policy.allow_secrets && c.policy.allow_host_path);
+        // The process provider runs without a config file (no image mapped); sim does not.
+        let mut a = args("vk");
+        a.provider_config = None;
+        assert!(Config::from_args(a).unwrap().provider_config.is_none());
     }
 
     #[test]
@@ -533,6 +551,7 @@ mod tests {
         a.node_labels = vec!["novalue".into()];
         assert_eq!(Config::from_args(a).unwrap_err().field, "node-label");
         let mut a = args("vk");
+        a.provider = Some("sim".into());
         a.provider_config = None;
         assert_eq!(Config::from_args(a).unwrap_err().field, "provider-config");
         let mut a = args("vk");

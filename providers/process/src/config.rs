@@ -157,11 +157,13 @@ fn detect_cgroup() -> Option<PathBuf> {
     if !controllers.split_whitespace().any(|c| c == "memory") {
         return None;
     }
+    let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory +cpu");
+    // Usable only if a child we create really gets the memory controller.
     let probe = dir.join(format!("vkd-probe-{}", std::process::id()));
     std::fs::create_dir(&probe).ok()?;
+    let usable = probe.join("memory.max").exists();
     let _ = std::fs::remove_dir(&probe);
-    let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory +cpu");
-    Some(dir)
+    usable.then_some(dir)
 }
 
 #[cfg(test)]

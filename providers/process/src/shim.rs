@@ -159,15 +159,28 @@ impl Shim {
     }
 
     async fn run(self: Arc<Self>) {
+        // Registered before any container starts: a SIGTERM from here on is a stop
+        // request, never the default action that would orphan a started container.
         let tx = self.stop_tx.clone();
-        tokio::spawn(async move {
-            if let Ok(mut term) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            {
-                term.recv().await;
-                let _ = tx.send(true);
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::spawn(async move {
+                    term.recv().await;
+                    let _ = tx.send(true);
+                });
             }
-        });
+            Err(e) => {
+                self.note(&format!(
+                    "cannot handle SIGTERM ({e}); not starting the Pod"
+                ));
+                self.update(|s| {
+                    s.phase = InstancePhase::Failed;
+                    s.message = Some(format!("the shim cannot handle SIGTERM: {e}"));
+                    s.done = true;
+                });
+                return;
+            }
+        }
         // A stop asked for before the shim was up is honoured too.
         if self.sandbox.stop_requested().is_some() {
             let _ = self.stop_tx.send(true);
