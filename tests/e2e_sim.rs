@@ -504,6 +504,7 @@ fn run_vkd(args: &[&str]) -> Result<(i32, String)> {
 fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
     let good = repo_root().join("testdata/fleets/demo.yaml");
     let typo = repo_root().join("testdata/bad/fleet-typo.yaml");
+    let process_typo = repo_root().join("testdata/bad/process-typo.yaml");
     let tmp = std::env::temp_dir().join(format!("vkd-bad-{}", std::process::id()));
     let state = tmp.display().to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
@@ -512,12 +513,26 @@ fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
                 "run".into(),
                 "--node-name".into(),
                 "vk".into(),
+                "--provider".into(),
+                "sim".into(),
                 "--provider-config".into(),
                 path(&typo),
                 "--state-dir".into(),
                 state.clone(),
             ],
             "provider-config",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--node-name".into(),
+                "vk".into(),
+                "--provider-config".into(),
+                path(&process_typo),
+                "--state-dir".into(),
+                state.clone(),
+            ],
+            "imagez",
         ),
         (
             vec!["run".into(), "--no-such-flag".into()],
@@ -572,6 +587,8 @@ fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
         "run",
         "--node-name",
         "vk",
+        "--provider",
+        "sim",
         "--provider-config",
         &path(&typo),
         "--state-dir",

@@ -228,10 +228,11 @@ impl ProcessProvider {
                 let _ = std::fs::remove_dir_all(&sb.dir);
                 continue;
             }
-            if sb.shim_process().is_none() && !sb.status().exists() {
-                if let Err(e) = self.spawn_shim(&sb) {
-                    eprintln!("process provider: starting the shim of {name}: {e}");
-                }
+            if sb.shim_process().is_none()
+                && !sb.status().exists()
+                && let Err(e) = self.spawn_shim(&sb)
+            {
+                eprintln!("process provider: starting the shim of {name}: {e}");
             }
         }
     }

@@ -491,10 +491,8 @@ impl Shim {
             }
         };
         // Whatever the container left in its group goes with it, as with a container's cgroup.
-        if let Some(g) = group {
-            if let Some(pid) = rustix::process::Pid::from_raw(g.pid) {
-                let _ = rustix::process::kill_process_group(pid, Signal::KILL);
-            }
+        if let Some(pid) = group.and_then(|g| rustix::process::Pid::from_raw(g.pid)) {
+            let _ = rustix::process::kill_process_group(pid, Signal::KILL);
         }
         for p in pumps {
             let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
@@ -664,7 +662,7 @@ async fn http_get(
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).await?;
-    let mut head = vec![0u8; 64];
+    let mut head = [0u8; 64];
     let mut n = 0;
     while n < 12 {
         let m = s.read(&mut head[n..]).await?;

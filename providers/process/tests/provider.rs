@@ -243,3 +243,211 @@ async fn a_new_provider_adopts_running_pods() {
     .await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn stream_io(stdout: tokio::io::DuplexStream, tty: bool) -> StreamIo {
+    StreamIo {
+        stdin: None,
+        stdout: Some(Box::new(stdout)),
+        stderr: None,
+        tty,
+        resize: None,
+    }
+}
+
+async fn running(p: &ProcessProvider, uid: &str) -> vkd_provider::Instance {
+    wait_for("running", async || {
+        let i = p.get(uid).await.unwrap()?;
+        (i.phase == InstancePhase::Running).then_some(i)
+    })
+    .await
+}
+
+async fn remove(p: &ProcessProvider, uid: &str) {
+    p.delete(&fence(), uid, Duration::from_secs(1))
+        .await
+        .unwrap();
+    wait_for("deletion", async || {
+        p.get(uid).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_containers_run_in_order_before_the_containers() {
+    let (p, dir) = provider();
+    let mut s = spec("u-init", &["sh", "-c", "cat data/order; sleep 60"]);
+    let mount = vkd_provider::Mount {
+        volume: "scratch".into(),
+        path: "/data".into(),
+        ..Default::default()
+    };
+    s.volumes = vec![vkd_provider::Volume {
+        name: "scratch".into(),
+        source: vkd_provider::VolumeSource::EmptyDir { size_limit: None },
+    }];
+    s.containers[0].mounts = vec![mount.clone()];
+    s.containers[0].post_start = Some(vkd_provider::Handler::Exec {
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo started > data/post-start".into(),
+        ],
+    });
+    s.init_containers = ["one", "two"]
+        .iter()
+        .map(|n| ContainerSpec {
+            name: format!("init-{n}"),
+            image: "busybox".into(),
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("sleep 0.2; echo {n} >> data/order"),
+            ],
+            mounts: vec![mount.clone()],
+            ..Default::default()
+        })
+        .collect();
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-init").await;
+    let text = wait_for("main's log", async || {
+        let logs = p.logs("u-init", "main", LogRequest::default()).await.ok()?;
+        let t: Vec<u8> = logs.history.iter().flat_map(|l| l.bytes.to_vec()).collect();
+        let t = String::from_utf8(t).ok()?;
+        (!t.is_empty()).then_some(t)
+    })
+    .await;
+    assert_eq!(text, "one\ntwo\n");
+    let (w, mut r) = tokio::io::duplex(4096);
+    let code = p
+        .exec(
+            "u-init",
+            "main",
+            vec!["cat".into(), "data/post-start".into()],
+            stream_io(w, false),
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    r.read_to_string(&mut out).await.unwrap();
+    assert_eq!((code, out.as_str()), (0, "started\n"), "postStart ran");
+    remove(&p, "u-init").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_init_container_fails_a_never_restart_pod() {
+    let (p, dir) = provider();
+    let mut s = spec("u-initfail", &["sleep", "60"]);
+    s.restart_policy = RestartPolicy::Never;
+    s.init_containers = vec![ContainerSpec {
+        name: "setup".into(),
+        image: "busybox".into(),
+        command: vec!["sh".into(), "-c".into(), "exit 4".into()],
+        ..Default::default()
+    }];
+    p.create(&fence(), &s).await.unwrap();
+    let i = wait_for("failed", async || {
+        let i = p.get("u-initfail").await.unwrap()?;
+        (i.phase == InstancePhase::Failed).then_some(i)
+    })
+    .await;
+    assert!(
+        i.message
+            .unwrap_or_default()
+            .contains("init container setup failed")
+    );
+    assert!(
+        matches!(&i.containers[0].state, ContainerState::Waiting { .. }),
+        "the container never started: {:?}",
+        i.containers[0]
+    );
+    remove(&p, "u-initfail").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tty_exec_gets_the_terminal_size_and_resizes() {
+    let (p, dir) = provider();
+    p.create(&fence(), &spec("u-tty", &["sleep", "60"]))
+        .await
+        .unwrap();
+    running(&p, "u-tty").await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(vkd_provider::TermSize {
+        width: 100,
+        height: 40,
+    })
+    .await
+    .unwrap();
+    let (w, mut r) = tokio::io::duplex(4096);
+    let mut io = stream_io(w, true);
+    io.resize = Some(rx);
+    let code = p
+        .exec(
+            "u-tty",
+            "main",
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "stty size; test -t 0 && echo tty".into(),
+            ],
+            io,
+        )
+        .await
+        .unwrap();
+    drop(tx);
+    let mut out = String::new();
+    r.read_to_string(&mut out).await.unwrap();
+    assert_eq!(code, 0, "{out:?}");
+    assert!(out.contains("40 100") && out.contains("tty"), "{out:?}");
+    remove(&p, "u-tty").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn port_forward_reaches_the_process_and_stats_read_proc() {
+    let (p, dir) = provider();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut s = spec(
+        "u-pf",
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ],
+    );
+    s.containers[0].image = "busybox".into();
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-pf").await;
+    // The server takes a moment to listen.
+    let reply = wait_for("an HTTP answer through port-forward", async || {
+        let (mut near, far) = tokio::io::duplex(64 * 1024);
+        let pf = p.port_forward("u-pf", port, Box::new(far));
+        let talk = async move {
+            use tokio::io::AsyncWriteExt;
+            near.write_all(b"GET / HTTP/1.0\r\n\r\n").await.ok()?;
+            let mut buf = vec![0u8; 64];
+            let n = near.read(&mut buf).await.ok()?;
+            // Dropping our end closes the forwarded connection.
+            String::from_utf8(buf[..n].to_vec()).ok()
+        };
+        let (r, reply) = tokio::join!(pf, talk);
+        r.ok()?;
+        reply.filter(|t| t.starts_with("HTTP/1.0 200"))
+    })
+    .await;
+    assert!(reply.starts_with("HTTP/1.0 200"), "{reply:?}");
+    let stats = p.stats("u-pf").await.unwrap();
+    let c = &stats.containers[0];
+    assert!(c.memory_rss_bytes > 1 << 20, "python's RSS: {c:?}");
+    assert!(c.cpu_usage_core_nanoseconds > 0, "{c:?}");
+    remove(&p, "u-pf").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
