@@ -157,6 +157,7 @@ pub async fn run(
             lease_renew_interval: cfg.lease_renew_interval,
             lease_duration: cfg.lease_duration,
             status_report_interval: cfg.status_report_interval,
+            policy: cfg.policy.to_string(),
         },
         node_client,
         Arc::clone(&provider),

@@ -70,6 +70,22 @@ fn vkd(c: &Cluster) -> Result<std::path::PathBuf> {
             )?;
             c.namespace(NS)?;
             c.namespace("proc-denied")?;
+            // The node says who may run what on it.
+            let policy = wait_for(
+                "the node's policy annotation",
+                Duration::from_secs(30),
+                || {
+                    let n = c.kubectl_json(&["get", "node", NODE])?;
+                    Ok(at(&n, "metadata.annotations")
+                        .get("vkd.io/policy")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned))
+                },
+            )?;
+            ensure!(
+                policy == "namespaces=proc secrets=allowed configmaps=allowed hostpath=allowed",
+                "{policy}"
+            );
             Ok(v)
         };
         start().map_err(|e| format!("{e:#}"))

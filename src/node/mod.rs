@@ -43,6 +43,8 @@ pub struct Settings {
     pub lease_renew_interval: Duration,
     pub lease_duration: Duration,
     pub status_report_interval: Duration,
+    /// Who may run what here, for the `vkd.io/policy` annotation.
+    pub policy: String,
 }
 
 pub struct NodeAgent {
@@ -112,6 +114,7 @@ impl NodeAgent {
                 "annotations": {
                     "vkd.io/capabilities": if caps.is_empty() { "none".to_owned() } else { caps.join(",") },
                     "node.alpha.kubernetes.io/ttl": "0",
+                    "vkd.io/policy": self.settings.policy,
                 },
             },
             "spec": { "taints": taints },

@@ -48,6 +48,25 @@ pub struct Policy {
     pub allow_host_path: bool,
 }
 
+/// `namespaces=a,b secrets=allowed configmaps=allowed hostpath=refused`, for the Node.
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let yes = |b: bool| if b { "allowed" } else { "refused" };
+        let namespaces = if self.allowed_namespaces.is_empty() {
+            "all".to_owned()
+        } else {
+            self.allowed_namespaces.join(",")
+        };
+        write!(
+            f,
+            "namespaces={namespaces} secrets={} configmaps={} hostpath={}",
+            yes(self.allow_secrets),
+            yes(self.allow_config_maps),
+            yes(self.allow_host_path)
+        )
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self {
