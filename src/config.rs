@@ -160,6 +160,21 @@ pub struct RunArgs {
     /// Whether hostPath volumes are allowed (default false).
     #[arg(long, env = "VKD_ALLOW_HOST_PATH")]
     pub allow_host_path: Option<bool>,
+    /// `aggregate`: one Node for the whole backend; `per-host`: one Node per host
+    /// slice, named `<node-name>-<host>`, each on its own kubelet port from --kubelet-port up.
+    #[arg(long, env = "VKD_NODE_MODE", value_enum)]
+    pub node_mode: Option<NodeMode>,
+    /// How long a Pod may wait for backend capacity before it fails (`10m`, `90s`).
+    #[arg(long, env = "VKD_QUEUE_TIMEOUT")]
+    pub queue_timeout: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeMode {
+    #[default]
+    Aggregate,
+    PerHost,
 }
 
 /// The config file: the same names as the flags.
@@ -192,6 +207,8 @@ struct FileConfig {
     allow_secrets: Option<bool>,
     allow_config_maps: Option<bool>,
     allow_host_path: Option<bool>,
+    node_mode: Option<NodeMode>,
+    queue_timeout: Option<String>,
 }
 
 /// A configuration problem, naming the field.
@@ -255,6 +272,8 @@ pub struct Config {
     pub max_pods: Option<u32>,
     pub log_format: LogFormat,
     pub policy: crate::pods::spec::Policy,
+    pub node_mode: NodeMode,
+    pub queue_timeout: Duration,
     /// How often the node lease is renewed (the kubelet's 10 s).
     pub lease_renew_interval: Duration,
     /// The lease duration (the kubelet's 40 s).
@@ -442,6 +461,17 @@ impl Config {
         if kube_burst == 0 {
             return Err(bad("kube-burst", "must be at least 1"));
         }
+        let queue_timeout = match args.queue_timeout.or(file.queue_timeout) {
+            None => Duration::from_secs(600),
+            Some(t) => vkd_provider::parse_duration(&t)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    bad(
+                        "queue-timeout",
+                        format!("{t:?} is not a duration like 90s or 10m"),
+                    )
+                })?,
+        };
         let reconcile_concurrency = args
             .reconcile_concurrency
             .or(file.reconcile_concurrency)
@@ -479,6 +509,8 @@ impl Config {
             max_pods: args.max_pods.or(file.max_pods),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             policy,
+            node_mode: args.node_mode.or(file.node_mode).unwrap_or_default(),
+            queue_timeout,
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),
             status_report_interval: Duration::from_secs(300),

@@ -11,6 +11,7 @@ pub mod kubelet_api;
 pub mod node;
 pub mod pods;
 pub mod streaming;
+pub mod topology;
 
 use std::sync::Arc;
 
@@ -115,6 +116,43 @@ async fn client(cfg: &Config) -> Result<Client, Error> {
     Client::try_from(kube_cfg).map_err(|e| Error::Kube(e.to_string()))
 }
 
+/// The Nodes this daemon registers: one for the whole backend, or one per host
+/// slice (`<node-name>-<host>`) in per-host mode, each with its own kubelet port.
+async fn nodes(
+    cfg: &Config,
+    provider: &dyn Provider,
+) -> Result<Vec<(String, Option<String>, u16)>, Error> {
+    match cfg.node_mode {
+        config::NodeMode::Aggregate => Ok(vec![(cfg.node_name.clone(), None, cfg.kubelet_port)]),
+        config::NodeMode::PerHost => {
+            let cap = provider.capacity().await.map_err(|e| Error::Provider {
+                provider: "per-host",
+                message: format!("reading the host slices: {e}"),
+            })?;
+            if cap.hosts.is_empty() {
+                return Err(Error::Provider {
+                    provider: "per-host",
+                    message: "the provider reports no host slices to make nodes of".into(),
+                });
+            }
+            cap.hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    let port = u16::try_from(usize::from(cfg.kubelet_port) + i).map_err(|_| {
+                        Error::Config(config::ConfigError {
+                            field: "kubelet-port".into(),
+                            message: format!("no port left for host {}", h.name),
+                        })
+                    })?;
+                    let name = format!("{}-{}", cfg.node_name, topology::node_suffix(&h.name));
+                    Ok((name, Some(h.name.clone()), port))
+                })
+                .collect()
+        }
+    }
+}
+
 /// Runs the daemon until `shutdown` is cancelled.
 pub async fn run(
     cfg: Config,
@@ -124,61 +162,97 @@ pub async fn run(
     // Two clients, two connection pools: lease renewals never queue behind Pod writes.
     let node_client = client(&cfg).await?;
     let pod_client = client(&cfg).await?;
-    let pods = pods::PodController::new(
-        pods::Settings {
-            node: cfg.node_name.clone(),
-            host_ip: cfg.node_address.to_string(),
-            epoch: STATIC_EPOCH,
-            concurrency: cfg.reconcile_concurrency,
-            qps: cfg.kube_qps,
-            burst: cfg.kube_burst,
-            policy: cfg.policy.clone(),
-        },
-        pod_client.clone(),
-        Arc::clone(&provider),
-    );
-    let tls = kubelet_api::tls::server_config(&cfg.tls, &cfg.node_name, cfg.node_address)
-        .map_err(kubelet_api::ApiError::from)?;
-    let kubelet = kubelet_api::KubeletApi::new(Arc::clone(&pods), pod_client, cfg.anonymous_auth)
-        .serve(
-            (cfg.kubelet_bind, cfg.kubelet_port).into(),
-            tls,
-            shutdown.clone(),
-        )
-        .await?;
-    let agent = node::NodeAgent::new(
-        node::Settings {
-            name: cfg.node_name.clone(),
-            address: cfg.node_address.to_string(),
-            kubelet_port: cfg.kubelet_port,
-            labels: cfg.node_labels.clone(),
-            taints: cfg.node_taints.clone(),
-            max_pods: cfg.max_pods,
-            lease_renew_interval: cfg.lease_renew_interval,
-            lease_duration: cfg.lease_duration,
-            status_report_interval: cfg.status_report_interval,
-            policy: cfg.policy.to_string(),
-        },
-        node_client,
-        Arc::clone(&provider),
-    );
-    let (registered_tx, registered) = watch::channel(false);
+    let mut controllers = Vec::new();
+    let mut agents = Vec::new();
+    let mut servers = Vec::new();
+    let mut registered = Vec::new();
+    for (name, host, port) in nodes(&cfg, provider.as_ref()).await? {
+        let pods = pods::PodController::new(
+            pods::Settings {
+                node: name.clone(),
+                host_ip: cfg.node_address.to_string(),
+                epoch: STATIC_EPOCH,
+                concurrency: cfg.reconcile_concurrency,
+                qps: cfg.kube_qps,
+                burst: cfg.kube_burst,
+                policy: cfg.policy.clone(),
+                host: host.clone(),
+                queue_timeout: cfg.queue_timeout,
+            },
+            pod_client.clone(),
+            Arc::clone(&provider),
+        );
+        let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
+            .map_err(kubelet_api::ApiError::from)?;
+        servers.push(
+            kubelet_api::KubeletApi::new(Arc::clone(&pods), pod_client.clone(), cfg.anonymous_auth)
+                .serve((cfg.kubelet_bind, port).into(), tls, shutdown.clone())
+                .await?,
+        );
+        let agent = node::NodeAgent::new(
+            node::Settings {
+                name: name.clone(),
+                address: cfg.node_address.to_string(),
+                kubelet_port: port,
+                labels: cfg.node_labels.clone(),
+                taints: cfg.node_taints.clone(),
+                max_pods: cfg.max_pods,
+                lease_renew_interval: cfg.lease_renew_interval,
+                lease_duration: cfg.lease_duration,
+                status_report_interval: cfg.status_report_interval,
+                policy: cfg.policy.to_string(),
+                host,
+            },
+            node_client.clone(),
+            Arc::clone(&provider),
+        );
+        let (tx, rx) = watch::channel(false);
+        registered.push(rx);
+        agents.push((agent, tx));
+        controllers.push(pods);
+        info!(node = %name, port, "virtual node configured");
+    }
     let admin = admin::serve(
         (cfg.admin_bind, cfg.admin_port).into(),
         admin::Readiness {
             registered,
-            pods: Arc::clone(&pods),
+            pods: controllers.clone(),
         },
         shutdown.clone(),
     )
     .await
     .map_err(Error::Admin)?;
-    info!(node = %cfg.node_name, provider = provider.name(), "vkd starting");
-    let pod_task = tokio::spawn(Arc::clone(&pods).run(shutdown.clone()));
-    let node_result = agent.run(shutdown.clone(), registered_tx).await;
+    info!(
+        nodes = controllers.len(),
+        provider = provider.name(),
+        "vkd starting"
+    );
+    let pod_tasks: Vec<_> = controllers
+        .iter()
+        .map(|p| tokio::spawn(Arc::clone(p).run(shutdown.clone())))
+        .collect();
+    let node_tasks: Vec<_> = agents
+        .into_iter()
+        .map(|(agent, tx)| {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { agent.run(shutdown, tx).await })
+        })
+        .collect();
+    let mut node_result = Ok(());
+    for t in node_tasks {
+        if let Ok(Err(e)) = t.await
+            && node_result.is_ok()
+        {
+            node_result = Err(e);
+        }
+    }
     shutdown.cancel();
-    let _ = pod_task.await;
+    for t in pod_tasks {
+        let _ = t.await;
+    }
     let _ = admin.await;
-    let _ = kubelet.await;
+    for k in servers {
+        let _ = k.await;
+    }
     node_result.map_err(Error::from)
 }

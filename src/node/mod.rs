@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -21,6 +22,10 @@ use crate::config::Taint;
 use crate::pods::status::time;
 
 const FIELD_MANAGER: &str = "vkd";
+/// After a provider change, wait this long for more before looking at capacity.
+const CHANGE_SETTLE: Duration = Duration::from_millis(500);
+/// A renewal this close to due is done now rather than a tick late.
+const RENEW_SLACK: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -45,6 +50,8 @@ pub struct Settings {
     pub status_report_interval: Duration,
     /// Who may run what here, for the `vkd.io/policy` annotation.
     pub policy: String,
+    /// In per-host mode, the one host slice this Node stands for.
+    pub host: Option<String>,
 }
 
 pub struct NodeAgent {
@@ -95,8 +102,9 @@ impl NodeAgent {
         labels
     }
 
-    /// Creates or updates the Node (server-side apply: vkd owns its labels and taints).
-    async fn register(&self) -> Result<String, NodeError> {
+    /// Creates or updates the Node (server-side apply: vkd owns its labels and taints,
+    /// and the capacity labels and annotations, which are applied again when they change).
+    async fn register(&self, cap: Option<&Capacity>) -> Result<String, NodeError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let taints: Vec<Value> = self
             .settings
@@ -105,17 +113,33 @@ impl NodeAgent {
             .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
             .collect();
         let caps = self.provider.capabilities().supported();
+        let (topo_labels, topo_annotations) = self.topology(cap);
+        let mut labels = self.labels();
+        labels.extend(topo_labels);
+        let mut annotations: BTreeMap<String, String> = [
+            (
+                "vkd.io/capabilities",
+                if caps.is_empty() {
+                    "none".to_owned()
+                } else {
+                    caps.join(",")
+                },
+            ),
+            ("node.alpha.kubernetes.io/ttl", "0".to_owned()),
+            ("vkd.io/policy", self.settings.policy.clone()),
+            ("vkd.io/capacity-observed-at", time(SystemTime::now())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        annotations.extend(topo_annotations);
         let node = json!({
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
                 "name": self.settings.name,
-                "labels": self.labels(),
-                "annotations": {
-                    "vkd.io/capabilities": if caps.is_empty() { "none".to_owned() } else { caps.join(",") },
-                    "node.alpha.kubernetes.io/ttl": "0",
-                    "vkd.io/policy": self.settings.policy,
-                },
+                "labels": labels,
+                "annotations": annotations,
             },
             "spec": { "taints": taints },
         });
@@ -157,6 +181,24 @@ impl NodeAgent {
         .map(drop)
     }
 
+    /// What the capacity means, as labels and annotations.
+    fn topology(
+        &self,
+        cap: Option<&Capacity>,
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        cap.map(|c| crate::topology::node_metadata(c, self.settings.host.is_some()))
+            .unwrap_or_default()
+    }
+
+    /// The provider's capacity, only this Node's host in per-host mode.
+    async fn capacity(&self) -> vkd_provider::Result<Capacity> {
+        let mut cap = self.provider.capacity().await?;
+        if let Some(h) = &self.settings.host {
+            cap.hosts.retain(|s| &s.name == h);
+        }
+        Ok(cap)
+    }
+
     /// The Ready condition and the capacity, from the provider.
     async fn observe(&self) -> ((&'static str, String, String), Option<Capacity>) {
         let name = self.provider.name().to_owned();
@@ -167,9 +209,9 @@ impl NodeAgent {
                     reason,
                     format!("provider {name} is unhealthy: {message}"),
                 ),
-                self.provider.capacity().await.ok(),
+                self.capacity().await.ok(),
             ),
-            Health::Healthy => match self.provider.capacity().await {
+            Health::Healthy => match self.capacity().await {
                 Ok(c) => (
                     (
                         "True",
@@ -262,8 +304,10 @@ impl NodeAgent {
         shutdown: CancellationToken,
         registered: watch::Sender<bool>,
     ) -> Result<(), NodeError> {
+        let initial = self.capacity().await.ok();
+        let mut last_meta = self.topology(initial.as_ref());
         let node_uid = loop {
-            match self.register().await {
+            match self.register(initial.as_ref()).await {
                 Ok(uid) => break uid,
                 Err(e) => {
                     warn!(error = %e, "node registration failed; retrying in 2s");
@@ -282,16 +326,41 @@ impl NodeAgent {
         let mut last_post = SystemTime::UNIX_EPOCH;
         let mut tick = tokio::time::interval(self.settings.lease_renew_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Instances starting and stopping change what is free: look again soon after.
+        let mut changes = self.provider.events();
+        let mut last_renew: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = tick.tick() => {}
+                Some(_) = changes.next() => {
+                    tokio::time::sleep(CHANGE_SETTLE).await;
+                    while let Some(Some(_)) = changes.next().now_or_never() {}
+                }
             }
-            if let Err(e) = self.renew_lease(&node_uid).await {
-                warn!(error = %e, "renewing the node lease failed");
+            let renew_due = last_renew
+                .is_none_or(|t| t.elapsed() + RENEW_SLACK >= self.settings.lease_renew_interval);
+            if renew_due {
+                match self.renew_lease(&node_uid).await {
+                    Ok(()) => last_renew = Some(tokio::time::Instant::now()),
+                    Err(e) => warn!(error = %e, "renewing the node lease failed"),
+                }
             }
             let now = SystemTime::now();
             let ((status, reason, message), cap) = self.observe().await;
+            let meta = self.topology(cap.as_ref());
+            if cap.is_some() && meta != last_meta {
+                match self.register(cap.as_ref()).await {
+                    Ok(_) => {
+                        info!(
+                            slices = meta.1.get("vkd.io/slices").map_or("", String::as_str),
+                            "node capacity metadata updated"
+                        );
+                        last_meta = meta;
+                    }
+                    Err(e) => warn!(error = %e, "updating the node's capacity labels failed"),
+                }
+            }
             let wanted: [(&'static str, &'static str, String, String); 4] = [
                 ("Ready", status, reason, message),
                 (

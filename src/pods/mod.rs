@@ -30,6 +30,8 @@ use status::Waiting;
 
 /// How often a Pod that waits for backend capacity is looked at again.
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
+/// Pod annotation: how long this Pod may wait in the backend queue ("10m").
+pub const QUEUE_TIMEOUT_ANNOTATION: &str = "vkd.io/queue-timeout";
 /// How often a Pod whose ConfigMap, Secret or ServiceAccount is missing tries again.
 const CONFIG_RECHECK: Duration = Duration::from_secs(5);
 /// How often deletion is checked for confirmation while the backend stops an instance.
@@ -71,6 +73,11 @@ pub struct Settings {
     pub qps: u32,
     pub burst: u32,
     pub policy: spec::Policy,
+    /// The backend host this node stands for (per-host mode), or `None` for all.
+    pub host: Option<String>,
+    /// How long a Pod may wait in the backend queue before it fails
+    /// (`vkd.io/queue-timeout` on the Pod overrides it).
+    pub queue_timeout: Duration,
 }
 
 pub struct PodController {
@@ -83,6 +90,7 @@ pub struct PodController {
     limiter: DefaultDirectRateLimiter,
     recorder: Recorder,
     synced: AtomicBool,
+    admitter: crate::topology::Admitter,
 }
 
 impl std::fmt::Debug for PodController {
@@ -109,7 +117,9 @@ impl PodController {
                 instance: Some(settings.node.clone()),
             },
         );
+        let admitter = crate::topology::Admitter::new(Arc::clone(&provider), settings.host.clone());
         Arc::new(Self {
+            admitter,
             settings,
             client,
             provider,
@@ -363,8 +373,24 @@ impl PodController {
             None => match self.start(&rec).await? {
                 Start::Running(i) => *i,
                 Start::Queued(reason) => {
+                    let since = rec.queued_since.unwrap_or_else(SystemTime::now);
+                    let timeout = rec
+                        .pending
+                        .as_ref()
+                        .and_then(|p| p.spec.annotations.get(QUEUE_TIMEOUT_ANNOTATION))
+                        .and_then(|t| vkd_provider::parse_duration(t))
+                        .unwrap_or(self.settings.queue_timeout);
+                    let waited = since.elapsed().unwrap_or_default();
+                    if waited >= timeout {
+                        let message = format!(
+                            "waited {}s in the backend queue (timeout {}s): {reason}",
+                            waited.as_secs(),
+                            timeout.as_secs()
+                        );
+                        return self.fail(&rec, "BackendQueueTimeout", &message).await;
+                    }
                     self.queued(&rec, &reason).await?;
-                    return Ok(Action::After(QUEUED_RECHECK));
+                    return Ok(Action::After(QUEUED_RECHECK.min(timeout - waited)));
                 }
                 Start::ConfigError(message) => {
                     warn!(message, "container config incomplete");
@@ -375,6 +401,10 @@ impl PodController {
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
             },
         };
+        if instance.phase != vkd_provider::InstancePhase::Pending {
+            // Running or ended: the backend's own figures show what it uses.
+            self.admitter.release(uid);
+        }
         self.write_status(&rec, Some(&instance), &Waiting::Creating)
             .await?;
         Ok(Action::Done)
@@ -403,7 +433,7 @@ impl PodController {
             Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
         };
         let spec = &spec;
-        let admission = match self.provider.admit(spec).await {
+        let admission = match self.admitter.admit(spec).await {
             Ok(a) => a,
             Err(ProviderError::Invalid { reason, message }) => {
                 return Ok(Start::Failed(reason, message));
@@ -420,12 +450,18 @@ impl PodController {
         spec.placement = Some(placement);
         let instance = match self.provider.create(&self.fence(), &spec).await {
             Ok(i) => i,
-            Err(ProviderError::Rejected { message }) => return Ok(Start::Queued(message)),
-            Err(ProviderError::Invalid { reason, message }) => {
-                return Ok(Start::Failed(reason, message));
+            Err(e) => {
+                self.admitter.release(&rec.uid);
+                return match e {
+                    ProviderError::Rejected { message } => Ok(Start::Queued(message)),
+                    ProviderError::Invalid { reason, message } => {
+                        Ok(Start::Failed(reason, message))
+                    }
+                    e => Err(e.into()),
+                };
             }
-            Err(e) => return Err(e.into()),
         };
+        self.admitter.created(&rec.uid);
         info!(
             instance = %instance.id,
             host = instance.host.as_deref().unwrap_or(""),
@@ -450,10 +486,10 @@ impl PodController {
     async fn queued(&self, rec: &PodRecord, reason: &str) -> Result<(), ReconcileError> {
         self.write_status(rec, None, &Waiting::Queued(reason.to_owned()))
             .await?;
-        if !rec.queued_event_sent {
+        if rec.queued_since.is_none() {
             self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit")
                 .await;
-            self.touch(&rec.uid, |r| r.queued_event_sent = true);
+            self.touch(&rec.uid, |r| r.queued_since = Some(SystemTime::now()));
         }
         Ok(())
     }
@@ -464,6 +500,7 @@ impl PodController {
         reason: &str,
         message: &str,
     ) -> Result<Action, ReconcileError> {
+        self.admitter.release(&rec.uid);
         let view = status::failed_view(reason, message);
         if view.digest() != rec.observed_digest {
             warn!(reason, message, "pod failed");
@@ -562,6 +599,7 @@ impl PodController {
     /// Graceful deletion: stop the instance, confirm it is gone, then let the Pod go.
     async fn finalize(&self, rec: &PodRecord, grace: u32) -> Result<Action, ReconcileError> {
         let uid = &*rec.uid;
+        self.admitter.release(uid);
         if let Err(e) = self
             .provider
             .delete(&self.fence(), uid, Duration::from_secs(grace.into()))
@@ -608,6 +646,7 @@ impl PodController {
     /// An instance whose Pod is gone from the API (force-deleted, or deleted while
     /// vkd was down) is removed, but only once the watch has synced.
     async fn remove_orphan(&self, uid: &str) -> Result<Action, ReconcileError> {
+        self.admitter.release(uid);
         if !self.synced() {
             return Ok(Action::Done);
         }

@@ -73,8 +73,8 @@ pub struct PodRecord {
     /// lastTransitionTime of each of our conditions, with the status it belongs to.
     pub condition_times: [Option<(bool, SystemTime)>; 4],
     pub timeline: Timeline,
-    /// A queued Event was already published for this Pod.
-    pub queued_event_sent: bool,
+    /// When the backend first queued this Pod (and its Event was published).
+    pub queued_since: Option<SystemTime>,
 }
 
 impl PodRecord {
@@ -173,7 +173,7 @@ impl PodRecord {
                 .or(previous.and_then(|p| p.start_time)),
             condition_times,
             timeline,
-            queued_event_sent: previous.is_some_and(|p| p.queued_event_sent),
+            queued_since: previous.and_then(|p| p.queued_since),
         })
     }
 }

@@ -43,7 +43,7 @@ impl Vkd {
         Self::start_provider(c, node, "process", &config, extra)
     }
 
-    fn start_provider(
+    pub fn start_provider(
         c: &Cluster,
         node: &str,
         provider: &str,

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod conformance;
 pub mod quantity;
+pub mod topology;
 
 /// The authority under which a mutation is made: which virtual node, at which epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -144,6 +144,8 @@ pub struct Fleet {
     pub refresh_interval: Duration,
     pub latency: Latency,
     pub faults: Faults,
+    /// The file it was loaded from; the sim reads its hosts again when it changes.
+    pub source: Option<std::path::PathBuf>,
 }
 
 impl Fleet {
@@ -152,7 +154,9 @@ impl Fleet {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut fleet = Self::parse(&text, &path.display().to_string())?;
+        fleet.source = Some(path.to_owned());
+        Ok(fleet)
     }
 
     /// Parses and validates fleet YAML; `origin` names it in errors.
@@ -271,6 +275,7 @@ impl Fleet {
                 delete_error_rate: raw.faults.delete_error_rate,
                 unhealthy: raw.faults.unhealthy,
             },
+            source: None,
         })
     }
 }

@@ -25,7 +25,6 @@ use vkd_provider::{
 };
 
 pub mod behaviour;
-pub mod fit;
 pub mod fleet;
 pub mod streams;
 
@@ -116,6 +115,11 @@ pub(crate) struct State {
     /// Highest epoch seen per node.
     epochs: HashMap<String, u64>,
     tickers: BTreeSet<String>,
+    /// The hosts with everything free, as the fleet file says now.
+    hosts: Vec<vkd_provider::HostSlice>,
+    /// The fleet file's modification time when its hosts were last read.
+    fleet_mtime: Option<SystemTime>,
+    fleet_checked: Option<std::time::Instant>,
 }
 
 impl State {
@@ -192,12 +196,47 @@ impl SimProvider {
                 events,
             }),
         };
+        {
+            let mut st = provider.state();
+            st.hosts = provider.inner.fleet.hosts.clone();
+            st.fleet_mtime = provider.fleet_mtime();
+        }
         provider.reload()?;
         Ok(provider)
     }
 
     pub fn fleet(&self) -> &Fleet {
         &self.inner.fleet
+    }
+
+    fn fleet_mtime(&self) -> Option<SystemTime> {
+        let path = self.inner.fleet.source.as_ref()?;
+        std::fs::metadata(path).and_then(|m| m.modified()).ok()
+    }
+
+    /// Capacity can change over time: when the fleet file changed (checked at
+    /// most once a second), its hosts are read again. Latencies and faults stay
+    /// as they were at start. A file that no longer parses keeps the old hosts.
+    fn refresh_hosts(&self, st: &mut State) {
+        if st
+            .fleet_checked
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        st.fleet_checked = Some(std::time::Instant::now());
+        let mtime = self.fleet_mtime();
+        if mtime == st.fleet_mtime {
+            return;
+        }
+        st.fleet_mtime = mtime;
+        let Some(path) = &self.inner.fleet.source else {
+            return;
+        };
+        match Fleet::load(path) {
+            Ok(f) => st.hosts = f.hosts,
+            Err(e) => eprintln!("sim: keeping the old hosts: {e}"),
+        }
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
@@ -277,9 +316,7 @@ impl SimProvider {
 
     /// The hosts with what is free on each now.
     fn free_hosts(&self, st: &State) -> Vec<vkd_provider::HostSlice> {
-        self.inner
-            .fleet
-            .hosts
+        st.hosts
             .iter()
             .map(|h| {
                 let mut h = h.clone();
@@ -297,7 +334,7 @@ impl SimProvider {
     }
 
     fn decide(&self, st: &State, spec: &InstanceSpec) -> Admission {
-        fit::decide(&self.inner.fleet.hosts, &self.free_hosts(st), spec)
+        vkd_provider::topology::decide(&st.hosts, &self.free_hosts(st), spec)
     }
 
     fn observe(&self, rec: &Record, now: SystemTime) -> (Instance, Option<SystemTime>) {
@@ -443,7 +480,8 @@ impl Provider for SimProvider {
     }
 
     async fn capacity(&self) -> Result<Capacity> {
-        let st = self.state();
+        let mut st = self.state();
+        self.refresh_hosts(&mut st);
         Ok(Capacity {
             hosts: self.free_hosts(&st),
             kind: self.inner.fleet.kind,
@@ -456,7 +494,8 @@ impl Provider for SimProvider {
         valid_uid(&spec.pod.uid)?;
         Self::behaviour(spec)?;
         tokio::time::sleep(self.inner.fleet.latency.admit).await;
-        let st = self.state();
+        let mut st = self.state();
+        self.refresh_hosts(&mut st);
         Ok(self.decide(&st, spec))
     }
 
