@@ -235,7 +235,7 @@ pub fn slices_table(cap: &Capacity) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<16} {:>9} {:<12} {:<16} {:>13} {:>19} {:>9} RDMA",
+        "{:<16} {:>9} {:<16} {:<16} {:>13} {:>19} {:>9} RDMA",
         "HOST", "GPU FREE", "MODEL", "NVLINK", "CPU FREE", "MEMORY FREE", "PODS"
     );
     let gib = |b: u64| format!("{:.0}Gi", b as f64 / f64::from(1u32 << 30));
@@ -259,7 +259,7 @@ pub fn slices_table(cap: &Capacity) -> String {
         domains.dedup();
         let _ = writeln!(
             out,
-            "{:<16} {:>9} {:<12} {:<16} {:>13} {:>19} {:>9} {}",
+            "{:<16} {:>9} {:<16} {:<16} {:>13} {:>19} {:>9} {}",
             h.name,
             format!("{}/{}", h.gpus_free(), h.gpus.len()),
             if models.is_empty() {

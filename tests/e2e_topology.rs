@@ -38,6 +38,29 @@ spec:
     )
 }
 
+/// GET from the vkd's admin server.
+fn admin_get(vkd: &Vkd, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let i = vkd
+        .args
+        .iter()
+        .position(|a| a == "--admin-port")
+        .context("no admin port")?;
+    let port: u16 = vkd.args[i + 1].parse()?;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    ensure!(out.starts_with("HTTP/1.1 200"), "{out}");
+    Ok(out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
+}
+
 /// The Pod already bound to `node`, past the scheduler.
 fn bound(pod: String, node: &str) -> String {
     pod.replace(
@@ -117,6 +140,14 @@ fn aggregate(c: &Cluster) -> Result<()> {
         slices.starts_with("host-a gpu 4/4 H100-SXM5-80GB") && slices.contains("; host-b gpu 4/4"),
         "{slices}"
     );
+
+    // The same slices for a person, from the admin server.
+    let table = admin_get(&vkd, "/slices")?;
+    ensure!(
+        table.contains("capacity: live") && table.contains("host-a") && table.contains("4/4"),
+        "{table}"
+    );
+    eprintln!("/slices:\n{table}");
 
     // 8 GPUs: the sum says yes, no host does.
     c.apply(&gpu_pod(&ns, "eight", "agg", 8, ""))?;
