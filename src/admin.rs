@@ -1,30 +1,67 @@
-//! The admin server: `/livez`, `/readyz` (ready once the Nodes are registered
-//! and the first Pod lists have been processed) and `/slices` (the backend's
-//! host slices and their use, as a table).
+//! The admin server: `/livez`; `/readyz` (ready once this replica leads, its
+//! Nodes are registered and the first Pod lists have been processed; a standby
+//! answers 503); `/slices` (the backend's host slices and their use, as a
+//! table); `/metrics` (the daemon's own metrics).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use vkd_provider::Provider;
 
+use crate::metrics::Metrics;
 use crate::pods::PodController;
 
-/// Ready when every virtual node is registered and every Pod watch has synced.
-#[derive(Clone, Debug)]
-pub struct Readiness {
-    pub registered: Vec<watch::Receiver<bool>>,
-    pub pods: Vec<Arc<PodController>>,
+#[derive(Debug, Default)]
+struct Active {
+    registered: Vec<watch::Receiver<bool>>,
+    pods: Vec<Arc<PodController>>,
 }
 
-async fn readyz(State(r): State<Readiness>) -> (StatusCode, &'static str) {
-    let registered = r.registered.iter().all(|rx| *rx.borrow());
-    let synced = r.pods.iter().all(|p| p.synced());
+/// What the admin server reports on; filled in once this replica leads.
+#[derive(Clone, Debug)]
+pub struct AdminState {
+    provider: Arc<dyn Provider>,
+    metrics: Arc<Metrics>,
+    active: Arc<RwLock<Option<Active>>>,
+}
+
+impl AdminState {
+    pub fn new(provider: Arc<dyn Provider>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            provider,
+            metrics,
+            active: Arc::default(),
+        }
+    }
+
+    /// This replica leads now, with these Nodes and Pod controllers.
+    pub fn set_active(
+        &self,
+        registered: Vec<watch::Receiver<bool>>,
+        pods: Vec<Arc<PodController>>,
+    ) {
+        *self.active.write().unwrap_or_else(|p| p.into_inner()) = Some(Active { registered, pods });
+    }
+}
+
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    let active = s.active.read().unwrap_or_else(|p| p.into_inner());
+    let Some(a) = active.as_ref() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "standby: another replica holds the leader lease\n",
+        );
+    };
+    let registered = a.registered.iter().all(|rx| *rx.borrow());
+    let synced = a.pods.iter().all(|p| p.synced());
     match (registered, synced) {
         (true, true) => (StatusCode::OK, "ok\n"),
         (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "node not registered yet\n"),
@@ -36,11 +73,8 @@ async fn readyz(State(r): State<Readiness>) -> (StatusCode, &'static str) {
 }
 
 /// The host slices as a table, for people: `curl http://127.0.0.1:10256/slices`.
-async fn slices(State(r): State<Readiness>) -> (StatusCode, String) {
-    let Some(p) = r.pods.first() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "no nodes\n".into());
-    };
-    match p.provider().capacity().await {
+async fn slices(State(s): State<AdminState>) -> (StatusCode, String) {
+    match s.provider.capacity().await {
         Ok(cap) => (StatusCode::OK, crate::topology::slices_table(&cap)),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -49,17 +83,37 @@ async fn slices(State(r): State<Readiness>) -> (StatusCode, String) {
     }
 }
 
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    let pending: usize = s
+        .active
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map_or(0, |a| a.pods.iter().map(|p| p.deletions_pending()).sum());
+    s.metrics
+        .deletions_pending
+        .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+}
+
 /// Binds now (so a taken port fails at start) and serves until shutdown.
 pub async fn serve(
     addr: SocketAddr,
-    readiness: Readiness,
+    state: AdminState,
     shutdown: CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
     let app = Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/slices", get(slices))
-        .with_state(readiness);
+        .route("/metrics", get(metrics))
+        .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app)

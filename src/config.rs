@@ -167,6 +167,32 @@ pub struct RunArgs {
     /// How long a Pod may wait for backend capacity before it fails (`10m`, `90s`).
     #[arg(long, env = "VKD_QUEUE_TIMEOUT")]
     pub queue_timeout: Option<String>,
+    /// Active/passive replicas: act only while holding the leader Lease (default true).
+    #[arg(long, env = "VKD_LEADER_ELECT")]
+    pub leader_elect: Option<bool>,
+    /// Namespace of the leader Lease; defaults to $POD_NAMESPACE, then `default`.
+    #[arg(long, env = "VKD_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// This replica's identity in the leader Lease; defaults to $POD_NAME, then the hostname.
+    #[arg(long, env = "VKD_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// How long the leader Lease is valid without renewal (`15s`).
+    #[arg(long, env = "VKD_LEADER_LEASE_DURATION")]
+    pub leader_lease_duration: Option<String>,
+    /// How often orphans and duplicate instances are collected (`60s`).
+    #[arg(long, env = "VKD_GC_INTERVAL")]
+    pub gc_interval: Option<String>,
+    /// The share of a node's instances one collection pass may delete as orphans (0.5).
+    #[arg(long, env = "VKD_GC_MAX_DELETE_FRACTION")]
+    pub gc_max_delete_fraction: Option<f64>,
+    /// Delete orphans even past the brake: when the Pods really are gone.
+    #[arg(long, env = "VKD_GC_ALLOW_MASS_DELETE")]
+    pub gc_allow_mass_delete: Option<bool>,
+    /// Stop `vkd.io/partition-policy: fence` instances after the node lease went
+    /// unrenewed this long (`30s`); keep it below node-monitor-grace-period plus
+    /// the Pods' unreachable toleration (docs/fencing.md).
+    #[arg(long, env = "VKD_PARTITION_FENCE_AFTER")]
+    pub partition_fence_after: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -209,6 +235,14 @@ struct FileConfig {
     allow_host_path: Option<bool>,
     node_mode: Option<NodeMode>,
     queue_timeout: Option<String>,
+    leader_elect: Option<bool>,
+    leader_election_namespace: Option<String>,
+    replica_id: Option<String>,
+    leader_lease_duration: Option<String>,
+    gc_interval: Option<String>,
+    gc_max_delete_fraction: Option<f64>,
+    gc_allow_mass_delete: Option<bool>,
+    partition_fence_after: Option<String>,
 }
 
 /// A configuration problem, naming the field.
@@ -274,6 +308,11 @@ pub struct Config {
     pub policy: crate::pods::spec::Policy,
     pub node_mode: NodeMode,
     pub queue_timeout: Duration,
+    /// `None`: leader election off (one replica, a fixed epoch).
+    pub leader: Option<crate::fencing::leader::LeaderSettings>,
+    pub gc_interval: Duration,
+    pub brake: crate::fencing::Brake,
+    pub partition_fence_after: Duration,
     /// How often the node lease is renewed (the kubelet's 10 s).
     pub lease_renew_interval: Duration,
     /// The lease duration (the kubelet's 40 s).
@@ -461,17 +500,75 @@ impl Config {
         if kube_burst == 0 {
             return Err(bad("kube-burst", "must be at least 1"));
         }
-        let queue_timeout = match args.queue_timeout.or(file.queue_timeout) {
-            None => Duration::from_secs(600),
-            Some(t) => vkd_provider::parse_duration(&t)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    bad(
-                        "queue-timeout",
-                        format!("{t:?} is not a duration like 90s or 10m"),
-                    )
-                })?,
+        let duration = |field: &str,
+                        v: Option<String>,
+                        default: u64|
+         -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(Duration::from_secs(default)),
+                Some(t) => vkd_provider::parse_duration(&t)
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| bad(field, format!("{t:?} is not a duration like 90s or 10m"))),
+            }
         };
+        let queue_timeout = duration(
+            "queue-timeout",
+            args.queue_timeout.or(file.queue_timeout),
+            600,
+        )?;
+        let gc_interval = duration("gc-interval", args.gc_interval.or(file.gc_interval), 60)?;
+        let partition_fence_after = duration(
+            "partition-fence-after",
+            args.partition_fence_after.or(file.partition_fence_after),
+            30,
+        )?;
+        let lease_duration = duration(
+            "leader-lease-duration",
+            args.leader_lease_duration.or(file.leader_lease_duration),
+            15,
+        )?;
+        if lease_duration < Duration::from_secs(3) {
+            return Err(bad("leader-lease-duration", "must be at least 3s"));
+        }
+        let max_fraction = args
+            .gc_max_delete_fraction
+            .or(file.gc_max_delete_fraction)
+            .unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&max_fraction) {
+            return Err(bad("gc-max-delete-fraction", "must be between 0 and 1"));
+        }
+        let brake = crate::fencing::Brake {
+            max_fraction,
+            allow_mass_delete: args
+                .gc_allow_mass_delete
+                .or(file.gc_allow_mass_delete)
+                .unwrap_or(false),
+            ..Default::default()
+        };
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let leader = args
+            .leader_elect
+            .or(file.leader_elect)
+            .unwrap_or(true)
+            .then(|| crate::fencing::leader::LeaderSettings {
+                namespace: args
+                    .leader_election_namespace
+                    .clone()
+                    .or(file.leader_election_namespace.clone())
+                    .or_else(|| env("POD_NAMESPACE"))
+                    .unwrap_or_else(|| "default".into()),
+                name: format!("vkd-{node_name}"),
+                identity: args
+                    .replica_id
+                    .clone()
+                    .or(file.replica_id.clone())
+                    .or_else(|| env("POD_NAME"))
+                    .unwrap_or_else(|| rustix_hostname()),
+                lease_duration,
+                // Stop acting well before anyone else may start (client-go's 15/10/2).
+                renew_deadline: lease_duration * 2 / 3,
+                retry_period: (lease_duration / 7).max(Duration::from_millis(500)),
+            });
         let reconcile_concurrency = args
             .reconcile_concurrency
             .or(file.reconcile_concurrency)
@@ -511,11 +608,23 @@ impl Config {
             policy,
             node_mode: args.node_mode.or(file.node_mode).unwrap_or_default(),
             queue_timeout,
+            leader,
+            gc_interval,
+            brake,
+            partition_fence_after,
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),
             status_report_interval: Duration::from_secs(300),
         })
     }
+}
+
+fn rustix_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "vkd".into())
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {

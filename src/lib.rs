@@ -7,7 +7,9 @@
 
 pub mod admin;
 pub mod config;
+pub mod fencing;
 pub mod kubelet_api;
+pub mod metrics;
 pub mod node;
 pub mod pods;
 pub mod streaming;
@@ -41,9 +43,13 @@ pub enum Error {
     Node(#[from] node::NodeError),
     #[error(transparent)]
     KubeletApi(#[from] kubelet_api::ApiError),
+    /// Another replica holds the lease now, or a backend refused our epoch; this
+    /// replica stopped acting. The supervisor restarts it as a standby.
+    #[error("leadership lost: {0}")]
+    LostLeadership(String),
 }
 
-/// The epoch every mutation carries until leader election assigns real ones.
+/// The epoch every mutation carries when leader election is off.
 pub const STATIC_EPOCH: u64 = 1;
 
 /// Builds the configured provider. A malformed provider config is a config error.
@@ -153,7 +159,8 @@ async fn nodes(
     }
 }
 
-/// Runs the daemon until `shutdown` is cancelled.
+/// Runs the daemon until `shutdown` is cancelled, or until this replica loses
+/// the leader lease (an error: it must not act any more).
 pub async fn run(
     cfg: Config,
     provider: Arc<dyn Provider>,
@@ -162,25 +169,125 @@ pub async fn run(
     // Two clients, two connection pools: lease renewals never queue behind Pod writes.
     let node_client = client(&cfg).await?;
     let pod_client = client(&cfg).await?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let admin_state = admin::AdminState::new(Arc::clone(&provider), Arc::clone(&metrics));
+    let admin = admin::serve(
+        (cfg.admin_bind, cfg.admin_port).into(),
+        admin_state.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(Error::Admin)?;
+    let elector = cfg
+        .leader
+        .clone()
+        .map(|s| fencing::leader::LeaderElector::new(node_client.clone(), s));
+    let epoch = match &elector {
+        Some(e) => match e.acquire(&shutdown).await {
+            Ok(epoch) => epoch,
+            Err(_) => {
+                let _ = admin.await;
+                return Ok(());
+            }
+        },
+        None => STATIC_EPOCH,
+    };
+    metrics.leader.set(1);
+    metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+    // Everything below acts for the node and stops at once when leadership goes.
+    let work = shutdown.child_token();
+    let superseded = CancellationToken::new();
+    let lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let holder = {
+        let work = work.clone();
+        let lost = Arc::clone(&lost);
+        let outer = shutdown.clone();
+        let superseded = superseded.clone();
+        tokio::spawn(async move {
+            let held = match &elector {
+                Some(e) => tokio::select! {
+                    h = e.hold(epoch, &work) => h,
+                    () = superseded.cancelled() => fencing::leader::Held::Lost("a backend refused our epoch".into()),
+                },
+                None => tokio::select! {
+                    () = work.cancelled() => fencing::leader::Held::Shutdown,
+                    () = superseded.cancelled() => fencing::leader::Held::Lost("a backend refused our epoch".into()),
+                },
+            };
+            if let fencing::leader::Held::Lost(why) = held {
+                tracing::error!(reason = %why, epoch, "leadership lost; stopping all work now");
+                *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                work.cancel();
+            } else if let Some(e) = &elector {
+                // A clean stop hands the lease over at once.
+                if outer.is_cancelled() {
+                    e.release(epoch).await;
+                }
+            }
+        })
+    };
+    let shared = pods::Shared {
+        metrics: Arc::clone(&metrics),
+        superseded,
+        last_lease_renewal: Arc::default(),
+    };
+    let result = act(
+        &cfg,
+        &provider,
+        epoch,
+        pod_client,
+        node_client,
+        &shared,
+        &admin_state,
+        work.clone(),
+    )
+    .await;
+    work.cancel();
+    metrics.leader.set(0);
+    let _ = holder.await;
+    if let Some(why) = lost.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(Error::LostLeadership(why));
+    }
+    shutdown.cancel();
+    let _ = admin.await;
+    result
+}
+
+/// The leader's work: the Nodes, their Pods and kubelet APIs, until `shutdown`.
+#[allow(clippy::too_many_arguments)]
+async fn act(
+    cfg: &Config,
+    provider: &Arc<dyn Provider>,
+    epoch: u64,
+    pod_client: Client,
+    node_client: Client,
+    shared: &pods::Shared,
+    admin_state: &admin::AdminState,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let mut controllers = Vec::new();
     let mut agents = Vec::new();
     let mut servers = Vec::new();
     let mut registered = Vec::new();
-    for (name, host, port) in nodes(&cfg, provider.as_ref()).await? {
+    for (name, host, port) in nodes(cfg, provider.as_ref()).await? {
         let pods = pods::PodController::new(
             pods::Settings {
                 node: name.clone(),
                 host_ip: cfg.node_address.to_string(),
-                epoch: STATIC_EPOCH,
+                epoch,
                 concurrency: cfg.reconcile_concurrency,
                 qps: cfg.kube_qps,
                 burst: cfg.kube_burst,
                 policy: cfg.policy.clone(),
                 host: host.clone(),
                 queue_timeout: cfg.queue_timeout,
+                gc_interval: cfg.gc_interval,
+                brake: cfg.brake,
+                partition_fence_after: cfg.partition_fence_after,
             },
             pod_client.clone(),
-            Arc::clone(&provider),
+            Arc::clone(provider),
+            shared.clone(),
         );
         let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
             .map_err(kubelet_api::ApiError::from)?;
@@ -204,7 +311,8 @@ pub async fn run(
                 host,
             },
             node_client.clone(),
-            Arc::clone(&provider),
+            Arc::clone(provider),
+            Arc::clone(&shared.last_lease_renewal),
         );
         let (tx, rx) = watch::channel(false);
         registered.push(rx);
@@ -212,19 +320,11 @@ pub async fn run(
         controllers.push(pods);
         info!(node = %name, port, "virtual node configured");
     }
-    let admin = admin::serve(
-        (cfg.admin_bind, cfg.admin_port).into(),
-        admin::Readiness {
-            registered,
-            pods: controllers.clone(),
-        },
-        shutdown.clone(),
-    )
-    .await
-    .map_err(Error::Admin)?;
+    admin_state.set_active(registered, controllers.clone());
     info!(
         nodes = controllers.len(),
         provider = provider.name(),
+        epoch,
         "vkd starting"
     );
     let pod_tasks: Vec<_> = controllers
@@ -250,7 +350,6 @@ pub async fn run(
     for t in pod_tasks {
         let _ = t.await;
     }
-    let _ = admin.await;
     for k in servers {
         let _ = k.await;
     }

@@ -58,6 +58,8 @@ pub struct NodeAgent {
     settings: Settings,
     client: Client,
     provider: Arc<dyn Provider>,
+    /// Unix milliseconds of the last successful lease renewal, for the partition policy.
+    last_renewal: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for NodeAgent {
@@ -78,11 +80,17 @@ struct Posted {
 }
 
 impl NodeAgent {
-    pub fn new(settings: Settings, client: Client, provider: Arc<dyn Provider>) -> Self {
+    pub fn new(
+        settings: Settings,
+        client: Client,
+        provider: Arc<dyn Provider>,
+        last_renewal: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
         Self {
             settings,
             client,
             provider,
+            last_renewal,
         }
     }
 
@@ -342,7 +350,14 @@ impl NodeAgent {
                 .is_none_or(|t| t.elapsed() + RENEW_SLACK >= self.settings.lease_renew_interval);
             if renew_due {
                 match self.renew_lease(&node_uid).await {
-                    Ok(()) => last_renew = Some(tokio::time::Instant::now()),
+                    Ok(()) => {
+                        last_renew = Some(tokio::time::Instant::now());
+                        let ms = SystemTime::now()
+                            .duration_since(SystemTime::UNIX_EPOCH)
+                            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                        self.last_renewal
+                            .store(ms, std::sync::atomic::Ordering::Release);
+                    }
                     Err(e) => warn!(error = %e, "renewing the node lease failed"),
                 }
             }

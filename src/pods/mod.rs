@@ -78,6 +78,23 @@ pub struct Settings {
     /// How long a Pod may wait in the backend queue before it fails
     /// (`vkd.io/queue-timeout` on the Pod overrides it).
     pub queue_timeout: Duration,
+    /// How often orphans and duplicates are collected (also after every sync).
+    pub gc_interval: Duration,
+    pub brake: crate::fencing::Brake,
+    /// With no node lease renewal for this long, instances of Pods annotated
+    /// `vkd.io/partition-policy: fence` are stopped.
+    pub partition_fence_after: Duration,
+}
+
+/// What the Pod controllers share with the rest of the daemon.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Cancelled when a backend says a newer epoch acts for the node: this
+    /// replica must stop at once.
+    pub superseded: CancellationToken,
+    /// Unix milliseconds of the last successful node lease renewal (0: none yet).
+    pub last_lease_renewal: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub struct PodController {
@@ -91,6 +108,10 @@ pub struct PodController {
     recorder: Recorder,
     synced: AtomicBool,
     admitter: crate::topology::Admitter,
+    shared: Shared,
+    gc_wake: tokio::sync::Notify,
+    /// Orphans a collection pass decided to delete.
+    approved_orphans: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -106,7 +127,12 @@ fn nz(n: u32) -> NonZeroU32 {
 }
 
 impl PodController {
-    pub fn new(settings: Settings, client: Client, provider: Arc<dyn Provider>) -> Arc<Self> {
+    pub fn new(
+        settings: Settings,
+        client: Client,
+        provider: Arc<dyn Provider>,
+        shared: Shared,
+    ) -> Arc<Self> {
         let limiter = RateLimiter::direct(
             Quota::per_second(nz(settings.qps)).allow_burst(nz(settings.burst)),
         );
@@ -120,6 +146,9 @@ impl PodController {
         let admitter = crate::topology::Admitter::new(Arc::clone(&provider), settings.host.clone());
         Arc::new(Self {
             admitter,
+            shared,
+            gc_wake: tokio::sync::Notify::new(),
+            approved_orphans: Mutex::default(),
             settings,
             client,
             provider,
@@ -186,6 +215,12 @@ impl PodController {
         let this = Arc::clone(&self);
         let token = shutdown.clone();
         tasks.spawn(async move { this.resync(token).await });
+        let this = Arc::clone(&self);
+        let token = shutdown.clone();
+        tasks.spawn(async move { this.collect(token).await });
+        let this = Arc::clone(&self);
+        let token = shutdown.clone();
+        tasks.spawn(async move { this.partition_watch(token).await });
         self.watch(shutdown).await;
         while tasks.join_next().await.is_some() {}
     }
@@ -236,39 +271,176 @@ impl PodController {
                         }
                     }
                     if !self.synced.swap(true, Ordering::AcqRel) {
-                        self.adopt().await;
+                        info!(
+                            pods = self.records().len(),
+                            "pod watch synced; collecting orphans"
+                        );
+                        self.gc_pass().await;
                     }
                 }
             }
         }
     }
 
-    /// After the first sync: instances without a Pod are orphans to remove; the
-    /// rest are adopted by their Pods' reconciles (never created again).
-    async fn adopt(&self) {
-        match self.provider.list(&self.settings.node).await {
-            Ok(instances) => {
-                let records = self.records();
-                let (mut adopted, mut orphans) = (0, 0);
-                for i in &instances {
-                    if records.contains_key(&i.owner.uid) {
-                        adopted += 1;
-                    } else {
-                        orphans += 1;
-                    }
-                    self.queue.add(&i.owner.uid);
+    /// Collects orphans and duplicates: after the first sync, whenever a Pod
+    /// disappears, and every `gc_interval`.
+    async fn collect(&self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                () = self.gc_wake.notified() => {
+                    // Let a burst of disappearances arrive, then look once.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                info!(
-                    adopted,
-                    orphans,
-                    pods = records.len(),
-                    "pod watch synced; backend instances listed"
-                );
+                () = tokio::time::sleep(self.settings.gc_interval) => {}
             }
-            Err(e) => {
-                warn!(error = %e, "listing backend instances after sync failed; relying on the resync")
+            if self.synced() {
+                self.gc_pass().await;
             }
         }
+    }
+
+    /// One pass: instances without a Pod are orphans to remove (unless the brake
+    /// holds), extra instances of one Pod are duplicates to remove; instances
+    /// with a Pod are adopted by their Pods' reconciles (never created again).
+    async fn gc_pass(&self) {
+        let instances = match self.provider.list(&self.settings.node).await {
+            Ok(i) => i,
+            Err(e) => {
+                warn!(error = %e, "listing backend instances for collection failed");
+                return;
+            }
+        };
+        let listed = instances.len();
+        let plan = {
+            let records = self.records();
+            crate::fencing::plan(
+                &self.settings.node,
+                instances,
+                |uid| records.contains_key(uid),
+                self.settings.brake,
+            )
+        };
+        for d in &plan.duplicates {
+            self.shared.metrics.duplicates_found.inc();
+            crate::fencing::audit(
+                &d.owner.uid,
+                &d.owner.to_string(),
+                &self.settings.node,
+                self.provider.name(),
+                &d.id,
+                d.epoch,
+                "duplicate instance (a newer epoch has one for this Pod)",
+            );
+            if let Err(e) = self
+                .provider
+                .delete_instance(&self.fence(), &d.id, Duration::ZERO)
+                .await
+            {
+                warn!(error = %e, instance = %d.id, "deleting a duplicate instance failed; next pass retries");
+            }
+        }
+        if let Some(why) = &plan.braked {
+            self.shared.metrics.gc_braked.inc();
+            warn!(
+                orphans = plan.orphans.len(),
+                listed, "orphan collection braked: {why}"
+            );
+            self.node_event("OrphanDeletionBraked", why).await;
+            return;
+        }
+        let n = plan.orphans.len();
+        for o in plan.orphans {
+            self.approved_orphans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(o.owner.uid.clone());
+            self.queue.add(&o.owner.uid);
+        }
+        debug!(listed, orphans = n, "collection pass");
+    }
+
+    /// Stops the instances of `fence`-policy Pods when the node lease has not
+    /// been renewed for `partition_fence_after`: by then the control plane may
+    /// be about to replace them elsewhere.
+    async fn partition_watch(&self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let last = self.shared.last_lease_renewal.load(Ordering::Acquire);
+            if last == 0 {
+                continue;
+            }
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let silent = Duration::from_millis(now.saturating_sub(last));
+            if silent < self.settings.partition_fence_after {
+                continue;
+            }
+            let targets: Vec<PodRecord> = self
+                .records()
+                .values()
+                .filter(|r| r.fence_on_partition && !r.partition_fenced && r.pending.is_none())
+                .cloned()
+                .collect();
+            for rec in targets {
+                crate::fencing::audit(
+                    &rec.uid,
+                    &rec.key(),
+                    &self.settings.node,
+                    self.provider.name(),
+                    rec.observed.instance_id.as_deref().unwrap_or(""),
+                    self.settings.epoch,
+                    &format!(
+                        "partition: node lease not renewed for {}s (vkd.io/partition-policy: fence)",
+                        silent.as_secs()
+                    ),
+                );
+                match self
+                    .provider
+                    .delete(&self.fence(), &rec.uid, Duration::ZERO)
+                    .await
+                {
+                    Ok(()) => {
+                        self.shared.metrics.partition_fenced.inc();
+                        self.touch(&rec.uid, |r| r.partition_fenced = true);
+                    }
+                    Err(e) => {
+                        warn!(error = %e, pod = %rec.key(), "partition fence: stopping the instance failed; retrying")
+                    }
+                }
+            }
+        }
+    }
+
+    async fn node_event(&self, reason: &str, note: &str) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.settings.node.clone()),
+            ..ObjectReference::default()
+        };
+        let ev = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Collect".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason, "publishing event failed");
+        }
+    }
+
+    /// Pods being deleted whose instance is not yet confirmed gone.
+    pub fn deletions_pending(&self) -> usize {
+        self.records()
+            .values()
+            .filter(|r| r.deletion_grace.is_some())
+            .count()
     }
 
     fn upsert(&self, pod: &Pod) -> Option<String> {
@@ -337,6 +509,18 @@ impl PodController {
                     self.queue.forget(&uid);
                     self.queue.add_after(&uid, d);
                 }
+                Err(ReconcileError::Provider(ProviderError::Fenced { node, current, got })) => {
+                    self.shared.metrics.fenced_refused.inc();
+                    span.in_scope(|| {
+                        warn!(
+                            %node,
+                            current,
+                            got,
+                            "the backend refused our epoch: a newer replica acts for this node; stopping"
+                        )
+                    });
+                    self.shared.superseded.cancel();
+                }
                 Err(e) => {
                     let retry_in = self.queue.retry(&uid);
                     span.in_scope(|| warn!(error = %e, cause = e.metric_label(), ?retry_in, "reconcile failed"));
@@ -349,7 +533,18 @@ impl PodController {
     async fn reconcile(&self, uid: &str) -> Result<Action, ReconcileError> {
         let rec = self.records().get(uid).cloned();
         let Some(rec) = rec else {
-            return self.remove_orphan(uid).await;
+            let approved = self
+                .approved_orphans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(uid);
+            if approved {
+                return self.remove_orphan(uid).await;
+            }
+            // The Pod is gone: a collection pass (with its brake) decides.
+            self.admitter.release(uid);
+            self.gc_wake.notify_one();
+            return Ok(Action::Done);
         };
         if let Some(grace) = rec.deletion_grace {
             return self.finalize(&rec, grace).await;
@@ -362,6 +557,14 @@ impl PodController {
         }
         let instance = match self.provider.get(uid).await? {
             Some(i) => i,
+            None if rec.partition_fenced => {
+                let message = format!(
+                    "vkd stopped instance {} of this Pod while it could not reach the API server \
+                     (vkd.io/partition-policy: fence)",
+                    rec.observed.instance_id.as_deref().unwrap_or("(unknown)")
+                );
+                return self.fail(&rec, "PartitionFenced", &message).await;
+            }
             None if rec.observed.instance_id.is_some() || rec.pending.is_none() => {
                 let message = format!(
                     "backend {} no longer has instance {} of this Pod; not starting a second copy",
@@ -617,13 +820,14 @@ impl PodController {
             debug!(instance = %i.id, "waiting for the backend to confirm deletion");
             return Ok(Action::After(DELETE_CONFIRM));
         }
-        info!(
-            instance = rec.observed.instance_id.as_deref().unwrap_or(""),
-            node = %self.settings.node,
-            backend = self.provider.name(),
-            epoch = self.settings.epoch,
-            cause = "pod deleted",
-            "instance deleted; finalizing pod"
+        crate::fencing::audit(
+            uid,
+            &rec.key(),
+            &self.settings.node,
+            self.provider.name(),
+            rec.observed.instance_id.as_deref().unwrap_or(""),
+            self.settings.epoch,
+            "pod deleted",
         );
         self.limiter.until_ready().await;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
@@ -647,31 +851,39 @@ impl PodController {
     /// vkd was down) is removed, but only once the watch has synced.
     async fn remove_orphan(&self, uid: &str) -> Result<Action, ReconcileError> {
         self.admitter.release(uid);
-        if !self.synced() {
-            return Ok(Action::Done);
-        }
+        let done = |this: &Self| {
+            this.approved_orphans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(uid);
+        };
         let Some(instance) = self.provider.get(uid).await? else {
+            done(self);
             return Ok(Action::Done);
         };
         if instance.node != self.settings.node {
+            done(self);
             return Ok(Action::Done);
         }
-        warn!(
-            pod_uid = %uid,
-            pod = %instance.owner,
-            node = %self.settings.node,
-            backend = self.provider.name(),
-            instance = %instance.id,
-            epoch = self.settings.epoch,
-            cause = "pod gone from the API",
-            "deleting orphan instance"
-        );
         self.provider
             .delete(&self.fence(), uid, Duration::ZERO)
             .await?;
         match self.provider.get(uid).await? {
             Some(_) => Ok(Action::After(DELETE_CONFIRM)),
-            None => Ok(Action::Done),
+            None => {
+                crate::fencing::audit(
+                    uid,
+                    &instance.owner.to_string(),
+                    &self.settings.node,
+                    self.provider.name(),
+                    &instance.id,
+                    self.settings.epoch,
+                    "pod gone from the API",
+                );
+                self.shared.metrics.orphans_removed.inc();
+                done(self);
+                Ok(Action::Done)
+            }
         }
     }
 

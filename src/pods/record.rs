@@ -75,6 +75,10 @@ pub struct PodRecord {
     pub timeline: Timeline,
     /// When the backend first queued this Pod (and its Event was published).
     pub queued_since: Option<SystemTime>,
+    /// `vkd.io/partition-policy: fence`: stop the instance in a partition.
+    pub fence_on_partition: bool,
+    /// The partition policy stopped this Pod's instance.
+    pub partition_fenced: bool,
 }
 
 impl PodRecord {
@@ -174,6 +178,12 @@ impl PodRecord {
             condition_times,
             timeline,
             queued_since: previous.and_then(|p| p.queued_since),
+            fence_on_partition: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::fencing::PARTITION_POLICY_ANNOTATION))
+                .is_some_and(|v| v == "fence"),
+            partition_fenced: previous.is_some_and(|p| p.partition_fenced),
         })
     }
 }

@@ -20,6 +20,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 pub mod conformance;
+pub mod fence;
 pub mod quantity;
 pub mod topology;
 
@@ -585,6 +586,12 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// Stops and removes the instance, giving its containers `grace` to exit.
     /// Deleting what does not exist succeeds; a later `get` confirms it is gone.
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()>;
+
+    /// Removes one instance by its backend id: for a duplicate (more than one
+    /// instance for a Pod UID) in backends where that can happen. Optional.
+    async fn delete_instance(&self, _fence: &Fence, _id: &str, _grace: Duration) -> Result<()> {
+        Err(self.unsupported("delete-instance"))
+    }
 
     /// Every instance the backend holds for `node`.
     async fn list(&self, node: &str) -> Result<Vec<Instance>>;

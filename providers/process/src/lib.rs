@@ -104,6 +104,7 @@ struct Inner {
     cgroup_parent: Option<PathBuf>,
     epochs: Mutex<HashMap<String, u64>>,
     events: broadcast::Sender<InstanceEvent>,
+    fences: vkd_provider::fence::FenceBook,
     /// The last CPU sample per container, for the usage rate.
     cpu_samples: Mutex<HashMap<(String, String), (SystemTime, u64)>>,
 }
@@ -175,6 +176,12 @@ impl ProcessProvider {
                 host: hostname(),
                 epochs: Mutex::new(epochs),
                 events,
+                fences: vkd_provider::fence::FenceBook::new(&dir.join("fences")).map_err(
+                    |source| OpenError::State {
+                        path: dir.join("fences"),
+                        source,
+                    },
+                )?,
                 cpu_samples: Mutex::default(),
             }),
         };
@@ -237,27 +244,14 @@ impl ProcessProvider {
         }
     }
 
-    fn check_fence(&self, fence: &Fence) -> Result<()> {
-        let mut epochs = self
-            .inner
-            .epochs
-            .lock()
-            .map_err(|_| ProviderError::transient("epoch table poisoned"))?;
-        let current = epochs.get(&fence.node).copied().unwrap_or(0);
-        if fence.epoch < current {
-            return Err(ProviderError::Fenced {
-                node: fence.node.clone(),
-                current,
-                got: fence.epoch,
-            });
-        }
-        if fence.epoch > current {
-            let path = self.inner.dir.join("fences").join(&fence.node);
-            sandbox::write_atomic(&path, fence.epoch.to_string().as_bytes(), 0o644)
-                .map_err(io_err(&path))?;
+    /// Refuses a stale epoch, also one another process recorded; the guard holds
+    /// the fence lock until the caller's mutation is done.
+    fn check_fence(&self, fence: &Fence) -> Result<vkd_provider::fence::FenceGuard> {
+        let guard = self.inner.fences.check(fence)?;
+        if let Ok(mut epochs) = self.inner.epochs.lock() {
             epochs.insert(fence.node.clone(), fence.epoch);
         }
-        Ok(())
+        Ok(guard)
     }
 
     fn spawn_shim(&self, sb: &Sandbox) -> std::io::Result<()> {
@@ -892,7 +886,7 @@ impl Provider for ProcessProvider {
     }
 
     async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
-        self.check_fence(fence)?;
+        let _fenced = self.check_fence(fence)?;
         let uid = &spec.pod.uid;
         if let Some((sb, rec, st)) = self.read(uid)? {
             return Ok(self.instance_of(&sb, rec, st));
@@ -980,7 +974,7 @@ impl Provider for ProcessProvider {
     }
 
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
-        self.check_fence(fence)?;
+        let _fenced = self.check_fence(fence)?;
         let Some((sb, _, _)) = self.read(uid)? else {
             return Ok(());
         };

@@ -159,6 +159,7 @@ struct Inner {
     dir: PathBuf,
     state: Mutex<State>,
     events: broadcast::Sender<InstanceEvent>,
+    fences: vkd_provider::fence::FenceBook,
 }
 
 /// The simulated backend. Cheap to clone.
@@ -194,6 +195,8 @@ impl SimProvider {
                 dir: state_dir.to_owned(),
                 state: Mutex::new(State::default()),
                 events,
+                fences: vkd_provider::fence::FenceBook::new(&state_dir.join("fences"))
+                    .map_err(io_err(&state_dir.join("fences")))?,
             }),
         };
         {
@@ -252,6 +255,13 @@ impl SimProvider {
         let mut epochs = HashMap::new();
         for entry in std::fs::read_dir(&fences).map_err(io_err(&fences))? {
             let path = entry.map_err(io_err(&fences))?.path();
+            if path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_none_or(|n| n.starts_with('.'))
+            {
+                continue; // the fence lock and temporary files
+            }
             let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
             let epoch = text
                 .trim()
@@ -286,27 +296,16 @@ impl SimProvider {
     }
 
     /// Refuses a stale epoch; records a newer one (durably) before anything else happens.
-    fn check_fence(&self, st: &mut State, fence: &Fence) -> Result<()> {
-        let current = st.epochs.get(&fence.node).copied().unwrap_or(0);
-        if fence.epoch < current {
-            return Err(ProviderError::Fenced {
-                node: fence.node.clone(),
-                current,
-                got: fence.epoch,
-            });
-        }
-        if fence.epoch > current {
-            if fence.node.contains('/') || fence.node.is_empty() {
-                return Err(ProviderError::invalid(
-                    "InvalidNode",
-                    format!("node name {:?}", fence.node),
-                ));
-            }
-            let path = self.inner.dir.join("fences").join(&fence.node);
-            Self::write_atomic(&path, fence.epoch.to_string().as_bytes())?;
-            st.epochs.insert(fence.node.clone(), fence.epoch);
-        }
-        Ok(())
+    /// Refuses a stale epoch, also one another process recorded; records a newer
+    /// one durably. The guard holds the fence lock until the caller's mutation is done.
+    fn check_fence(
+        &self,
+        st: &mut State,
+        fence: &Fence,
+    ) -> Result<vkd_provider::fence::FenceGuard> {
+        let guard = self.inner.fences.check(fence)?;
+        st.epochs.insert(fence.node.clone(), fence.epoch);
+        Ok(guard)
     }
 
     fn behaviour(spec: &InstanceSpec) -> Result<Behaviour> {
@@ -520,7 +519,7 @@ impl Provider for SimProvider {
         let uid = spec.pod.uid.clone();
         let instance = {
             let mut st = self.state();
-            self.check_fence(&mut st, fence)?;
+            let _fenced = self.check_fence(&mut st, fence)?;
             let now = SystemTime::now();
             if let Some(rec) = st.records.get(&uid) {
                 self.observe(rec, now).0
@@ -598,7 +597,7 @@ impl Provider for SimProvider {
         }
         {
             let mut st = self.state();
-            self.check_fence(&mut st, fence)?;
+            let _fenced = self.check_fence(&mut st, fence)?;
             let now = SystemTime::now();
             let Some(rec) = st.records.get(uid) else {
                 return Ok(());
