@@ -42,6 +42,11 @@ impl AdminState {
         }
     }
 
+    /// This replica does not lead (any more).
+    pub fn set_standby(&self) {
+        *self.active.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// This replica leads now, with these Nodes and Pod controllers.
     pub fn set_active(
         &self,

@@ -159,8 +159,10 @@ async fn nodes(
     }
 }
 
-/// Runs the daemon until `shutdown` is cancelled, or until this replica loses
-/// the leader lease (an error: it must not act any more).
+/// Runs the daemon until `shutdown` is cancelled. With leader election, it waits
+/// as a standby until it holds the leader lease, acts while it holds it, and
+/// goes back to standby when it loses it (another replica took it, it could not
+/// be renewed, or a backend refused the epoch): it never acts without it.
 pub async fn run(
     cfg: Config,
     provider: Arc<dyn Provider>,
@@ -182,72 +184,94 @@ pub async fn run(
         .leader
         .clone()
         .map(|s| fencing::leader::LeaderElector::new(node_client.clone(), s));
-    let epoch = match &elector {
-        Some(e) => match e.acquire(&shutdown).await {
-            Ok(epoch) => epoch,
-            Err(_) => {
-                let _ = admin.await;
-                return Ok(());
-            }
-        },
-        None => STATIC_EPOCH,
-    };
-    metrics.leader.set(1);
-    metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
-    // Everything below acts for the node and stops at once when leadership goes.
-    let work = shutdown.child_token();
-    let superseded = CancellationToken::new();
-    let lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let holder = {
-        let work = work.clone();
-        let lost = Arc::clone(&lost);
-        let outer = shutdown.clone();
-        let superseded = superseded.clone();
-        tokio::spawn(async move {
-            let held = match &elector {
-                Some(e) => tokio::select! {
-                    h = e.hold(epoch, &work) => h,
-                    () = superseded.cancelled() => fencing::leader::Held::Lost("a backend refused our epoch".into()),
-                },
-                None => tokio::select! {
-                    () = work.cancelled() => fencing::leader::Held::Shutdown,
-                    () = superseded.cancelled() => fencing::leader::Held::Lost("a backend refused our epoch".into()),
-                },
-            };
-            if let fencing::leader::Held::Lost(why) = held {
-                tracing::error!(reason = %why, epoch, "leadership lost; stopping all work now");
-                *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    let partition_fenced: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
+    let result = loop {
+        let epoch = match &elector {
+            Some(e) => match e.acquire(&shutdown).await {
+                Ok(epoch) => epoch,
+                Err(_) => break Ok(()),
+            },
+            None => STATIC_EPOCH,
+        };
+        metrics.leader.set(1);
+        metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+        // Everything the term does stops at once when leadership goes.
+        let work = shutdown.child_token();
+        let shared = pods::Shared {
+            metrics: Arc::clone(&metrics),
+            superseded: CancellationToken::new(),
+            last_lease_renewal: Arc::default(),
+            partition_fenced: Arc::clone(&partition_fenced),
+            unrenewed: Arc::default(),
+        };
+        let holder = {
+            let (work, shared, outer) = (work.clone(), shared.clone(), shutdown.clone());
+            let elector = elector.as_ref().map(|e| {
+                fencing::leader::LeaderElector::new(node_client.clone(), e.settings().clone())
+            });
+            tokio::spawn(async move {
+                let refused = || fencing::leader::Held::Taken("a backend refused our epoch".into());
+                let held = match &elector {
+                    Some(e) => tokio::select! {
+                        h = e.hold(epoch, &work) => h,
+                        () = shared.superseded.cancelled() => refused(),
+                    },
+                    None => tokio::select! {
+                        () = work.cancelled() => fencing::leader::Held::Shutdown,
+                        () = shared.superseded.cancelled() => refused(),
+                    },
+                };
+                match &held {
+                    fencing::leader::Held::Shutdown => {
+                        if let Some(e) = &elector
+                            && outer.is_cancelled()
+                        {
+                            // A clean stop hands the lease over at once.
+                            e.release(epoch).await;
+                        }
+                    }
+                    fencing::leader::Held::Unrenewed(why) => {
+                        *shared.unrenewed.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(why.clone());
+                    }
+                    fencing::leader::Held::Taken(_) => {}
+                }
                 work.cancel();
-            } else if let Some(e) = &elector {
-                // A clean stop hands the lease over at once.
-                if outer.is_cancelled() {
-                    e.release(epoch).await;
+                held
+            })
+        };
+        let acted = act(
+            &cfg,
+            &provider,
+            epoch,
+            pod_client.clone(),
+            node_client.clone(),
+            &shared,
+            &admin_state,
+            work.clone(),
+        )
+        .await;
+        work.cancel();
+        admin_state.set_standby();
+        metrics.leader.set(0);
+        let held = holder.await.unwrap_or(fencing::leader::Held::Shutdown);
+        if shutdown.is_cancelled() {
+            break acted;
+        }
+        match held {
+            fencing::leader::Held::Taken(why) | fencing::leader::Held::Unrenewed(why) => {
+                tracing::error!(reason = %why, epoch, "leadership lost; stopped all work, back to standby");
+                if elector.is_none() {
+                    break Err(Error::LostLeadership(why));
                 }
             }
-        })
+            fencing::leader::Held::Shutdown => {
+                if let Err(e) = acted {
+                    break Err(e);
+                }
+            }
+        }
     };
-    let shared = pods::Shared {
-        metrics: Arc::clone(&metrics),
-        superseded,
-        last_lease_renewal: Arc::default(),
-    };
-    let result = act(
-        &cfg,
-        &provider,
-        epoch,
-        pod_client,
-        node_client,
-        &shared,
-        &admin_state,
-        work.clone(),
-    )
-    .await;
-    work.cancel();
-    metrics.leader.set(0);
-    let _ = holder.await;
-    if let Some(why) = lost.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(Error::LostLeadership(why));
-    }
     shutdown.cancel();
     let _ = admin.await;
     result
@@ -270,6 +294,19 @@ async fn act(
     let mut servers = Vec::new();
     let mut registered = Vec::new();
     for (name, host, port) in nodes(cfg, provider.as_ref()).await? {
+        let fence = vkd_provider::Fence {
+            node: name.clone(),
+            epoch,
+        };
+        if let Err(e) = provider.takeover(&fence).await {
+            if let vkd_provider::ProviderError::Fenced { .. } = e {
+                shared.superseded.cancel();
+            }
+            return Err(Error::Provider {
+                provider: "takeover",
+                message: format!("node {name} at epoch {epoch}: {e}"),
+            });
+        }
         let pods = pods::PodController::new(
             pods::Settings {
                 node: name.clone(),

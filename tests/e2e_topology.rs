@@ -9,7 +9,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
-use common::{Vkd, items, running_and_ready, str_at};
+use common::{Vkd, admin_get, items, running_and_ready, str_at};
 
 fn main() -> ExitCode {
     Suite::new("topology", &[]).run(&[
@@ -36,29 +36,6 @@ spec:
     resources: {{limits: {{nvidia.com/gpu: {gpus}}}, requests: {{cpu: "2", memory: 8Gi}}}}
 "#
     )
-}
-
-/// GET from the vkd's admin server.
-fn admin_get(vkd: &Vkd, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let i = vkd
-        .args
-        .iter()
-        .position(|a| a == "--admin-port")
-        .context("no admin port")?;
-    let port: u16 = vkd.args[i + 1].parse()?;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    ensure!(out.starts_with("HTTP/1.1 200"), "{out}");
-    Ok(out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default())
 }
 
 /// The Pod already bound to `node`, past the scheduler.
@@ -142,7 +119,7 @@ fn aggregate(c: &Cluster) -> Result<()> {
     );
 
     // The same slices for a person, from the admin server.
-    let table = admin_get(&vkd, "/slices")?;
+    let (_, table) = admin_get(&vkd, "/slices")?;
     ensure!(
         table.contains("capacity: live") && table.contains("host-a") && table.contains("4/4"),
         "{table}"

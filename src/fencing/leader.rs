@@ -42,7 +42,10 @@ pub enum LeaderError {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Held {
     Shutdown,
-    Lost(String),
+    /// Another replica holds it now.
+    Taken(String),
+    /// It could not be renewed in time: the API server is out of reach.
+    Unrenewed(String),
 }
 
 #[derive(Debug)]
@@ -204,13 +207,13 @@ impl LeaderElector {
             .await;
             match attempt {
                 Ok(Ok(())) => last_ok = Instant::now(),
-                Ok(Err(Renew::Taken(by))) => return Held::Lost(format!("taken by {by}")),
+                Ok(Err(Renew::Taken(by))) => return Held::Taken(format!("taken by {by:?}")),
                 Ok(Err(Renew::Failed(e))) => warn!(error = %e, "renewing the leader lease failed"),
                 Err(_) => {}
             }
             if last_ok.elapsed() >= self.s.renew_deadline {
-                return Held::Lost(format!(
-                    "not renewed for {}s (renew deadline)",
+                return Held::Unrenewed(format!(
+                    "leader lease not renewed for {}s (renew deadline)",
                     self.s.renew_deadline.as_secs()
                 ));
             }

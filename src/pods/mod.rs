@@ -95,6 +95,12 @@ pub struct Shared {
     pub superseded: CancellationToken,
     /// Unix milliseconds of the last successful node lease renewal (0: none yet).
     pub last_lease_renewal: Arc<std::sync::atomic::AtomicU64>,
+    /// Pod UIDs whose instance the partition policy stopped (kept across
+    /// leadership terms, so the Pod later fails with the right reason).
+    pub partition_fenced: Arc<Mutex<HashSet<String>>>,
+    /// Set (with the reason) when leadership ends because the lease could not be
+    /// renewed: before they stop, the controllers apply the partition policy.
+    pub unrenewed: Arc<Mutex<Option<String>>>,
 }
 
 pub struct PodController {
@@ -223,6 +229,15 @@ impl PodController {
         tasks.spawn(async move { this.partition_watch(token).await });
         self.watch(shutdown).await;
         while tasks.join_next().await.is_some() {}
+        let unrenewed = self
+            .shared
+            .unrenewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(why) = unrenewed {
+            self.fence_for_partition(&why).await;
+        }
     }
 
     async fn watch(&self, shutdown: CancellationToken) {
@@ -380,37 +395,54 @@ impl PodController {
             if silent < self.settings.partition_fence_after {
                 continue;
             }
-            let targets: Vec<PodRecord> = self
-                .records()
-                .values()
-                .filter(|r| r.fence_on_partition && !r.partition_fenced && r.pending.is_none())
-                .cloned()
-                .collect();
-            for rec in targets {
-                crate::fencing::audit(
-                    &rec.uid,
-                    &rec.key(),
-                    &self.settings.node,
-                    self.provider.name(),
-                    rec.observed.instance_id.as_deref().unwrap_or(""),
-                    self.settings.epoch,
-                    &format!(
-                        "partition: node lease not renewed for {}s (vkd.io/partition-policy: fence)",
-                        silent.as_secs()
-                    ),
-                );
-                match self
-                    .provider
-                    .delete(&self.fence(), &rec.uid, Duration::ZERO)
-                    .await
-                {
-                    Ok(()) => {
-                        self.shared.metrics.partition_fenced.inc();
-                        self.touch(&rec.uid, |r| r.partition_fenced = true);
-                    }
-                    Err(e) => {
-                        warn!(error = %e, pod = %rec.key(), "partition fence: stopping the instance failed; retrying")
-                    }
+            self.fence_for_partition(&format!("node lease not renewed for {}s", silent.as_secs()))
+                .await;
+        }
+    }
+
+    /// Stops the instances of Pods annotated `vkd.io/partition-policy: fence`.
+    /// Called while this replica's epoch is still the newest: when the node lease
+    /// went unrenewed too long, and when leadership is lost for want of renewal
+    /// (before anyone else can take over).
+    pub async fn fence_for_partition(&self, why: &str) {
+        let fenced = |uid: &str| {
+            self.shared
+                .partition_fenced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(uid)
+        };
+        let targets: Vec<PodRecord> = self
+            .records()
+            .values()
+            .filter(|r| r.fence_on_partition && r.pending.is_none() && !fenced(&r.uid))
+            .cloned()
+            .collect();
+        for rec in targets {
+            crate::fencing::audit(
+                &rec.uid,
+                &rec.key(),
+                &self.settings.node,
+                self.provider.name(),
+                rec.observed.instance_id.as_deref().unwrap_or(""),
+                self.settings.epoch,
+                &format!("partition: {why} (vkd.io/partition-policy: fence)"),
+            );
+            match self
+                .provider
+                .delete(&self.fence(), &rec.uid, Duration::ZERO)
+                .await
+            {
+                Ok(()) => {
+                    self.shared.metrics.partition_fenced.inc();
+                    self.shared
+                        .partition_fenced
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(rec.uid.to_string());
+                }
+                Err(e) => {
+                    warn!(error = %e, pod = %rec.key(), "partition fence: stopping the instance failed")
                 }
             }
         }
@@ -557,7 +589,13 @@ impl PodController {
         }
         let instance = match self.provider.get(uid).await? {
             Some(i) => i,
-            None if rec.partition_fenced => {
+            None if self
+                .shared
+                .partition_fenced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(uid) =>
+            {
                 let message = format!(
                     "vkd stopped instance {} of this Pod while it could not reach the API server \
                      (vkd.io/partition-policy: fence)",

@@ -77,8 +77,6 @@ pub struct PodRecord {
     pub queued_since: Option<SystemTime>,
     /// `vkd.io/partition-policy: fence`: stop the instance in a partition.
     pub fence_on_partition: bool,
-    /// The partition policy stopped this Pod's instance.
-    pub partition_fenced: bool,
 }
 
 impl PodRecord {
@@ -183,7 +181,6 @@ impl PodRecord {
                 .as_ref()
                 .and_then(|a| a.get(crate::fencing::PARTITION_POLICY_ANNOTATION))
                 .is_some_and(|v| v == "fence"),
-            partition_fenced: previous.is_some_and(|p| p.partition_fenced),
         })
     }
 }

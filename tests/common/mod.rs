@@ -60,10 +60,12 @@ impl Vkd {
         std::fs::create_dir_all(&state_dir)?;
         let fleet = config;
         let kubelet_port = free_port()?;
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            "--kubeconfig".into(),
-            c.kubeconfig().display().to_string(),
+        let mut args: Vec<String> = vec!["run".into()];
+        if !extra.contains(&"--kubeconfig") {
+            args.push("--kubeconfig".into());
+            args.push(c.kubeconfig().display().to_string());
+        }
+        args.extend([
             "--node-name".into(),
             node.into(),
             "--provider".into(),
@@ -76,7 +78,7 @@ impl Vkd {
             free_port()?.to_string(),
             "--kubelet-port".into(),
             kubelet_port.to_string(),
-        ];
+        ]);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut vkd = Self {
             node: node.into(),
@@ -114,6 +116,11 @@ impl Vkd {
             child.wait()?;
         }
         Ok(())
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The daemon's resident memory.
@@ -194,6 +201,144 @@ pub fn str_at<'a>(v: &'a Value, path: &str) -> &'a str {
 pub fn running_and_ready(p: &Value) -> bool {
     at(p, "status.phase") == "Running"
         && condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+}
+
+/// A TCP proxy the test controls: `cut` drops every connection and refuses new
+/// ones (a partition between vkd and the API server), `heal` lets them through.
+pub struct Proxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    pub fn start(upstream: std::net::SocketAddr) -> Result<Self> {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>> = Default::default();
+        let (c, l) = (cut.clone(), live.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if c.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let pairs = [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ];
+                if let Ok(mut list) = l.lock() {
+                    list.extend(client.try_clone());
+                    list.extend(server.try_clone());
+                }
+                for (from, to) in pairs {
+                    if let (Ok(mut from), Ok(mut to)) = (from, to) {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            }
+        });
+        Ok(Self { port, cut, live })
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut list) = self.live.lock() {
+            for s in list.drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A copy of the cluster's kubeconfig that reaches the API server through this proxy.
+    pub fn kubeconfig(&self, c: &Cluster) -> Result<PathBuf> {
+        let text = std::fs::read_to_string(c.kubeconfig())?;
+        let server = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .context("no server in the kubeconfig")?
+            .to_owned();
+        let out = c.dir().join(format!("kubeconfig-proxy-{}", self.port));
+        std::fs::write(
+            &out,
+            text.replace(&server, &format!("https://127.0.0.1:{}", self.port)),
+        )?;
+        Ok(out)
+    }
+}
+
+/// The API server's address, from the cluster's kubeconfig.
+pub fn apiserver_addr(c: &Cluster) -> Result<std::net::SocketAddr> {
+    let text = std::fs::read_to_string(c.kubeconfig())?;
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .context("no https server in the kubeconfig")?;
+    Ok(server.trim().parse()?)
+}
+
+/// GET from a vkd's admin server; the body.
+pub fn admin_get(vkd: &Vkd, path: &str) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let i = vkd
+        .args
+        .iter()
+        .position(|a| a == "--admin-port")
+        .context("no admin port")?;
+    let port: u16 = vkd.args[i + 1].parse()?;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((
+        code,
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default(),
+    ))
+}
+
+/// One counter or gauge from an admin `/metrics` text.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == name).then(|| v.trim().parse().ok())?
+    })
+}
+
+/// The sim journal of a vkd: (event, podUID, unix ms) in order.
+pub fn journal(vkd: &Vkd) -> Result<Vec<(String, String, u64)>> {
+    let text = std::fs::read_to_string(vkd.state_dir.join("sim/journal.jsonl")).unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line)?;
+        out.push((
+            str_at(&v, "event").to_owned(),
+            str_at(&v, "podUID").to_owned(),
+            at(&v, "atMs").as_u64().unwrap_or(0),
+        ));
+    }
+    Ok(out)
 }
 
 /// Pod UIDs against instance owners: the backend runs exactly the Pods, once each.

@@ -587,6 +587,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// Deleting what does not exist succeeds; a later `get` confirms it is gone.
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()>;
 
+    /// This daemon now acts for `fence.node` at `fence.epoch` (it took the
+    /// leader lease): forget anything cached, another replica may have acted
+    /// meanwhile. Providers that read their state fresh need not override it.
+    async fn takeover(&self, _fence: &Fence) -> Result<()> {
+        Ok(())
+    }
+
     /// Removes one instance by its backend id: for a duplicate (more than one
     /// instance for a Pod UID) in backends where that can happen. Optional.
     async fn delete_instance(&self, _fence: &Fence, _id: &str, _grace: Duration) -> Result<()> {

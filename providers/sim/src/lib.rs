@@ -410,8 +410,36 @@ impl SimProvider {
         }
         if let Some(rec) = st.records.remove(uid) {
             st.account(&rec, false);
+            self.journal("stopped", &rec, rec.stop_at.unwrap_or(now));
         }
         Ok(true)
+    }
+
+    /// Appends to `journal.jsonl`: when each instance was created and when it
+    /// stopped, by the backend's clock (what a test holds against the control plane).
+    fn journal(&self, event: &str, rec: &Record, at: SystemTime) {
+        use std::io::Write;
+        let at_ms = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let line = serde_json::json!({
+            "atMs": at_ms,
+            "event": event,
+            "podUID": rec.spec.pod.uid,
+            "pod": rec.spec.pod.to_string(),
+            "instance": rec.id,
+            "node": rec.spec.node,
+            "epoch": rec.epoch,
+        });
+        let path = self.inner.dir.join("journal.jsonl");
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = written {
+            eprintln!("sim: writing {}: {e}", path.display());
+        }
     }
 
     /// Wakes at each future state change of an instance and announces it.
@@ -487,6 +515,22 @@ impl Provider for SimProvider {
             observed_at: SystemTime::now(),
             refresh_interval: self.inner.fleet.refresh_interval,
         })
+    }
+
+    async fn takeover(&self, fence: &Fence) -> Result<()> {
+        {
+            let mut st = self.state();
+            let _fenced = self.check_fence(&mut st, fence)?;
+        }
+        // Another daemon may have created or deleted instances since this one
+        // last read the state directory.
+        self.reload()
+            .map_err(|e| ProviderError::transient(e.to_string()))?;
+        let uids: Vec<String> = self.state().records.keys().cloned().collect();
+        for uid in uids {
+            self.watch(&uid);
+        }
+        Ok(())
     }
 
     async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
@@ -570,6 +614,7 @@ impl Provider for SimProvider {
                 Self::write_atomic(&self.record_path(&uid), &bytes)?;
                 st.account(&rec, true);
                 let instance = self.observe(&rec, now).0;
+                self.journal("created", &rec, now);
                 st.records.insert(uid.clone(), rec);
                 instance
             }
