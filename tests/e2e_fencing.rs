@@ -17,7 +17,7 @@ use common::{
 
 fn main() -> ExitCode {
     // A short node-monitor grace period, so a partition turns into evictions quickly.
-    Suite::new("fencing", &["--node-monitor-grace-period", "16s"]).run(&[
+    Suite::serial("fencing", &["--node-monitor-grace-period", "16s"]).run(&[
         (
             "sigkill_during_200_creates_leaves_one_instance_each",
             sigkill_rounds,

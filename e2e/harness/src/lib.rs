@@ -255,6 +255,7 @@ pub struct Suite {
     name: &'static str,
     up_args: Vec<&'static str>,
     cluster: OnceLock<std::result::Result<Cluster, String>>,
+    serial: bool,
 }
 
 impl Suite {
@@ -263,6 +264,17 @@ impl Suite {
             name,
             up_args: up_args.to_vec(),
             cluster: OnceLock::new(),
+            serial: false,
+        })
+    }
+
+    /// Tests that disturb the whole cluster (freezing the API server, say) run one at a time.
+    pub fn serial(name: &'static str, up_args: &[&'static str]) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            up_args: up_args.to_vec(),
+            cluster: OnceLock::new(),
+            serial: true,
         })
     }
 
@@ -275,7 +287,10 @@ impl Suite {
 
     /// Runs the tests (honouring cargo test's filters and flags), then stops the cluster.
     pub fn run(self: Arc<Self>, tests: &[(&'static str, TestFn)]) -> ExitCode {
-        let args = Arguments::from_args();
+        let mut args = Arguments::from_args();
+        if self.serial {
+            args.test_threads = Some(1);
+        }
         let trials = tests
             .iter()
             .map(|&(name, test)| {
