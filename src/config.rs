@@ -563,7 +563,7 @@ impl Config {
                     .clone()
                     .or(file.replica_id.clone())
                     .or_else(|| env("POD_NAME"))
-                    .unwrap_or_else(|| rustix_hostname()),
+                    .unwrap_or_else(hostname),
                 lease_duration,
                 // Stop acting well before anyone else may start (client-go's 15/10/2).
                 renew_deadline: lease_duration * 2 / 3,
@@ -619,7 +619,7 @@ impl Config {
     }
 }
 
-fn rustix_hostname() -> String {
+fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()

@@ -137,7 +137,7 @@ impl LeaderElector {
             Some(h) if h == me => true,
             Some(_) => {
                 let current = (holder.clone(), spec.renew_time.clone());
-                let expired = match seen {
+                match seen {
                     Some((h, r, at)) if (h.clone(), r.clone()) == current => {
                         let duration = spec
                             .lease_duration_seconds
@@ -150,8 +150,7 @@ impl LeaderElector {
                         *seen = Some((current.0, current.1, Instant::now()));
                         false
                     }
-                };
-                expired
+                }
             }
         };
         if !free {

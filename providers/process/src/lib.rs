@@ -102,7 +102,6 @@ struct Inner {
     host: String,
     run_as: Option<(u32, u32)>,
     cgroup_parent: Option<PathBuf>,
-    epochs: Mutex<HashMap<String, u64>>,
     events: broadcast::Sender<InstanceEvent>,
     fences: vkd_provider::fence::FenceBook,
     /// The last CPU sample per container, for the usage rate.
@@ -153,18 +152,6 @@ impl ProcessProvider {
                 mode,
             });
         }
-        let mut epochs = HashMap::new();
-        if let Ok(entries) = std::fs::read_dir(dir.join("fences")) {
-            for e in entries.flatten() {
-                if let (Some(node), Ok(text)) = (
-                    e.file_name().to_str().map(str::to_owned),
-                    std::fs::read_to_string(e.path()),
-                ) && let Ok(epoch) = text.trim().parse()
-                {
-                    epochs.insert(node, epoch);
-                }
-            }
-        }
         let (events, _) = broadcast::channel(1024);
         let provider = Self {
             inner: Arc::new(Inner {
@@ -174,7 +161,6 @@ impl ProcessProvider {
                 config,
                 shim_exe,
                 host: hostname(),
-                epochs: Mutex::new(epochs),
                 events,
                 fences: vkd_provider::fence::FenceBook::new(&dir.join("fences")).map_err(
                     |source| OpenError::State {
@@ -247,11 +233,7 @@ impl ProcessProvider {
     /// Refuses a stale epoch, also one another process recorded; the guard holds
     /// the fence lock until the caller's mutation is done.
     fn check_fence(&self, fence: &Fence) -> Result<vkd_provider::fence::FenceGuard> {
-        let guard = self.inner.fences.check(fence)?;
-        if let Ok(mut epochs) = self.inner.epochs.lock() {
-            epochs.insert(fence.node.clone(), fence.epoch);
-        }
-        Ok(guard)
+        self.inner.fences.check(fence)
     }
 
     fn spawn_shim(&self, sb: &Sandbox) -> std::io::Result<()> {
