@@ -89,15 +89,38 @@ async fn slices(State(s): State<AdminState>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    let pending: usize = s
+    let pods: Vec<Arc<PodController>> = s
         .active
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
-        .map_or(0, |a| a.pods.iter().map(|p| p.deletions_pending()).sum());
+        .map(|a| a.pods.clone())
+        .unwrap_or_default();
+    let pending: usize = pods.iter().map(|p| p.deletions_pending()).sum();
     s.metrics
         .deletions_pending
         .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    let mut phases: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut instances: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut queue = 0;
+    let mut lease_age = None;
+    for p in &pods {
+        queue += p.queue_depth();
+        lease_age = lease_age.or(p.lease_age());
+        for (phase, n) in p.phases() {
+            *phases.entry(phase).or_default() += n;
+        }
+        // What the backend itself reports: the other side of "Ready" Pods.
+        if let Ok(list) = s.provider.list(p.node()).await {
+            for i in list {
+                *instances.entry(format!("{:?}", i.phase)).or_default() += 1;
+            }
+        }
+    }
+    let phases: Vec<(String, i64)> = phases.into_iter().collect();
+    let instances: Vec<(String, i64)> = instances.into_iter().collect();
+    s.metrics
+        .set_snapshot(queue, lease_age, &phases, &instances);
     (
         [(
             header::CONTENT_TYPE,

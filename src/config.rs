@@ -193,6 +193,10 @@ pub struct RunArgs {
     /// the Pods' unreachable toleration (docs/fencing.md).
     #[arg(long, env = "VKD_PARTITION_FENCE_AFTER")]
     pub partition_fence_after: Option<String>,
+    /// Normal Events for every step of a Pod (Admitted, InstanceCreated,
+    /// InstanceDeleted); queueing and failures always get one. Default true.
+    #[arg(long, env = "VKD_LIFECYCLE_EVENTS")]
+    pub lifecycle_events: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -243,6 +247,7 @@ struct FileConfig {
     gc_max_delete_fraction: Option<f64>,
     gc_allow_mass_delete: Option<bool>,
     partition_fence_after: Option<String>,
+    lifecycle_events: Option<bool>,
 }
 
 /// A configuration problem, naming the field.
@@ -313,6 +318,7 @@ pub struct Config {
     pub gc_interval: Duration,
     pub brake: crate::fencing::Brake,
     pub partition_fence_after: Duration,
+    pub lifecycle_events: bool,
     /// How often the node lease is renewed (the kubelet's 10 s).
     pub lease_renew_interval: Duration,
     /// The lease duration (the kubelet's 40 s).
@@ -612,6 +618,10 @@ impl Config {
             gc_interval,
             brake,
             partition_fence_after,
+            lifecycle_events: args
+                .lifecycle_events
+                .or(file.lifecycle_events)
+                .unwrap_or(true),
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),
             status_report_interval: Duration::from_secs(300),

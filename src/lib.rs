@@ -172,6 +172,7 @@ pub async fn run(
     let node_client = client(&cfg).await?;
     let pod_client = client(&cfg).await?;
     let metrics = Arc::new(metrics::Metrics::default());
+    let provider = metrics::Instrumented::wrap(provider, Arc::clone(&metrics));
     let admin_state = admin::AdminState::new(Arc::clone(&provider), Arc::clone(&metrics));
     let admin = admin::serve(
         (cfg.admin_bind, cfg.admin_port).into(),
@@ -321,6 +322,7 @@ async fn act(
                 gc_interval: cfg.gc_interval,
                 brake: cfg.brake,
                 partition_fence_after: cfg.partition_fence_after,
+                lifecycle_events: cfg.lifecycle_events,
             },
             pod_client.clone(),
             Arc::clone(provider),

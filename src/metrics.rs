@@ -1,10 +1,38 @@
 //! The daemon's own metrics (prometheus-client), served at the admin port's
-//! `/metrics`. Object UIDs and instance ids go in logs, never in labels.
+//! `/metrics`. Object UIDs and instance ids go in logs, never in labels: every
+//! label here has a small, fixed set of values.
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use vkd_provider::{
+    Admission, Capabilities, Capacity, Duplex, Fence, Health, Instance, InstanceEvent,
+    InstanceSpec, LogRequest, Logs, PodStats, Provider, Result, StreamIo,
+};
+
+type Labels = Vec<(String, String)>;
+
+const PHASES: [&str; 4] = ["Pending", "Running", "Succeeded", "Failed"];
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms to about 65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -25,74 +53,108 @@ pub struct Metrics {
     pub leader: Gauge,
     /// The epoch this replica acts under.
     pub epoch: Gauge,
+    reconcile_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    reconcile_errors: Family<Labels, Counter>,
+    queue_depth: Gauge,
+    api_writes: Family<Labels, Counter>,
+    api_throttled: Counter<f64, std::sync::atomic::AtomicU64>,
+    lease_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    provider_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    provider_errors: Family<Labels, Counter>,
+    pods: Family<Labels, Gauge>,
+    instances: Family<Labels, Gauge>,
+    startup: Family<Labels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("vkd");
-        let m = |r: &mut Registry, name: &str, help: &str, c: Counter| {
-            r.register(name, help, c.clone());
-            c
-        };
-        let duplicates_found = m(
-            &mut registry,
-            "duplicate_instances_found",
-            "Backend instances found beside a newer one for the same Pod UID",
-            Counter::default(),
-        );
-        let orphans_removed = m(
-            &mut registry,
-            "orphans_removed",
-            "Instances deleted because their Pod was gone",
-            Counter::default(),
-        );
-        let gc_braked = m(
-            &mut registry,
-            "gc_braked",
-            "Collection passes the mass-deletion brake stopped",
-            Counter::default(),
-        );
-        let fenced_refused = m(
-            &mut registry,
-            "fenced_operations_refused",
-            "Backend calls refused because they carried an old epoch",
-            Counter::default(),
-        );
-        let partition_fenced = m(
-            &mut registry,
-            "partition_fenced_instances",
-            "Instances stopped by the partition policy",
-            Counter::default(),
-        );
-        let deletions_pending = Gauge::default();
-        registry.register(
-            "deletions_pending",
-            "Pods being deleted whose instance is not yet confirmed gone",
-            deletions_pending.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader lease",
-            leader.clone(),
-        );
-        let epoch = Gauge::default();
-        registry.register("epoch", "The epoch this replica acts under", epoch.clone());
-        Self {
-            registry,
-            duplicates_found,
-            orphans_removed,
-            gc_braked,
-            fenced_refused,
-            partition_fenced,
-            deletions_pending,
-            leader,
-            epoch,
+        let mut r = Registry::with_prefix("vkd");
+        macro_rules! reg {
+            ($name:expr, $help:expr, $metric:expr) => {{
+                let m = $metric;
+                r.register($name, $help, m.clone());
+                m
+            }};
         }
+        let hist = || {
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+                seconds_histogram as fn() -> Histogram,
+            )
+        };
+        Self {
+            duplicates_found: reg!("duplicate_instances_found", "Backend instances found beside a newer one for the same Pod UID", Counter::default()),
+            orphans_removed: reg!("orphans_removed", "Instances deleted because their Pod was gone", Counter::default()),
+            gc_braked: reg!("gc_braked", "Collection passes the mass-deletion brake stopped", Counter::default()),
+            fenced_refused: reg!("fenced_operations_refused", "Backend calls refused because they carried an old epoch", Counter::default()),
+            partition_fenced: reg!("partition_fenced_instances", "Instances stopped by the partition policy", Counter::default()),
+            deletions_pending: reg!("deletions_pending", "Pods being deleted whose instance is not yet confirmed gone", Gauge::default()),
+            leader: reg!("leader", "1 while this replica holds the leader lease", Gauge::default()),
+            epoch: reg!("epoch", "The epoch this replica acts under", Gauge::default()),
+            reconcile_duration: reg!("reconcile_duration_seconds", "How long one reconcile of a Pod took, by outcome", hist()),
+            reconcile_errors: reg!("reconcile_errors", "Failed reconciles by cause", Family::default()),
+            queue_depth: reg!("queue_depth", "Pods waiting in the reconcile queue", Gauge::default()),
+            api_writes: reg!("api_writes", "Writes to the API server for Pods, by kind", Family::default()),
+            api_throttled: reg!("api_throttled_seconds", "Time Pod writes waited for the client rate limiter", Counter::default()),
+            lease_age: reg!("node_lease_renewal_age_seconds", "Seconds since the node lease was last renewed", Gauge::default()),
+            provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
+            provider_errors: reg!("provider_errors", "Failed provider calls by operation and kind", Family::default()),
+            pods: reg!("pods", "Pods on this replica's nodes by the phase the API server holds", Family::default()),
+            instances: reg!("backend_instances", "Instances the backend reports for this replica's nodes, by phase", Family::default()),
+            startup: reg!("startup_stage_seconds", "Seconds from binding to each startup stage (observed, admitted, accepted, started, ready)", hist()),
+            registry: r,
+        }
+        .with_zeros()
     }
 }
 
+/// The causes `reconcile_errors` counts (`ReconcileError::metric_label`).
+const RECONCILE_CAUSES: [&str; 7] = [
+    "not_found",
+    "unsupported",
+    "fenced",
+    "invalid",
+    "rejected",
+    "transient",
+    "kube_api",
+];
+const OPERATIONS: [&str; 13] = [
+    "capacity",
+    "admit",
+    "create",
+    "get",
+    "delete",
+    "takeover",
+    "delete_instance",
+    "list",
+    "logs",
+    "exec",
+    "attach",
+    "port_forward",
+    "stats",
+];
+
 impl Metrics {
+    /// Known label values start at 0, so rates and dashboards work before the
+    /// first error.
+    fn with_zeros(self) -> Self {
+        for cause in RECONCILE_CAUSES {
+            let _ = self
+                .reconcile_errors
+                .get_or_create(&labels(&[("cause", cause)]));
+        }
+        for op in OPERATIONS {
+            for kind in RECONCILE_CAUSES.iter().filter(|k| **k != "kube_api") {
+                let _ = self
+                    .provider_errors
+                    .get_or_create(&labels(&[("operation", op), ("kind", kind)]));
+            }
+        }
+        for kind in ["status", "delete", "event"] {
+            let _ = self.api_writes.get_or_create(&labels(&[("kind", kind)]));
+        }
+        self
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -100,5 +162,159 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+
+    pub fn reconciled(&self, outcome: &str, took: Duration) {
+        self.reconcile_duration
+            .get_or_create(&labels(&[("outcome", outcome)]))
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn reconcile_failed(&self, cause: &str) {
+        self.reconcile_errors
+            .get_or_create(&labels(&[("cause", cause)]))
+            .inc();
+    }
+
+    pub fn api_write(&self, kind: &str, throttled: Duration) {
+        self.api_writes
+            .get_or_create(&labels(&[("kind", kind)]))
+            .inc();
+        self.api_throttled.inc_by(throttled.as_secs_f64());
+    }
+
+    /// A Pod became Ready: how long each stage took from its binding.
+    pub fn started(&self, stages: &[(&str, Duration)]) {
+        for (stage, d) in stages {
+            self.startup
+                .get_or_create(&labels(&[("stage", stage)]))
+                .observe(d.as_secs_f64());
+        }
+    }
+
+    /// Gauges read at scrape time.
+    pub fn set_snapshot(
+        &self,
+        queue: usize,
+        lease_age: Option<Duration>,
+        pods: &[(String, i64)],
+        instances: &[(String, i64)],
+    ) {
+        self.queue_depth
+            .set(i64::try_from(queue).unwrap_or(i64::MAX));
+        self.lease_age
+            .set(lease_age.map_or(f64::NAN, |d| d.as_secs_f64()));
+        // Every phase is always there (0 when none), so a dashboard never sees a gap.
+        for (family, counts) in [(&self.pods, pods), (&self.instances, instances)] {
+            family.clear();
+            for phase in PHASES {
+                family.get_or_create(&labels(&[("phase", phase)])).set(0);
+            }
+            for (phase, n) in counts {
+                family.get_or_create(&labels(&[("phase", phase)])).set(*n);
+            }
+        }
+    }
+
+    fn provider_call<T>(&self, op: &str, started: Instant, result: &Result<T>) {
+        self.provider_duration
+            .get_or_create(&labels(&[("operation", op)]))
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            self.provider_errors
+                .get_or_create(&labels(&[("operation", op), ("kind", e.kind())]))
+                .inc();
+        }
+    }
+}
+
+/// A provider whose every call is timed and counted.
+#[derive(Debug)]
+pub struct Instrumented {
+    inner: Arc<dyn Provider>,
+    metrics: Arc<Metrics>,
+}
+
+impl Instrumented {
+    pub fn wrap(inner: Arc<dyn Provider>, metrics: Arc<Metrics>) -> Arc<dyn Provider> {
+        Arc::new(Self { inner, metrics })
+    }
+}
+
+macro_rules! timed {
+    ($self:ident, $op:literal, $call:expr) => {{
+        let started = Instant::now();
+        let result = $call.await;
+        $self.metrics.provider_call($op, started, &result);
+        result
+    }};
+}
+
+#[async_trait]
+impl Provider for Instrumented {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn health(&self) -> Health {
+        self.inner.health().await
+    }
+    async fn capacity(&self) -> Result<Capacity> {
+        timed!(self, "capacity", self.inner.capacity())
+    }
+    async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
+        timed!(self, "admit", self.inner.admit(spec))
+    }
+    async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        timed!(self, "create", self.inner.create(fence, spec))
+    }
+    async fn get(&self, uid: &str) -> Result<Option<Instance>> {
+        timed!(self, "get", self.inner.get(uid))
+    }
+    async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        timed!(self, "delete", self.inner.delete(fence, uid, grace))
+    }
+    async fn takeover(&self, fence: &Fence) -> Result<()> {
+        timed!(self, "takeover", self.inner.takeover(fence))
+    }
+    async fn delete_instance(&self, fence: &Fence, id: &str, grace: Duration) -> Result<()> {
+        timed!(
+            self,
+            "delete_instance",
+            self.inner.delete_instance(fence, id, grace)
+        )
+    }
+    async fn list(&self, node: &str) -> Result<Vec<Instance>> {
+        timed!(self, "list", self.inner.list(node))
+    }
+    fn events(&self) -> BoxStream<'static, InstanceEvent> {
+        self.inner.events()
+    }
+    async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
+        timed!(self, "logs", self.inner.logs(uid, container, request))
+    }
+    async fn exec(
+        &self,
+        uid: &str,
+        container: &str,
+        command: Vec<String>,
+        io: StreamIo,
+    ) -> Result<i32> {
+        timed!(self, "exec", self.inner.exec(uid, container, command, io))
+    }
+    async fn attach(&self, uid: &str, container: &str, io: StreamIo) -> Result<()> {
+        timed!(self, "attach", self.inner.attach(uid, container, io))
+    }
+    async fn port_forward(&self, uid: &str, port: u16, stream: Box<dyn Duplex>) -> Result<()> {
+        timed!(
+            self,
+            "port_forward",
+            self.inner.port_forward(uid, port, stream)
+        )
+    }
+    async fn stats(&self, uid: &str) -> Result<PodStats> {
+        timed!(self, "stats", self.inner.stats(uid))
     }
 }

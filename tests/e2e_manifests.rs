@@ -9,7 +9,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, repo_root, wait_for};
 
 mod common;
-use common::{Vkd, apiserver_addr, running_and_ready, str_at};
+use common::{Vkd, admin_get, apiserver_addr, items, running_and_ready, str_at};
 
 fn main() -> ExitCode {
     Suite::serial("manifests", &[]).run(&[
@@ -19,6 +19,7 @@ fn main() -> ExitCode {
             under_service_account,
         ),
         ("a_removed_rule_fails_the_named_operation", removed_rule),
+        ("metrics_parse_move_and_feed_the_dashboard", observability),
     ])
 }
 
@@ -301,4 +302,158 @@ fn removed_rule(c: &Cluster) -> Result<()> {
     })();
     applied(c)?;
     result
+}
+
+fn scrape(vkd: &Vkd) -> Result<(String, prometheus_parse::Scrape)> {
+    let (code, body) = admin_get(vkd, "/metrics")?;
+    ensure!(code == 200, "/metrics answered {code}");
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    let parsed = prometheus_parse::Scrape::parse(lines).context("the metrics do not parse")?;
+    Ok((body, parsed))
+}
+
+fn sample(s: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == name)
+        .filter(|x| label.is_none_or(|(k, v)| x.labels.get(k) == Some(v)))
+        .map(|x| match x.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(ref h) => {
+                h.iter().map(|b| b.count).fold(0.0, f64::max)
+            }
+            _ => 0.0,
+        })
+        .sum()
+}
+
+fn observability(c: &Cluster) -> Result<()> {
+    let vkd = Vkd::start(c, "vk-obs", &["--node-label", "vkd.io/e2e=obs"])?;
+    let ns = c.namespace("obs")?;
+    wait_for("the Node", Duration::from_secs(60), || {
+        Ok(c.kubectl_json(&["get", "node", "vk-obs"])
+            .is_ok()
+            .then_some(()))
+    })?;
+    let (_, before) = scrape(&vkd)?;
+    let writes_before = sample(&before, "vkd_api_writes_total", Some(("kind", "status")));
+    for i in 0..3 {
+        c.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: o{i}, namespace: {ns}}}\nspec:\n  nodeSelector: {{vkd.io/e2e: obs}}\n  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n  containers: [{{name: main, image: example/app:1}}]\n"
+        ))?;
+    }
+    let ps = wait_for("3 Pods Ready", Duration::from_secs(60), || {
+        let ps = items(&c.kubectl_json(&["get", "pods", "-n", &ns])?);
+        Ok((ps.len() == 3 && ps.iter().all(running_and_ready)).then_some(ps))
+    })?;
+    // The timeline annotation has every stage, in order.
+    for p in &ps {
+        let t = at(p, "metadata.annotations")["vkd.io/timeline"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let stages: Vec<(&str, u64)> = t
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once("=+")?;
+                Some((k, v.strip_suffix("ms")?.parse().ok()?))
+            })
+            .collect();
+        let names: Vec<&str> = stages.iter().map(|(k, _)| *k).collect();
+        ensure!(t.starts_with("bound="), "{t}");
+        ensure!(
+            names == ["observed", "admitted", "accepted", "started", "ready"],
+            "{t}"
+        );
+        ensure!(
+            stages.windows(2).all(|w| w[0].1 <= w[1].1),
+            "stages out of order: {t}"
+        );
+    }
+    let (_, after) = wait_for(
+        "the gauges to show 3 running",
+        Duration::from_secs(30),
+        || {
+            let (body, s) = scrape(&vkd)?;
+            let ok = sample(&s, "vkd_pods", Some(("phase", "Running"))) == 3.0
+                && sample(&s, "vkd_backend_instances", Some(("phase", "Running"))) == 3.0;
+            Ok(ok.then_some((body, s)))
+        },
+    )?;
+    ensure!(
+        sample(&after, "vkd_api_writes_total", Some(("kind", "status"))) >= writes_before + 3.0
+    );
+    ensure!(
+        sample(
+            &after,
+            "vkd_startup_stage_seconds_count",
+            Some(("stage", "ready"))
+        ) >= 3.0
+    );
+    ensure!(
+        sample(
+            &after,
+            "vkd_provider_call_duration_seconds_count",
+            Some(("operation", "create"))
+        ) >= 3.0
+    );
+    ensure!(sample(&after, "vkd_leader", None) == 1.0);
+    c.kubectl(&[
+        "delete",
+        "pods",
+        "--all",
+        "-n",
+        &ns,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    let (body, gone) = scrape(&vkd)?;
+    ensure!(sample(&gone, "vkd_api_writes_total", Some(("kind", "delete"))) >= 3.0);
+    ensure!(sample(&gone, "vkd_backend_instances", Some(("phase", "Running"))) == 0.0);
+    // Events for the steps a person needs to see.
+    let ev = items(&c.kubectl_json(&["get", "events", "-n", &ns])?);
+    for reason in ["Admitted", "InstanceCreated", "InstanceDeleted"] {
+        ensure!(
+            ev.iter().any(|e| str_at(e, "reason") == reason),
+            "no {reason} Event"
+        );
+    }
+    // The dashboard asks only for metrics that exist (kube-state-metrics' aside).
+    let dash = std::fs::read_to_string(repo_root().join("manifests/grafana/vkd-dashboard.json"))?;
+    let dash: Value = serde_json::from_str(&dash)?;
+    let mut names = std::collections::BTreeSet::new();
+    for p in at(&dash, "panels").as_array().into_iter().flatten() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            for word in expr.split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_')) {
+                if word.starts_with("vkd_") {
+                    names.insert(word.to_owned());
+                }
+            }
+        }
+    }
+    ensure!(names.len() >= 10, "{names:?}");
+    for n in &names {
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .fold(n.as_str(), |acc, s| acc.strip_suffix(s).unwrap_or(acc));
+        ensure!(
+            body.lines()
+                .any(|l| l.starts_with(&format!("# TYPE {base} "))
+                    || l.starts_with(&format!(
+                        "# TYPE {} ",
+                        base.strip_suffix("_total").unwrap_or(base)
+                    ))),
+            "the dashboard uses {n}, which vkd does not export"
+        );
+    }
+    eprintln!(
+        "observability: /metrics parses ({} samples), counters moved, timeline in order, Events present, dashboard uses {} existing metrics",
+        after.samples.len(),
+        names.len()
+    );
+    Ok(())
 }

@@ -84,6 +84,9 @@ pub struct Settings {
     /// With no node lease renewal for this long, instances of Pods annotated
     /// `vkd.io/partition-policy: fence` are stopped.
     pub partition_fence_after: Duration,
+    /// Publish Normal Events for each step (admitted, created, deleted), not only
+    /// for queueing and failures.
+    pub lifecycle_events: bool,
 }
 
 /// What the Pod controllers share with the rest of the daemon.
@@ -467,6 +470,43 @@ impl PodController {
         }
     }
 
+    /// Waits for the Pod-write rate limiter and counts the write.
+    async fn throttle(&self, kind: &str) {
+        let waited = std::time::Instant::now();
+        self.limiter.until_ready().await;
+        self.shared.metrics.api_write(kind, waited.elapsed());
+    }
+
+    /// Time since the node lease was last renewed, once it has been.
+    pub fn lease_age(&self) -> Option<Duration> {
+        let last = self.shared.last_lease_renewal.load(Ordering::Acquire);
+        (last > 0).then(|| {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            Duration::from_millis(now.saturating_sub(last))
+        })
+    }
+
+    /// Pods waiting in the reconcile queue.
+    pub fn queue_depth(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Pods by the phase the API server holds.
+    pub fn phases(&self) -> Vec<(String, i64)> {
+        let mut by: std::collections::BTreeMap<String, i64> = Default::default();
+        for r in self.records().values() {
+            let phase = if r.observed.phase.is_empty() {
+                "Pending".to_owned()
+            } else {
+                r.observed.phase.clone()
+            };
+            *by.entry(phase).or_default() += 1;
+        }
+        by.into_iter().collect()
+    }
+
     /// Pods being deleted whose instance is not yet confirmed gone.
     pub fn deletions_pending(&self) -> usize {
         self.records()
@@ -535,7 +575,17 @@ impl PodController {
                 .map(PodRecord::key)
                 .unwrap_or_default();
             let span = info_span!("reconcile", pod_uid = %uid, pod = %pod);
-            match self.reconcile(&uid).instrument(span.clone()).await {
+            let started = std::time::Instant::now();
+            let outcome = self.reconcile(&uid).instrument(span.clone()).await;
+            let metrics = &self.shared.metrics;
+            metrics.reconciled(
+                if outcome.is_ok() { "ok" } else { "error" },
+                started.elapsed(),
+            );
+            if let Err(e) = &outcome {
+                metrics.reconcile_failed(e.metric_label());
+            }
+            match outcome {
                 Ok(Action::Done) => self.queue.forget(&uid),
                 Ok(Action::After(d)) => {
                     self.queue.forget(&uid);
@@ -683,7 +733,23 @@ impl PodController {
         };
         self.touch(&rec.uid, |r| r.timeline.admitted = Some(SystemTime::now()));
         let placement = match admission {
-            Admission::Fits(p) => p,
+            Admission::Fits(p) => {
+                if self.settings.lifecycle_events {
+                    let gpus = if p.gpu_ids.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", GPUs {}", p.gpu_ids.join(","))
+                    };
+                    let note = format!(
+                        "backend {} admitted it on host {}{gpus}",
+                        self.provider.name(),
+                        p.host
+                    );
+                    self.event(rec, EventType::Normal, "Admitted", &note, "Admit")
+                        .await;
+                }
+                p
+            }
             Admission::Queued { reason } => return Ok(Start::Queued(reason)),
             Admission::Rejected { reason, message } => return Ok(Start::Failed(reason, message)),
         };
@@ -703,6 +769,16 @@ impl PodController {
             }
         };
         self.admitter.created(&rec.uid);
+        if self.settings.lifecycle_events {
+            let note = format!(
+                "created instance {} on host {} (epoch {})",
+                instance.id,
+                instance.host.as_deref().unwrap_or("-"),
+                self.settings.epoch
+            );
+            self.event(rec, EventType::Normal, "InstanceCreated", &note, "Create")
+                .await;
+        }
         info!(
             instance = %instance.id,
             host = instance.host.as_deref().unwrap_or(""),
@@ -794,8 +870,23 @@ impl PodController {
         {
             rec.timeline.started.get_or_insert(now);
         }
-        if view.conditions[3] == Some(true) {
-            rec.timeline.ready.get_or_insert(now);
+        if view.conditions[3] == Some(true) && rec.timeline.ready.is_none() {
+            rec.timeline.ready = Some(now);
+            let t = &rec.timeline;
+            if let Some(base) = t.bound.or(t.observed) {
+                let since = |x: Option<SystemTime>| x.and_then(|x| x.duration_since(base).ok());
+                let stages: Vec<(&str, Duration)> = [
+                    ("observed", t.observed),
+                    ("admitted", t.admitted),
+                    ("accepted", t.accepted),
+                    ("started", t.started),
+                    ("ready", t.ready),
+                ]
+                .into_iter()
+                .filter_map(|(n, x)| Some((n, since(x)?)))
+                .collect();
+                self.shared.metrics.started(&stages);
+            }
         }
         if rec.start_time.is_none() {
             rec.start_time = Some(now);
@@ -825,7 +916,7 @@ impl PodController {
         rec: &PodRecord,
         body: serde_json::Value,
     ) -> Result<(), ReconcileError> {
-        self.limiter.until_ready().await;
+        self.throttle("status").await;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
         match api
             .patch_status(&rec.name, &PatchParams::default(), &Patch::Strategic(body))
@@ -867,7 +958,16 @@ impl PodController {
             self.settings.epoch,
             "pod deleted",
         );
-        self.limiter.until_ready().await;
+        if self.settings.lifecycle_events {
+            let note = format!(
+                "instance {} removed from backend {}",
+                rec.observed.instance_id.as_deref().unwrap_or("(none)"),
+                self.provider.name()
+            );
+            self.event(rec, EventType::Normal, "InstanceDeleted", &note, "Delete")
+                .await;
+        }
+        self.throttle("delete").await;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
@@ -933,7 +1033,7 @@ impl PodController {
         note: &str,
         action: &str,
     ) {
-        self.limiter.until_ready().await;
+        self.throttle("event").await;
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),

@@ -46,6 +46,15 @@ impl WorkQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Keys waiting to be worked on now.
+    pub fn len(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn add(&self, key: &str) {
         let mut q = self.lock();
         if q.active.contains(key) {
