@@ -9,7 +9,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, repo_root, wait_for};
 
 mod common;
-use common::{Vkd, admin_get, apiserver_addr, items, running_and_ready, str_at};
+use common::{Vkd, admin_get, items, running_and_ready, str_at};
 
 fn main() -> ExitCode {
     Suite::serial("manifests", &[]).run(&[
@@ -68,41 +68,13 @@ fn applied(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// A kubeconfig holding only a token of the manifests' ServiceAccount, minted
-/// through TokenRequest.
-fn service_account_kubeconfig(c: &Cluster) -> Result<String> {
-    let token = c.kubectl(&[
-        "create",
-        "token",
-        "vkd",
-        "-n",
-        "vkd-system",
-        "--duration=2h",
-    ])?;
-    let path = c.dir().join("kubeconfig-vkd-sa");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
-             users: [{{name: vkd, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: vkd}}}}]\ncurrent-context: c\n",
-            apiserver_addr(c)?,
-            c.env("VKD_E2E_CA")?,
-            token.trim()
-        ),
-    )?;
-    Ok(path.display().to_string())
-}
-
+/// vkd on the process provider; the e2e helper gives it the ServiceAccount's
+/// token kubeconfig (`common::service_account_kubeconfig`).
 fn start(c: &Cluster, node: &str, label: &str) -> Result<Vkd> {
-    let kubeconfig = service_account_kubeconfig(c)?;
     Vkd::start_process(
         c,
         node,
         &[
-            "--kubeconfig",
-            &kubeconfig,
-            "--leader-election-namespace",
-            "vkd-system",
             "--node-label",
             label,
             "--client-ca-file",

@@ -62,8 +62,12 @@ impl Vkd {
         let kubelet_port = free_port()?;
         let mut args: Vec<String> = vec!["run".into()];
         if !extra.contains(&"--kubeconfig") {
+            // Every e2e vkd runs with the manifests' ServiceAccount and nothing
+            // more: the suites together prove the RBAC is enough.
             args.push("--kubeconfig".into());
-            args.push(c.kubeconfig().display().to_string());
+            args.push(service_account_kubeconfig(c)?.display().to_string());
+            args.push("--leader-election-namespace".into());
+            args.push("vkd-system".into());
         }
         args.extend([
             "--node-name".into(),
@@ -201,6 +205,39 @@ pub fn str_at<'a>(v: &'a Value, path: &str) -> &'a str {
 pub fn running_and_ready(p: &Value) -> bool {
     at(p, "status.phase") == "Running"
         && condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+}
+
+/// The manifests (`manifests/base`) applied to the cluster, and a kubeconfig that
+/// holds only a token of their ServiceAccount, minted through TokenRequest. Made
+/// once per cluster.
+pub fn service_account_kubeconfig(c: &Cluster) -> Result<PathBuf> {
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+    let path = c.dir().join("kubeconfig-vkd-sa");
+    if path.exists() {
+        return Ok(path);
+    }
+    let base = repo_root().join("manifests/base").display().to_string();
+    c.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", &base])?;
+    let token = c.kubectl(&[
+        "create",
+        "token",
+        "vkd",
+        "-n",
+        "vkd-system",
+        "--duration=4h",
+    ])?;
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
+             users: [{{name: vkd, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: vkd}}}}]\ncurrent-context: c\n",
+            apiserver_addr(c)?,
+            c.env("VKD_E2E_CA")?,
+            token.trim()
+        ),
+    )?;
+    Ok(path)
 }
 
 /// A TCP proxy the test controls: `cut` drops every connection and refuses new
