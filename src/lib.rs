@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod node;
 pub mod pods;
 pub mod streaming;
+pub mod telemetry;
 pub mod topology;
 
 use std::sync::Arc;

@@ -5,8 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
-use vkd::config::{Cli, Command, Config, LogFormat, ProcessCommand, SimCommand};
+use vkd::config::{Cli, Command, Config, ProcessCommand, SimCommand};
 
 const EX_USAGE: u8 = 64;
 
@@ -48,7 +47,7 @@ fn run(args: vkd::config::RunArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    init_logging(cfg.log_format);
+    let _telemetry = vkd::telemetry::init(cfg.log_format);
     let provider = match vkd::build_provider(&cfg) {
         Ok(p) => p,
         Err(e @ vkd::Error::Config(_)) => {
@@ -105,20 +104,6 @@ async fn signals(shutdown: CancellationToken) {
         } else {
             std::process::exit(130);
         }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,kube=warn,hyper=warn"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
     }
 }
 

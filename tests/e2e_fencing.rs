@@ -144,7 +144,7 @@ fn sigkill_rounds(c: &Cluster) -> Result<()> {
 }
 
 fn lease(c: &Cluster, node: &str) -> Result<(String, u64)> {
-    let l = c.kubectl_json(&["get", "lease", &format!("vkd-{node}"), "-n", "default"])?;
+    let l = c.kubectl_json(&["get", "lease", &format!("vkd-{node}"), "-n", "vkd-system"])?;
     let epoch = at(&l, "metadata.annotations")
         .get("vkd.io/epoch")
         .and_then(Value::as_str)
@@ -465,6 +465,8 @@ fn partition(c: &Cluster) -> Result<()> {
             "vkd.io/e2e=part",
             "--kubeconfig",
             &kubeconfig,
+            "--leader-election-namespace",
+            "vkd-system",
             "--leader-lease-duration",
             "6s",
         ],

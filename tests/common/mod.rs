@@ -299,14 +299,14 @@ impl Proxy {
         self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// A copy of the cluster's kubeconfig that reaches the API server through this proxy.
+    /// A copy of the ServiceAccount kubeconfig that reaches the API server through this proxy.
     pub fn kubeconfig(&self, c: &Cluster) -> Result<PathBuf> {
-        let text = std::fs::read_to_string(c.kubeconfig())?;
-        let server = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("server: "))
-            .context("no server in the kubeconfig")?
-            .to_owned();
+        let text = std::fs::read_to_string(service_account_kubeconfig(c)?)?;
+        let server = format!("https://{}", apiserver_addr(c)?);
+        ensure!(
+            text.contains(&server),
+            "the kubeconfig does not name {server}"
+        );
         let out = c.dir().join(format!("kubeconfig-proxy-{}", self.port));
         std::fs::write(
             &out,
