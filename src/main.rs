@@ -140,12 +140,12 @@ fn sim_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> Exit
         println!("{}", serde_json::Value::Array(rows));
     } else {
         println!(
-            "{:<18} {:<38} {:<40} {:<16} {:>5} {:<10} IP",
+            "{:<18} {:<38} {:<40} {:<16} {:>11} {:<10} IP",
             "INSTANCE", "POD-UID", "POD", "NODE", "EPOCH", "HOST"
         );
         for r in &records {
             println!(
-                "{:<18} {:<38} {:<40} {:<16} {:>5} {:<10} {}",
+                "{:<18} {:<38} {:<40} {:<16} {:>11} {:<10} {}",
                 r.id,
                 r.spec.pod.uid,
                 r.spec.pod.to_string(),
@@ -182,7 +182,7 @@ fn process_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> 
         return ExitCode::SUCCESS;
     }
     println!(
-        "{:<18} {:<40} {:<16} {:>5} {:<14} PROCESSES",
+        "{:<18} {:<40} {:<16} {:>11} {:<14} PROCESSES",
         "INSTANCE", "POD", "NODE", "EPOCH", "SHIM"
     );
     for r in &rows {
@@ -198,7 +198,7 @@ fn process_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> 
             .map(|(c, p)| format!("{c}={p}"))
             .collect();
         println!(
-            "{:<18} {:<40} {:<16} {:>5} {:<14} {}",
+            "{:<18} {:<40} {:<16} {:>11} {:<14} {}",
             r.instance,
             format!("{}/{}", r.namespace, r.name),
             r.node,
