@@ -571,11 +571,19 @@ pub struct Resolver<'a> {
     pub volumes: bool,
 }
 
-#[derive(Default)]
-struct Fetched {
-    config_maps: BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,
-    secrets: BTreeMap<String, Option<BTreeMap<String, Vec<u8>>>>,
+/// Where key/value content comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Source {
+    ConfigMap,
+    Secret,
 }
+
+/// A ConfigMap's or Secret's keys and bytes; `None` when it does not exist.
+type Data = Option<BTreeMap<String, Vec<u8>>>;
+
+/// What one resolve already read, so each object is fetched once.
+#[derive(Default)]
+struct Fetched(BTreeMap<(Source, String), Data>);
 
 impl Resolver<'_> {
     pub async fn resolve(&self, p: &Pending) -> Result<InstanceSpec, ResolveError> {
@@ -675,14 +683,14 @@ impl Resolver<'_> {
             let prefix = from.prefix.clone().unwrap_or_default();
             let (data, name, optional, what) = if let Some(r) = &from.config_map_ref {
                 (
-                    self.config_map(ns, &r.name, fetched).await?,
+                    self.source(ns, &r.name, Source::ConfigMap, fetched).await?,
                     &r.name,
                     r.optional.unwrap_or(false),
                     "configmap",
                 )
             } else if let Some(r) = &from.secret_ref {
                 (
-                    self.secret(ns, &r.name, fetched).await?,
+                    self.source(ns, &r.name, Source::Secret, fetched).await?,
                     &r.name,
                     r.optional.unwrap_or(false),
                     "secret",
@@ -705,7 +713,10 @@ impl Resolver<'_> {
                 None => expand(e.value.as_deref().unwrap_or(""), &env),
                 Some(src) => {
                     if let Some(r) = &src.config_map_key_ref {
-                        match self.key(ns, &r.name, &r.key, true, fetched).await? {
+                        match self
+                            .key(ns, &r.name, &r.key, Source::ConfigMap, fetched)
+                            .await?
+                        {
                             Some(v) => lossy(&v),
                             None if r.optional.unwrap_or(false) => continue,
                             None => {
@@ -716,7 +727,10 @@ impl Resolver<'_> {
                             }
                         }
                     } else if let Some(r) = &src.secret_key_ref {
-                        match self.key(ns, &r.name, &r.key, false, fetched).await? {
+                        match self
+                            .key(ns, &r.name, &r.key, Source::Secret, fetched)
+                            .await?
+                        {
                             Some(v) => lossy(&v),
                             None if r.optional.unwrap_or(false) => continue,
                             None => {
@@ -750,80 +764,65 @@ impl Resolver<'_> {
         ns: &str,
         name: &str,
         key: &str,
-        config_map: bool,
+        source: Source,
         fetched: &mut Fetched,
     ) -> Result<Option<Vec<u8>>, ResolveError> {
-        let data = if config_map {
-            self.config_map(ns, name, fetched).await?
-        } else {
-            self.secret(ns, name, fetched).await?
-        };
+        let data = self.source(ns, name, source, fetched).await?;
         Ok(data.and_then(|mut d| d.remove(key)))
     }
 
-    async fn config_map(
+    /// A ConfigMap's or Secret's content, if the node policy lets it reach the backend.
+    async fn source(
         &self,
         ns: &str,
         name: &str,
+        source: Source,
         fetched: &mut Fetched,
-    ) -> Result<Option<BTreeMap<String, Vec<u8>>>, ResolveError> {
-        if !self.policy.allow_config_maps {
-            return Err(spec_error(
+    ) -> Result<Data, ResolveError> {
+        let (allowed, reason, what) = match source {
+            Source::ConfigMap => (
+                self.policy.allow_config_maps,
                 "ConfigMapsNotAllowed",
-                format!("the node policy hands no ConfigMaps to this backend (wanted {name:?})"),
+                "ConfigMaps",
+            ),
+            Source::Secret => (self.policy.allow_secrets, "SecretsNotAllowed", "Secrets"),
+        };
+        if !allowed {
+            return Err(spec_error(
+                reason,
+                format!("the node policy hands no {what} to this backend (wanted {name:?})"),
             )
             .into());
         }
-        if let Some(d) = fetched.config_maps.get(name) {
+        let cache_key = (source, name.to_owned());
+        if let Some(d) = fetched.0.get(&cache_key) {
             return Ok(d.clone());
         }
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-        let data = api.get_opt(name).await?.map(|cm| {
-            let mut out: BTreeMap<String, Vec<u8>> = cm
-                .data
+        // Text and binary keys, as bytes.
+        let merge = |text: Option<BTreeMap<String, String>>,
+                     bytes: Option<BTreeMap<String, k8s_openapi::ByteString>>| {
+            let mut out: BTreeMap<String, Vec<u8>> = text
                 .unwrap_or_default()
                 .into_iter()
                 .map(|(k, v)| (k, v.into_bytes()))
                 .collect();
-            for (k, v) in cm.binary_data.unwrap_or_default() {
+            for (k, v) in bytes.unwrap_or_default() {
                 out.insert(k, v.0);
             }
             out
-        });
-        fetched.config_maps.insert(name.to_owned(), data.clone());
-        Ok(data)
-    }
-
-    async fn secret(
-        &self,
-        ns: &str,
-        name: &str,
-        fetched: &mut Fetched,
-    ) -> Result<Option<BTreeMap<String, Vec<u8>>>, ResolveError> {
-        if !self.policy.allow_secrets {
-            return Err(spec_error(
-                "SecretsNotAllowed",
-                format!("the node policy hands no Secrets to this backend (wanted {name:?})"),
-            )
-            .into());
-        }
-        if let Some(d) = fetched.secrets.get(name) {
-            return Ok(d.clone());
-        }
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-        let data = api.get_opt(name).await?.map(|s| {
-            let mut out: BTreeMap<String, Vec<u8>> = s
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.0))
-                .collect();
-            for (k, v) in s.string_data.unwrap_or_default() {
-                out.insert(k, v.into_bytes());
-            }
-            out
-        });
-        fetched.secrets.insert(name.to_owned(), data.clone());
+        };
+        let data = match source {
+            Source::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await?
+                .map(|cm| merge(cm.data, cm.binary_data)),
+            Source::Secret => Api::<Secret>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await?
+                // stringData is write-only in the API; data holds everything.
+                .map(|s| merge(s.string_data, s.data)),
+        };
+        fetched.0.insert(cache_key, data.clone());
         Ok(data)
     }
 
@@ -904,7 +903,7 @@ impl Resolver<'_> {
         }
         let mut files = Vec::new();
         if let Some(c) = &v.config_map {
-            let data = self.config_map(ns, &c.name, fetched).await?;
+            let data = self.source(ns, &c.name, Source::ConfigMap, fetched).await?;
             let mode = c.default_mode.unwrap_or(0o644);
             project(
                 &mut files,
@@ -917,7 +916,7 @@ impl Resolver<'_> {
             )?;
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
-            let data = self.secret(ns, &name, fetched).await?;
+            let data = self.source(ns, &name, Source::Secret, fetched).await?;
             let mode = s.default_mode.unwrap_or(0o600);
             project(
                 &mut files,
@@ -947,7 +946,7 @@ impl Resolver<'_> {
             let mode = pr.default_mode.unwrap_or(0o644);
             for src in pr.sources.iter().flatten() {
                 if let Some(c) = &src.config_map {
-                    let data = self.config_map(ns, &c.name, fetched).await?;
+                    let data = self.source(ns, &c.name, Source::ConfigMap, fetched).await?;
                     project(
                         &mut files,
                         data,
@@ -958,7 +957,7 @@ impl Resolver<'_> {
                         &c.name,
                     )?;
                 } else if let Some(s) = &src.secret {
-                    let data = self.secret(ns, &s.name, fetched).await?;
+                    let data = self.source(ns, &s.name, Source::Secret, fetched).await?;
                     project(
                         &mut files,
                         data,
