@@ -100,6 +100,16 @@ impl Shim {
         let spec = sandbox.read_spec()?.ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "spec.json is missing")
         })?;
+        let wanted = spec.spec.init_containers.len() + spec.spec.containers.len();
+        if spec.containers.len() != wanted {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "spec.json names {} launches for {wanted} containers",
+                    spec.containers.len()
+                ),
+            ));
+        }
         let me = ProcessId::of(std::process::id() as i32)
             .ok_or_else(|| std::io::Error::other("cannot read own /proc entry"))?;
         crate::sandbox::write_atomic(&sandbox.shim_pid(), me.render().as_bytes(), 0o644)?;

@@ -1,4 +1,5 @@
 //! The process provider against real processes: conformance, logs, restarts, exec, adoption.
+#![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
 
 use std::path::PathBuf;
 use std::time::Duration;
