@@ -191,6 +191,8 @@ impl Vkd {
 impl Drop for Vkd {
     fn drop(&mut self) {
         let _ = self.kill();
+        // A test that failed half way leaves no process-provider Pods running.
+        self.reap_processes();
     }
 }
 
