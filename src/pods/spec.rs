@@ -712,31 +712,22 @@ impl Resolver<'_> {
             let value = match &e.value_from {
                 None => expand(e.value.as_deref().unwrap_or(""), &env),
                 Some(src) => {
-                    if let Some(r) = &src.config_map_key_ref {
-                        match self
-                            .key(ns, &r.name, &r.key, Source::ConfigMap, fetched)
-                            .await?
-                        {
+                    let key_ref = src
+                        .config_map_key_ref
+                        .as_ref()
+                        .map(|r| (Source::ConfigMap, &r.name, &r.key, r.optional))
+                        .or_else(|| {
+                            src.secret_key_ref
+                                .as_ref()
+                                .map(|r| (Source::Secret, &r.name, &r.key, r.optional))
+                        });
+                    if let Some((source, name, key, optional)) = key_ref {
+                        match self.key(ns, name, key, source, fetched).await? {
                             Some(v) => lossy(&v),
-                            None if r.optional.unwrap_or(false) => continue,
+                            None if optional.unwrap_or(false) => continue,
                             None => {
                                 return Err(ResolveError::Config(format!(
-                                    "couldn't find key {} in ConfigMap {ns}/{}",
-                                    r.key, r.name
-                                )));
-                            }
-                        }
-                    } else if let Some(r) = &src.secret_key_ref {
-                        match self
-                            .key(ns, &r.name, &r.key, Source::Secret, fetched)
-                            .await?
-                        {
-                            Some(v) => lossy(&v),
-                            None if r.optional.unwrap_or(false) => continue,
-                            None => {
-                                return Err(ResolveError::Config(format!(
-                                    "couldn't find key {} in Secret {ns}/{}",
-                                    r.key, r.name
+                                    "couldn't find key {key} in {source:?} {ns}/{name}"
                                 )));
                             }
                         }

@@ -1144,10 +1144,7 @@ impl Provider for ProcessProvider {
         }
         let status =
             status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
-        use std::os::unix::process::ExitStatusExt;
-        Ok(status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+        Ok(shim::exit_code(status))
     }
 
     async fn port_forward(&self, uid: &str, port: u16, mut stream: Box<dyn Duplex>) -> Result<()> {
@@ -1304,8 +1301,5 @@ async fn exec_tty(cmd: std::process::Command, io: StreamIo) -> Result<i32> {
     let (_, status) = tokio::join!(out, child.wait());
     feed.abort();
     let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
-    use std::os::unix::process::ExitStatusExt;
-    Ok(status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(shim::exit_code(status))
 }

@@ -615,7 +615,8 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
 }
 
-fn exit_code(st: ExitStatus) -> i32 {
+/// The exit code the kubelet reports: the program's, or 128 + the signal that killed it.
+pub(crate) fn exit_code(st: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
