@@ -12,6 +12,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+/// Pod writes per second when neither flag nor file says (`--kube-qps`).
+pub const DEFAULT_KUBE_QPS: u32 = 1000;
+/// `--kube-burst` when unset.
+pub const DEFAULT_KUBE_BURST: u32 = 2000;
+/// `--reconcile-concurrency` when unset.
+pub const DEFAULT_RECONCILE_CONCURRENCY: usize = 64;
 #[derive(Debug, Parser)]
 #[command(name = "vkd", version, about = "A Virtual Kubelet provider daemon")]
 pub struct Cli {
@@ -129,13 +135,15 @@ pub struct RunArgs {
     /// `virtual-kubelet.io/provider=<provider>:NoSchedule`; `none` for no taint.
     #[arg(long = "node-taint", env = "VKD_NODE_TAINTS", value_delimiter = ',')]
     pub node_taints: Vec<String>,
-    /// Requests per second to the API server for Pod writes (lease renewals are separate).
+    /// Requests per second to the API server for Pod writes (lease renewals are
+    /// separate). Default 1000: a guard against a runaway loop; the API
+    /// server's priority and fairness is what bounds vkd in a busy cluster.
     #[arg(long, env = "VKD_KUBE_QPS")]
     pub kube_qps: Option<u32>,
-    /// Burst above the QPS for Pod writes.
+    /// Burst above the QPS for Pod writes. Default 2000.
     #[arg(long, env = "VKD_KUBE_BURST")]
     pub kube_burst: Option<u32>,
-    /// Pods reconciled at once.
+    /// Pods reconciled at once (each mostly waits on the API server). Default 64.
     #[arg(long, env = "VKD_RECONCILE_CONCURRENCY")]
     pub reconcile_concurrency: Option<usize>,
     /// Maximum Pods the node advertises; defaults to what the provider's hosts can hold.
@@ -193,8 +201,9 @@ pub struct RunArgs {
     /// the Pods' unreachable toleration (docs/fencing.md).
     #[arg(long, env = "VKD_PARTITION_FENCE_AFTER")]
     pub partition_fence_after: Option<String>,
-    /// Normal Events for every step of a Pod (Admitted, InstanceCreated,
-    /// InstanceDeleted); queueing and failures always get one. Default true.
+    /// A Normal Event when a Pod's instance is created (`InstanceCreated`, with
+    /// the host, GPUs, instance id and epoch); queueing and failures always get
+    /// one. Default true.
     #[arg(long, env = "VKD_LIFECYCLE_EVENTS")]
     pub lifecycle_events: Option<bool>,
 }
@@ -498,8 +507,13 @@ impl Config {
                 ));
             }
         }
-        let kube_qps = args.kube_qps.or(file.kube_qps).unwrap_or(50);
-        let kube_burst = args.kube_burst.or(file.kube_burst).unwrap_or(100);
+        // One node here carries thousands of Pods, not a kubelet's hundred: the
+        // API server's priority and fairness is the real limit, this only a guard.
+        let kube_qps = args.kube_qps.or(file.kube_qps).unwrap_or(DEFAULT_KUBE_QPS);
+        let kube_burst = args
+            .kube_burst
+            .or(file.kube_burst)
+            .unwrap_or(DEFAULT_KUBE_BURST);
         if kube_qps == 0 {
             return Err(bad("kube-qps", "must be at least 1"));
         }
@@ -578,7 +592,7 @@ impl Config {
         let reconcile_concurrency = args
             .reconcile_concurrency
             .or(file.reconcile_concurrency)
-            .unwrap_or(32);
+            .unwrap_or(DEFAULT_RECONCILE_CONCURRENCY);
         if reconcile_concurrency == 0 || reconcile_concurrency > 4096 {
             return Err(bad("reconcile-concurrency", "must be 1 to 4096"));
         }

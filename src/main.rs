@@ -9,7 +9,12 @@ use vkd::config::{Cli, Command, Config, ProcessCommand, SimCommand};
 
 const EX_USAGE: u8 = 64;
 
+/// The system allocator, counted: `vkd_heap_bytes` reports what the daemon holds.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
 fn main() -> ExitCode {
+    vkd::metrics::set_heap_probe(|| ALLOCATOR.allocated());
     // `vkd process-shim DIR` and `vkd process-launch ..`: the process provider's
     // supervisor and launcher, started by the daemon itself, not by people.
     let argv: Vec<String> = std::env::args().collect();

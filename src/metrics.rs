@@ -64,6 +64,21 @@ pub struct Metrics {
     pods: Family<Labels, Gauge>,
     instances: Family<Labels, Gauge>,
     startup: Family<Labels, Histogram, fn() -> Histogram>,
+    heap: Gauge,
+}
+
+/// Reads the bytes the process holds on its heap; the binary installs one when
+/// its global allocator counts them (a library cannot choose the allocator).
+static HEAP_PROBE: std::sync::OnceLock<fn() -> usize> = std::sync::OnceLock::new();
+
+/// Installs the heap probe behind `vkd_heap_bytes` (first call wins).
+pub fn set_heap_probe(probe: fn() -> usize) {
+    let _ = HEAP_PROBE.set(probe);
+}
+
+/// Bytes on the heap now, when a probe is installed.
+pub fn heap_bytes() -> Option<usize> {
+    HEAP_PROBE.get().map(|probe| probe())
 }
 
 impl Default for Metrics {
@@ -101,6 +116,7 @@ impl Default for Metrics {
             pods: reg!("pods", "Pods on this replica's nodes by the phase the API server holds", Family::default()),
             instances: reg!("backend_instances", "Instances the backend reports for this replica's nodes, by phase", Family::default()),
             startup: reg!("startup_stage_seconds", "Seconds from binding to each startup stage (observed, admitted, accepted, started, ready)", hist()),
+            heap: reg!("heap_bytes", "Bytes the daemon holds on its heap (backend state of embedded providers included)", Gauge::default()),
             registry: r,
         }
         .with_zeros()
@@ -157,6 +173,9 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
+        if let Some(bytes) = heap_bytes() {
+            self.heap.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();

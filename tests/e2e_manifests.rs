@@ -385,14 +385,27 @@ fn observability(c: &Cluster) -> Result<()> {
     let (body, gone) = scrape(&vkd)?;
     ensure!(sample(&gone, "vkd_api_writes_total", Some(("kind", "delete"))) >= 3.0);
     ensure!(sample(&gone, "vkd_backend_instances", Some(("phase", "Running"))) == 0.0);
-    // Events for the steps a person needs to see.
+    // One Event per Pod on the happy path, naming the backend, host and instance
+    // (a step-per-Event design would cost three writes per Pod).
     let ev = items(&c.kubectl_json(&["get", "events", "-n", &ns])?);
-    for reason in ["Admitted", "InstanceCreated", "InstanceDeleted"] {
+    let created: Vec<&Value> = ev
+        .iter()
+        .filter(|e| str_at(e, "reason") == "InstanceCreated")
+        .collect();
+    ensure!(!created.is_empty(), "no InstanceCreated Event");
+    for e in &created {
+        let note = str_at(e, "message");
         ensure!(
-            ev.iter().any(|e| str_at(e, "reason") == reason),
-            "no {reason} Event"
+            note.contains("backend sim admitted it and created instance sim-")
+                && note.contains("on host"),
+            "InstanceCreated Event says too little: {note}"
         );
     }
+    ensure!(
+        !ev.iter()
+            .any(|e| ["Admitted", "InstanceDeleted"].contains(&str_at(e, "reason"))),
+        "per-step Events are back: each costs a write per Pod"
+    );
     // The dashboard asks only for metrics that exist (kube-state-metrics' aside).
     let dash = std::fs::read_to_string(repo_root().join("manifests/grafana/vkd-dashboard.json"))?;
     let dash: Value = serde_json::from_str(&dash)?;

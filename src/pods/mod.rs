@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -25,7 +25,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, ProviderError, Support};
 
 use queue::WorkQueue;
-use record::PodRecord;
+use record::{PodRecord, Stamp};
 use status::Waiting;
 
 /// How often a Pod that waits for backend capacity is looked at again.
@@ -38,6 +38,8 @@ const CONFIG_RECHECK: Duration = Duration::from_secs(5);
 const DELETE_CONFIRM: Duration = Duration::from_millis(500);
 /// Every record is reconciled at least this often, in case a backend event was lost.
 const RESYNC: Duration = Duration::from_secs(60);
+/// Pod Events being sent at once, beside the reconciles.
+const EVENTS_IN_FLIGHT: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -110,10 +112,15 @@ pub struct PodController {
     settings: Settings,
     client: Client,
     provider: Arc<dyn Provider>,
-    records: Mutex<HashMap<String, PodRecord>>,
+    /// Boxed: a map's slots stay allocated at its largest size and are only
+    /// 60-90% full, so a slot should be a pointer, not a whole record.
+    records: Mutex<HashMap<String, Box<PodRecord>>>,
     queue: Arc<WorkQueue>,
     /// Pod writes wait here; the node lease uses another client and never does.
-    limiter: DefaultDirectRateLimiter,
+    limiter: Arc<DefaultDirectRateLimiter>,
+    /// Events in flight: a worker hands its Event to a task and goes on, unless
+    /// this many are already being sent (then it waits: backpressure, no loss).
+    event_slots: Arc<tokio::sync::Semaphore>,
     recorder: Recorder,
     synced: AtomicBool,
     admitter: crate::topology::Admitter,
@@ -142,9 +149,9 @@ impl PodController {
         provider: Arc<dyn Provider>,
         shared: Shared,
     ) -> Arc<Self> {
-        let limiter = RateLimiter::direct(
+        let limiter = Arc::new(RateLimiter::direct(
             Quota::per_second(nz(settings.qps)).allow_burst(nz(settings.burst)),
-        );
+        ));
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -164,6 +171,7 @@ impl PodController {
             records: Mutex::default(),
             queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
             limiter,
+            event_slots: Arc::new(tokio::sync::Semaphore::new(EVENTS_IN_FLIGHT)),
             recorder,
             synced: AtomicBool::new(false),
         })
@@ -189,7 +197,7 @@ impl PodController {
 
     /// Every Pod bound to this node: UID, namespace, name.
     pub fn pods(&self) -> Vec<vkd_provider::PodRef> {
-        self.records().values().map(PodRecord::pod_ref).collect()
+        self.records().values().map(|r| r.pod_ref()).collect()
     }
 
     pub fn node(&self) -> &str {
@@ -200,7 +208,7 @@ impl PodController {
         &self.provider
     }
 
-    fn records(&self) -> MutexGuard<'_, HashMap<String, PodRecord>> {
+    fn records(&self) -> MutexGuard<'_, HashMap<String, Box<PodRecord>>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -270,7 +278,10 @@ impl PodController {
                 }
                 Some(Ok(watcher::Event::Delete(pod))) => {
                     if let Some(uid) = pod.metadata.uid {
-                        self.records().remove(&uid);
+                        let mut records = self.records();
+                        records.remove(&uid);
+                        vkd_provider::release_spare(&mut records);
+                        drop(records);
                         self.queue.add(&uid);
                     }
                 }
@@ -419,7 +430,7 @@ impl PodController {
             .records()
             .values()
             .filter(|r| r.fence_on_partition && r.pending.is_none() && !fenced(&r.uid))
-            .cloned()
+            .map(|r| PodRecord::clone(r))
             .collect();
         for rec in targets {
             crate::fencing::audit(
@@ -427,7 +438,7 @@ impl PodController {
                 &rec.key(),
                 &self.settings.node,
                 self.provider.name(),
-                rec.observed.instance_id.as_deref().unwrap_or(""),
+                rec.instance_id.as_deref().unwrap_or(""),
                 self.settings.epoch,
                 &format!("partition: {why} (vkd.io/partition-policy: fence)"),
             );
@@ -472,9 +483,7 @@ impl PodController {
 
     /// Waits for the Pod-write rate limiter and counts the write.
     async fn throttle(&self, kind: &str) {
-        let waited = std::time::Instant::now();
-        self.limiter.until_ready().await;
-        self.shared.metrics.api_write(kind, waited.elapsed());
+        throttle(&self.limiter, &self.shared.metrics, kind).await;
     }
 
     /// Time since the node lease was last renewed, once it has been.
@@ -497,12 +506,7 @@ impl PodController {
     pub fn phases(&self) -> Vec<(String, i64)> {
         let mut by: std::collections::BTreeMap<String, i64> = Default::default();
         for r in self.records().values() {
-            let phase = if r.observed.phase.is_empty() {
-                "Pending".to_owned()
-            } else {
-                r.observed.phase.clone()
-            };
-            *by.entry(phase).or_default() += 1;
+            *by.entry(r.phase.as_str().to_owned()).or_default() += 1;
         }
         by.into_iter().collect()
     }
@@ -521,10 +525,10 @@ impl PodController {
         let rec = PodRecord::from_pod(
             pod,
             &self.settings.node,
-            records.get(&uid),
+            records.get(&uid).map(|r| &**r),
             SystemTime::now(),
         )?;
-        records.insert(uid.clone(), rec);
+        records.insert(uid.clone(), Box::new(rec));
         drop(records);
         self.queue.add(&uid);
         Some(uid)
@@ -572,7 +576,7 @@ impl PodController {
             let pod = self
                 .records()
                 .get(&uid)
-                .map(PodRecord::key)
+                .map(|r| r.key())
                 .unwrap_or_default();
             let span = info_span!("reconcile", pod_uid = %uid, pod = %pod);
             let started = std::time::Instant::now();
@@ -613,7 +617,7 @@ impl PodController {
     }
 
     async fn reconcile(&self, uid: &str) -> Result<Action, ReconcileError> {
-        let rec = self.records().get(uid).cloned();
+        let rec = self.records().get(uid).map(|r| PodRecord::clone(r));
         let Some(rec) = rec else {
             let approved = self
                 .approved_orphans
@@ -649,22 +653,22 @@ impl PodController {
                 let message = format!(
                     "vkd stopped instance {} of this Pod while it could not reach the API server \
                      (vkd.io/partition-policy: fence)",
-                    rec.observed.instance_id.as_deref().unwrap_or("(unknown)")
+                    rec.instance_id.as_deref().unwrap_or("(unknown)")
                 );
                 return self.fail(&rec, "PartitionFenced", &message).await;
             }
-            None if rec.observed.instance_id.is_some() || rec.pending.is_none() => {
+            None if rec.instance_id.is_some() || rec.pending.is_none() => {
                 let message = format!(
                     "backend {} no longer has instance {} of this Pod; not starting a second copy",
                     self.provider.name(),
-                    rec.observed.instance_id.as_deref().unwrap_or("(unknown)")
+                    rec.instance_id.as_deref().unwrap_or("(unknown)")
                 );
                 return self.fail(&rec, "InstanceLost", &message).await;
             }
             None => match self.start(&rec).await? {
                 Start::Running(i) => *i,
                 Start::Queued(reason) => {
-                    let since = rec.queued_since.unwrap_or_else(SystemTime::now);
+                    let since = rec.queued_since.map_or_else(SystemTime::now, Stamp::time);
                     let timeout = rec
                         .pending
                         .as_ref()
@@ -731,27 +735,16 @@ impl PodController {
             }
             Err(e) => return Err(e.into()),
         };
-        self.touch(&rec.uid, |r| r.timeline.admitted = Some(SystemTime::now()));
+        self.touch(&rec.uid, |r| r.timeline.admitted = Some(Stamp::now()));
         let placement = match admission {
-            Admission::Fits(p) => {
-                if self.settings.lifecycle_events {
-                    let gpus = if p.gpu_ids.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", GPUs {}", p.gpu_ids.join(","))
-                    };
-                    let note = format!(
-                        "backend {} admitted it on host {}{gpus}",
-                        self.provider.name(),
-                        p.host
-                    );
-                    self.event(rec, EventType::Normal, "Admitted", &note, "Admit")
-                        .await;
-                }
-                p
-            }
+            Admission::Fits(p) => p,
             Admission::Queued { reason } => return Ok(Start::Queued(reason)),
             Admission::Rejected { reason, message } => return Ok(Start::Failed(reason, message)),
+        };
+        let gpus = if placement.gpu_ids.is_empty() {
+            String::new()
+        } else {
+            format!(", GPUs {}", placement.gpu_ids.join(","))
         };
         let mut spec = spec.clone();
         spec.placement = Some(placement);
@@ -770,8 +763,11 @@ impl PodController {
         };
         self.admitter.created(&rec.uid);
         if self.settings.lifecycle_events {
+            // One Normal Event per Pod: admission and creation together, so the
+            // happy path costs one Event write, not one per step.
             let note = format!(
-                "created instance {} on host {} (epoch {})",
+                "backend {} admitted it and created instance {} on host {}{gpus} (epoch {})",
+                self.provider.name(),
                 instance.id,
                 instance.host.as_deref().unwrap_or("-"),
                 self.settings.epoch
@@ -787,7 +783,7 @@ impl PodController {
             "instance created"
         );
         self.touch(&rec.uid, |r| {
-            r.timeline.accepted = Some(SystemTime::now());
+            r.timeline.accepted = Some(Stamp::now());
             r.pending = None;
         });
         Ok(Start::Running(Box::new(instance)))
@@ -806,7 +802,7 @@ impl PodController {
         if rec.queued_since.is_none() {
             self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit")
                 .await;
-            self.touch(&rec.uid, |r| r.queued_since = Some(SystemTime::now()));
+            self.touch(&rec.uid, |r| r.queued_since = Some(Stamp::now()));
         }
         Ok(())
     }
@@ -827,14 +823,11 @@ impl PodController {
                     "reason": reason,
                     "message": message,
                     "hostIP": self.settings.host_ip,
-                    "startTime": status::time(rec.start_time.unwrap_or_else(SystemTime::now)),
+                    "startTime": status::time(rec.start_time.map_or_else(SystemTime::now, Stamp::time)),
                 }
             });
             self.patch_status(rec, body).await?;
-            self.touch(&rec.uid, |r| {
-                r.observed_digest = view.digest();
-                r.observed = view;
-            });
+            self.touch(&rec.uid, |r| r.observe(&view));
             self.event(rec, EventType::Warning, reason, message, "Admit")
                 .await;
         }
@@ -861,20 +854,20 @@ impl PodController {
         let mut rec = self
             .records()
             .get(&*rec.uid)
-            .cloned()
+            .map(|r| PodRecord::clone(r))
             .unwrap_or_else(|| rec.clone());
         if view
             .containers
             .iter()
             .any(|c| c.state == status::StateView::Running)
         {
-            rec.timeline.started.get_or_insert(now);
+            rec.timeline.started.get_or_insert(now.into());
         }
         if view.conditions[3] == Some(true) && rec.timeline.ready.is_none() {
-            rec.timeline.ready = Some(now);
+            rec.timeline.ready = Some(now.into());
             let t = &rec.timeline;
-            if let Some(base) = t.bound.or(t.observed) {
-                let since = |x: Option<SystemTime>| x.and_then(|x| x.duration_since(base).ok());
+            if let Some(base) = t.bound.or(t.observed).map(Stamp::time) {
+                let since = |x: Option<Stamp>| x.and_then(|x| x.time().duration_since(base).ok());
                 let stages: Vec<(&str, Duration)> = [
                     ("observed", t.observed),
                     ("admitted", t.admitted),
@@ -889,24 +882,22 @@ impl PodController {
             }
         }
         if rec.start_time.is_none() {
-            rec.start_time = Some(now);
+            rec.start_time = Some(now.into());
         }
         let body = status::patch_body(&rec, &view, instance, &self.settings.host_ip, now);
         self.patch_status(&rec, body).await?;
         debug!(phase = %view.phase, "status written");
-        let digest = view.digest();
         self.touch(&rec.uid, |r| {
             for (i, s) in view.conditions.iter().enumerate() {
                 if let Some(s) = *s
                     && r.condition_times[i].is_none_or(|(old, _)| old != s)
                 {
-                    r.condition_times[i] = Some((s, now));
+                    r.condition_times[i] = Some((s, now.into()));
                 }
             }
             r.timeline = rec.timeline.clone();
             r.start_time = rec.start_time;
-            r.observed = view;
-            r.observed_digest = digest;
+            r.observe(&view);
         });
         Ok(())
     }
@@ -931,6 +922,9 @@ impl PodController {
     /// Graceful deletion: stop the instance, confirm it is gone, then let the Pod go.
     async fn finalize(&self, rec: &PodRecord, grace: u32) -> Result<Action, ReconcileError> {
         let uid = &*rec.uid;
+        if rec.delete_sent {
+            return Ok(Action::Done);
+        }
         self.admitter.release(uid);
         if let Err(e) = self
             .provider
@@ -941,7 +935,7 @@ impl PodController {
                 "backend {} could not delete instance: {e}; retrying",
                 self.provider.name()
             );
-            self.event(rec, EventType::Warning, "DeletionFailed", &note, "Delete")
+            self.repeating_event(rec, "DeletionFailed", &note, "Delete")
                 .await;
             return Err(e.into());
         }
@@ -954,19 +948,10 @@ impl PodController {
             &rec.key(),
             &self.settings.node,
             self.provider.name(),
-            rec.observed.instance_id.as_deref().unwrap_or(""),
+            rec.instance_id.as_deref().unwrap_or(""),
             self.settings.epoch,
             "pod deleted",
         );
-        if self.settings.lifecycle_events {
-            let note = format!(
-                "instance {} removed from backend {}",
-                rec.observed.instance_id.as_deref().unwrap_or("(none)"),
-                self.provider.name()
-            );
-            self.event(rec, EventType::Normal, "InstanceDeleted", &note, "Delete")
-                .await;
-        }
         self.throttle("delete").await;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
         let params = DeleteParams {
@@ -978,11 +963,13 @@ impl PodController {
             ..DeleteParams::default()
         };
         match api.delete(&rec.name, &params).await {
-            Ok(_) => Ok(Action::Done),
-            // Already gone, or the name now belongs to a newer Pod.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Action::Done),
-            Err(e) => Err(e.into()),
+            // Accepted, already gone, or the name now belongs to a newer Pod.
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e.into()),
         }
+        self.touch(uid, |r| r.delete_sent = true);
+        Ok(Action::Done)
     }
 
     /// An instance whose Pod is gone from the API (force-deleted, or deleted while
@@ -1025,6 +1012,10 @@ impl PodController {
         }
     }
 
+    /// Publishes a one-off Event about a Pod. It is created directly, not through
+    /// kube's `Recorder`: the Recorder keeps every Event it sent for six minutes
+    /// (to count repeats as a series), which at thousands of Pods is kilobytes per
+    /// Pod for Events that never repeat.
     async fn event(
         &self,
         rec: &PodRecord,
@@ -1033,26 +1024,87 @@ impl PodController {
         note: &str,
         action: &str,
     ) {
-        self.throttle("event").await;
-        let reference = ObjectReference {
+        use k8s_openapi::api::events::v1::Event;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        let event = Event {
+            metadata: ObjectMeta {
+                // A generateName must itself be a valid name but for a trailing dash.
+                generate_name: Some(format!("{}-", rec.name)),
+                namespace: Some(rec.namespace.to_string()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(jiff::Timestamp::now())),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            reason: Some(reason.to_owned()),
+            note: Some(note.chars().take(1000).collect()),
+            action: Some(action.to_owned()),
+            reporting_controller: Some("vkd".to_owned()),
+            reporting_instance: Some(self.settings.node.clone()),
+            regarding: Some(Self::pod_reference(rec)),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
+        let Ok(slot) = Arc::clone(&self.event_slots).acquire_owned().await else {
+            return;
+        };
+        let limiter = Arc::clone(&self.limiter);
+        let metrics = Arc::clone(&self.shared.metrics);
+        let reason = reason.to_owned();
+        tokio::spawn(
+            async move {
+                throttle(&limiter, &metrics, "event").await;
+                if let Err(e) = api.create(&PostParams::default(), &event).await {
+                    warn!(error = %e, reason, "publishing event failed");
+                }
+                drop(slot);
+            }
+            .in_current_span(),
+        );
+    }
+
+    fn pod_reference(rec: &PodRecord) -> ObjectReference {
+        ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
             name: Some(rec.name.to_string()),
             namespace: Some(rec.namespace.to_string()),
             uid: Some(rec.uid.to_string()),
             ..ObjectReference::default()
-        };
+        }
+    }
+
+    /// An Event that may repeat (a deletion the backend keeps refusing): kube's
+    /// `Recorder` turns the repeats into one Event with a count.
+    async fn repeating_event(&self, rec: &PodRecord, reason: &str, note: &str, action: &str) {
+        self.throttle("event").await;
         let ev = KubeEvent {
-            type_,
+            type_: EventType::Warning,
             reason: reason.to_owned(),
             note: Some(note.chars().take(1000).collect()),
             action: action.to_owned(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        if let Err(e) = self.recorder.publish(&ev, &Self::pod_reference(rec)).await {
             warn!(error = %e, reason, "publishing event failed");
         }
     }
+}
+
+/// Waits for the Pod-write rate limiter and counts the write.
+async fn throttle(
+    limiter: &DefaultDirectRateLimiter,
+    metrics: &crate::metrics::Metrics,
+    kind: &str,
+) {
+    let waited = std::time::Instant::now();
+    limiter.until_ready().await;
+    metrics.api_write(kind, waited.elapsed());
 }
 
 enum Start {

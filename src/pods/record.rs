@@ -17,24 +17,48 @@ pub struct ContainerInfo {
     pub image: Box<str>,
 }
 
+/// A wall-clock time to the millisecond in 8 bytes (`Option<Stamp>` too), half
+/// a `SystemTime`: a record keeps a dozen of them for each of thousands of Pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp(std::num::NonZeroU64);
+
+impl Stamp {
+    pub fn now() -> Self {
+        SystemTime::now().into()
+    }
+
+    pub fn time(self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(self.0.get())
+    }
+}
+
+impl From<SystemTime> for Stamp {
+    fn from(t: SystemTime) -> Self {
+        let ms = t
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self(std::num::NonZeroU64::new(ms).unwrap_or(std::num::NonZeroU64::MIN))
+    }
+}
+
 /// When each step of a Pod's start happened.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
-    pub bound: Option<SystemTime>,
-    pub observed: Option<SystemTime>,
-    pub admitted: Option<SystemTime>,
-    pub accepted: Option<SystemTime>,
-    pub started: Option<SystemTime>,
-    pub ready: Option<SystemTime>,
+    pub bound: Option<Stamp>,
+    pub observed: Option<Stamp>,
+    pub admitted: Option<Stamp>,
+    pub accepted: Option<Stamp>,
+    pub started: Option<Stamp>,
+    pub ready: Option<Stamp>,
 }
 
 impl Timeline {
     /// `bound=<time> observed=+12ms admitted=+13ms ...`, offsets from the binding.
     pub fn render(&self) -> String {
-        let base = self.bound.or(self.observed);
+        let base = self.bound.or(self.observed).map(Stamp::time);
         let mut out = Vec::new();
         if let Some(b) = self.bound {
-            out.push(format!("bound={}", status::time(b)));
+            out.push(format!("bound={}", status::time(b.time())));
         }
         for (name, t) in [
             ("observed", self.observed),
@@ -43,12 +67,49 @@ impl Timeline {
             ("started", self.started),
             ("ready", self.ready),
         ] {
-            if let (Some(t), Some(base)) = (t, base) {
+            if let (Some(t), Some(base)) = (t.map(Stamp::time), base) {
                 let ms = t.duration_since(base).map_or(0, |d| d.as_millis());
                 out.push(format!("{name}=+{ms}ms"));
             }
         }
         out.join(" ")
+    }
+}
+
+/// A Pod's phase, as the API server holds it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// No phase written yet.
+    #[default]
+    None,
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl Phase {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "" => Self::None,
+            "Pending" => Self::Pending,
+            "Running" => Self::Running,
+            "Succeeded" => Self::Succeeded,
+            "Failed" => Self::Failed,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The name for metrics; a Pod with no phase yet counts as Pending.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None | Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+            Self::Unknown => "Unknown",
+        }
     }
 }
 
@@ -64,19 +125,25 @@ pub struct PodRecord {
     /// The instance spec, kept only until the instance is created.
     pub pending: Option<Box<Pending>>,
     /// Why the Pod spec cannot run at all (found when the record was built).
-    pub spec_error: Option<SpecError>,
-    /// The status as the API server holds it.
-    pub observed: StatusView,
-    /// The digest of `observed`.
+    pub spec_error: Option<Box<SpecError>>,
+    /// The phase the API server holds.
+    pub phase: Phase,
+    /// The instance the API server's copy names (`vkd.io/instance-id`).
+    pub instance_id: Option<Box<str>>,
+    /// The digest of the status the API server holds ([`StatusView::digest`]):
+    /// the whole view is not kept, only what tells a change from none.
     pub observed_digest: u64,
-    pub start_time: Option<SystemTime>,
+    pub start_time: Option<Stamp>,
     /// lastTransitionTime of each of our conditions, with the status it belongs to.
-    pub condition_times: [Option<(bool, SystemTime)>; 4],
+    pub condition_times: [Option<(bool, Stamp)>; 4],
     pub timeline: Timeline,
     /// When the backend first queued this Pod (and its Event was published).
-    pub queued_since: Option<SystemTime>,
+    pub queued_since: Option<Stamp>,
     /// `vkd.io/partition-policy: fence`: stop the instance in a partition.
     pub fence_on_partition: bool,
+    /// vkd's own final delete of the Pod was accepted: the watch's Delete event
+    /// is all that is left (an update seen before it must not delete again).
+    pub delete_sent: bool,
 }
 
 impl PodRecord {
@@ -94,7 +161,14 @@ impl PodRecord {
 
     /// The phase the API server holds is terminal: nothing more to do but deletion.
     pub fn terminal(&self) -> bool {
-        self.observed.phase == "Succeeded" || self.observed.phase == "Failed"
+        matches!(self.phase, Phase::Succeeded | Phase::Failed)
+    }
+
+    /// Notes that the API server now holds `view`.
+    pub fn observe(&mut self, view: &StatusView) {
+        self.phase = Phase::parse(&view.phase);
+        self.instance_id = view.instance_id.as_deref().map(Into::into);
+        self.observed_digest = view.digest();
     }
 
     /// When condition `t` took status `s`, if the API already holds it that way.
@@ -102,7 +176,7 @@ impl PodRecord {
         let i = CONDITIONS.iter().position(|c| *c == t)?;
         self.condition_times[i]
             .filter(|(st, _)| *st == s)
-            .map(|(_, at)| at)
+            .map(|(_, at)| at.time())
     }
 
     /// Builds the record from a Pod, carrying over what an earlier record knew.
@@ -123,7 +197,7 @@ impl PodRecord {
                 if let Some(c) = conds.iter().find(|c| c.type_ == *t)
                     && let Some(at) = &c.last_transition_time
                 {
-                    condition_times[i] = Some((c.status == "True", SystemTime::from(at.0)));
+                    condition_times[i] = Some((c.status == "True", SystemTime::from(at.0).into()));
                 }
             }
         }
@@ -134,18 +208,19 @@ impl PodRecord {
                     .find(|c| c.type_ == "PodScheduled" && c.status == "True")
             })
             .and_then(|c| c.last_transition_time.as_ref())
-            .map(|t| SystemTime::from(t.0));
+            .map(|t| Stamp::from(SystemTime::from(t.0)));
         let mut timeline = previous.map(|p| p.timeline.clone()).unwrap_or_default();
         timeline.bound = timeline.bound.or(bound);
-        timeline.observed = timeline.observed.or(Some(now));
+        timeline.observed = timeline.observed.or(Some(now.into()));
         let created = observed.instance_id.is_some();
+        let observed_digest = observed.digest();
         let (pending, spec_error) =
             if created || previous.is_some_and(|p| p.pending.is_none() && p.spec_error.is_none()) {
                 (None, None)
             } else {
                 match pending(pod, node) {
                     Ok(s) => (Some(Box::new(s)), None),
-                    Err(e) => (None, Some(e)),
+                    Err(e) => (None, Some(Box::new(e))),
                 }
             };
         Some(Self {
@@ -167,11 +242,12 @@ impl PodRecord {
             }),
             pending,
             spec_error,
-            observed_digest: observed.digest(),
-            observed,
+            observed_digest,
+            phase: Phase::parse(&observed.phase),
+            instance_id: observed.instance_id.map(Into::into),
             start_time: api_status
                 .and_then(|s| s.start_time.as_ref())
-                .map(|t| SystemTime::from(t.0))
+                .map(|t| Stamp::from(SystemTime::from(t.0)))
                 .or(previous.and_then(|p| p.start_time)),
             condition_times,
             timeline,
@@ -181,6 +257,7 @@ impl PodRecord {
                 .as_ref()
                 .and_then(|a| a.get(crate::fencing::PARTITION_POLICY_ANNOTATION))
                 .is_some_and(|v| v == "fence"),
+            delete_sent: previous.is_some_and(|p| p.delete_sent),
         })
     }
 }

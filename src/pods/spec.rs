@@ -347,11 +347,11 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
                 .transpose()
                 .map_err(|e| invalid("limits.memory", e))?,
         },
-        startup_probe: probe("startupProbe", c.startup_probe.as_ref())?,
-        liveness_probe: probe("livenessProbe", c.liveness_probe.as_ref())?,
-        readiness_probe: probe("readinessProbe", c.readiness_probe.as_ref())?,
-        post_start: hook("postStart", lifecycle.and_then(|l| l.post_start.as_ref()))?,
-        pre_stop: hook("preStop", lifecycle.and_then(|l| l.pre_stop.as_ref()))?,
+        startup_probe: probe("startupProbe", c.startup_probe.as_ref())?.map(Box::new),
+        liveness_probe: probe("livenessProbe", c.liveness_probe.as_ref())?.map(Box::new),
+        readiness_probe: probe("readinessProbe", c.readiness_probe.as_ref())?.map(Box::new),
+        post_start: hook("postStart", lifecycle.and_then(|l| l.post_start.as_ref()))?.map(Box::new),
+        pre_stop: hook("preStop", lifecycle.and_then(|l| l.pre_stop.as_ref()))?.map(Box::new),
     })
 }
 
@@ -1201,7 +1201,9 @@ mod tests {
         );
         let l = c.liveness_probe.as_ref().unwrap();
         assert_eq!((l.period, l.failure_threshold), (Duration::from_secs(2), 1));
-        assert!(matches!(&c.pre_stop, Some(Handler::Exec { command }) if command.len() == 3));
+        assert!(
+            matches!(c.pre_stop.as_deref(), Some(Handler::Exec { command }) if command.len() == 3)
+        );
     }
 
     #[test]

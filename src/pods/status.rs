@@ -272,7 +272,7 @@ pub fn patch_body(
     status.insert("message".into(), json!(view.message));
     status.insert("hostIP".into(), json!(host_ip));
     status.insert("hostIPs".into(), json!([{ "ip": host_ip }]));
-    let start = rec.start_time.unwrap_or(now);
+    let start = rec.start_time.map_or(now, super::record::Stamp::time);
     status.insert("startTime".into(), json!(time(start)));
     if let Some(ip) = &view.pod_ip {
         status.insert("podIP".into(), json!(ip));

@@ -209,37 +209,9 @@ pub fn running_and_ready(p: &Value) -> bool {
         && condition(p, "Ready").is_some_and(|c| c["status"] == "True")
 }
 
-/// The manifests (`manifests/base`) applied to the cluster, and a kubeconfig that
-/// holds only a token of their ServiceAccount, minted through TokenRequest. Made
-/// once per cluster.
+/// See [`Cluster::service_account_kubeconfig`].
 pub fn service_account_kubeconfig(c: &Cluster) -> Result<PathBuf> {
-    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONCE.lock().unwrap_or_else(|p| p.into_inner());
-    let path = c.dir().join("kubeconfig-vkd-sa");
-    if path.exists() {
-        return Ok(path);
-    }
-    let base = repo_root().join("manifests/base").display().to_string();
-    c.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", &base])?;
-    let token = c.kubectl(&[
-        "create",
-        "token",
-        "vkd",
-        "-n",
-        "vkd-system",
-        "--duration=4h",
-    ])?;
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
-             users: [{{name: vkd, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: vkd}}}}]\ncurrent-context: c\n",
-            apiserver_addr(c)?,
-            c.env("VKD_E2E_CA")?,
-            token.trim()
-        ),
-    )?;
-    Ok(path)
+    c.service_account_kubeconfig()
 }
 
 /// A TCP proxy the test controls: `cut` drops every connection and refuses new
@@ -318,14 +290,8 @@ impl Proxy {
     }
 }
 
-/// The API server's address, from the cluster's kubeconfig.
 pub fn apiserver_addr(c: &Cluster) -> Result<std::net::SocketAddr> {
-    let text = std::fs::read_to_string(c.kubeconfig())?;
-    let server = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://"))
-        .context("no https server in the kubeconfig")?;
-    Ok(server.trim().parse()?)
+    c.apiserver_addr()
 }
 
 /// GET from a vkd's admin server; the body.

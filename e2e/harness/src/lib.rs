@@ -97,6 +97,49 @@ impl Cluster {
         self.dir.join("logs").join(format!("{name}.log"))
     }
 
+    /// The API server's address, from the cluster's kubeconfig.
+    pub fn apiserver_addr(&self) -> Result<std::net::SocketAddr> {
+        let text = std::fs::read_to_string(self.kubeconfig())?;
+        let server = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: https://"))
+            .context("no https server in the kubeconfig")?;
+        Ok(server.trim().parse()?)
+    }
+
+    /// The manifests (`manifests/base`) applied to the cluster, and a kubeconfig
+    /// that holds only a token of their ServiceAccount, minted through
+    /// TokenRequest: what vkd runs with in a real cluster. Made once per cluster.
+    pub fn service_account_kubeconfig(&self) -> Result<PathBuf> {
+        static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.dir.join("kubeconfig-vkd-sa");
+        if path.exists() {
+            return Ok(path);
+        }
+        let base = repo_root().join("manifests/base").display().to_string();
+        self.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", &base])?;
+        let token = self.kubectl(&[
+            "create",
+            "token",
+            "vkd",
+            "-n",
+            "vkd-system",
+            "--duration=4h",
+        ])?;
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
+                 users: [{{name: vkd, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: vkd}}}}]\ncurrent-context: c\n",
+                self.apiserver_addr()?,
+                self.env("VKD_E2E_CA")?,
+                token.trim()
+            ),
+        )?;
+        Ok(path)
+    }
+
     /// Keeps the cluster directory after the suite (set when a test fails).
     pub fn keep_dir(&self) {
         self.keep.store(true, Ordering::Relaxed);

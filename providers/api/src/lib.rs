@@ -19,6 +19,18 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
+/// Gives back a map's spare room once most of its entries are gone: a hash map
+/// keeps the capacity of its largest size, so after 10,000 Pods come and go it
+/// would hold their slots for good. Shrinks only when it is a quarter full or
+/// less, so the cost (a rehash) is paid once per large drop, not per removal.
+pub fn release_spare<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher>(
+    map: &mut std::collections::HashMap<K, V, S>,
+) {
+    if map.capacity() > 1024 && map.capacity() / 4 > map.len() {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
 pub mod conformance;
 pub mod fence;
 pub mod quantity;
@@ -64,16 +76,18 @@ pub struct ContainerSpec {
     pub mounts: Vec<Mount>,
     #[serde(default)]
     pub limits: Limits,
+    // Probes and hooks are boxed: most containers have none, and a backend
+    // keeps a spec per instance (inline they were most of a ContainerSpec).
     #[serde(default)]
-    pub startup_probe: Option<Probe>,
+    pub startup_probe: Option<Box<Probe>>,
     #[serde(default)]
-    pub liveness_probe: Option<Probe>,
+    pub liveness_probe: Option<Box<Probe>>,
     #[serde(default)]
-    pub readiness_probe: Option<Probe>,
+    pub readiness_probe: Option<Box<Probe>>,
     #[serde(default)]
-    pub post_start: Option<Handler>,
+    pub post_start: Option<Box<Handler>>,
     #[serde(default)]
-    pub pre_stop: Option<Handler>,
+    pub pre_stop: Option<Box<Handler>>,
 }
 
 /// A container's resource limits (absent: unlimited).

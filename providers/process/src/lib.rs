@@ -342,8 +342,8 @@ impl ProcessProvider {
                 .into_iter()
                 .flatten()
                 .map(|p| &p.handler)
-                .chain(c.post_start.iter())
-                .chain(c.pre_stop.iter())
+                .chain(c.post_start.as_deref())
+                .chain(c.pre_stop.as_deref())
             {
                 if matches!(h, vkd_provider::Handler::HttpGet { https: true, .. }) {
                     return Err(ProviderError::invalid(

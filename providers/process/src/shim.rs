@@ -476,7 +476,7 @@ impl Shim {
                 st = &mut exit => break st,
                 () = async { let _ = stop.wait_for(|s| *s).await; }, if !terminating => {
                     terminating = true;
-                    kill_at = Some(self.terminate(group, spec.pre_stop.as_ref(), launch, spec).await);
+                    kill_at = Some(self.terminate(group, spec.pre_stop.as_deref(), launch, spec).await);
                 }
                 () = tokio::time::sleep_until(next) => {
                     if kill_at.is_some_and(|k| Instant::now() >= k) {
@@ -494,7 +494,7 @@ impl Shim {
                         ProbeOutcome::Restart(why) => {
                             self.note(&why);
                             terminating = true;
-                            kill_at = Some(self.terminate(group, spec.pre_stop.as_ref(), launch, spec).await);
+                            kill_at = Some(self.terminate(group, spec.pre_stop.as_deref(), launch, spec).await);
                         }
                     }
                 }

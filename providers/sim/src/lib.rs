@@ -110,7 +110,8 @@ struct HostUsage {
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    pub(crate) records: HashMap<String, Record>,
+    /// Boxed, so the map's spare slots cost a pointer each, not a record.
+    pub(crate) records: HashMap<String, Box<Record>>,
     usage: HashMap<String, HostUsage>,
     /// Highest epoch seen per node.
     epochs: HashMap<String, u64>,
@@ -280,7 +281,7 @@ impl SimProvider {
         st.epochs = epochs;
         for rec in records {
             st.account(&rec, true);
-            st.records.insert(rec.spec.pod.uid.clone(), rec);
+            st.records.insert(rec.spec.pod.uid.clone(), Box::new(rec));
         }
         Ok(())
     }
@@ -409,6 +410,7 @@ impl SimProvider {
             Err(e) => return Err(io_err(&path)(e).into()),
         }
         if let Some(rec) = st.records.remove(uid) {
+            vkd_provider::release_spare(&mut st.records);
             st.account(&rec, false);
             self.journal("stopped", &rec, rec.stop_at.unwrap_or(now));
         }
@@ -615,7 +617,7 @@ impl Provider for SimProvider {
                 st.account(&rec, true);
                 let instance = self.observe(&rec, now).0;
                 self.journal("created", &rec, now);
-                st.records.insert(uid.clone(), rec);
+                st.records.insert(uid.clone(), Box::new(rec));
                 instance
             }
         };
@@ -683,15 +685,19 @@ impl Provider for SimProvider {
         };
         let mut out = Vec::new();
         for uid in uids {
-            let inst = {
+            let observed = {
                 let st = self.state();
                 st.records
                     .get(&uid)
                     .filter(|r| r.spec.node == node)
-                    .map(|r| self.observe(r, now).0)
+                    .map(|r| self.observe(r, now))
             };
-            if let Some(i) = inst {
-                self.watch(&uid);
+            if let Some((i, next)) = observed {
+                // Only an instance with a change ahead needs a ticker (after a
+                // restart, say); a steady one would get a task that ends at once.
+                if next.is_some() {
+                    self.watch(&uid);
+                }
                 out.push(i);
             }
         }

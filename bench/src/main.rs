@@ -1,0 +1,943 @@
+//! `vkd-bench`: how vkd holds up with thousands of Pods on one virtual node.
+//!
+//! It starts a real control plane with the limits given on the command line,
+//! runs the release vkd on the sim provider (zero latency, `testdata/fleets/many.yaml`)
+//! with the manifests' ServiceAccount, and then, with a concurrent client:
+//!
+//! 1. creates N Pods as fast as the API server accepts them and waits until all
+//!    are Running and Ready (from its own watch);
+//! 2. reads the daemon's heap and RSS with N Pods;
+//! 3. SIGKILLs vkd, starts it again and times how long until the node is Ready
+//!    and every instance is adopted (none may be created);
+//! 4. deletes all N and waits until they are gone;
+//! 5. creates M more at a steady rate (200/s by default) to time bound-to-create;
+//!
+//! and prints one line of figures per target, with the limits in force and the
+//! CPU time each process spent (the profile: where the time went).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::json;
+use vkd_e2e::{Cluster, repo_root};
+
+const NAMESPACE: &str = "bench";
+const NODE: &str = "vk-bench";
+
+#[derive(Debug, Parser)]
+#[command(about = "Scale benchmark for vkd: N Pods on one virtual node, figures printed")]
+struct Args {
+    /// Pods created at once in the burst phase.
+    #[arg(long, default_value_t = 1000)]
+    pods: usize,
+    /// Pods created at a steady rate in the latency phase (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    steady_pods: usize,
+    /// Pods per second in the latency phase.
+    #[arg(long, default_value_t = 200)]
+    rate: u32,
+    /// Requests the benchmark's client keeps in flight.
+    #[arg(long, default_value_t = 32)]
+    client_concurrency: usize,
+    /// The apiserver's --max-requests-inflight.
+    #[arg(long, default_value_t = 800)]
+    max_requests_inflight: u32,
+    /// The apiserver's --max-mutating-requests-inflight.
+    #[arg(long, default_value_t = 400)]
+    max_mutating_requests_inflight: u32,
+    /// Client QPS of kube-scheduler and kube-controller-manager (burst is twice).
+    #[arg(long, default_value_t = 500)]
+    component_qps: u32,
+    /// vkd's --kube-qps (Pod writes); the daemon's default unless given.
+    #[arg(long, default_value_t = 1000)]
+    vkd_qps: u32,
+    /// vkd's --kube-burst.
+    #[arg(long, default_value_t = 2000)]
+    vkd_burst: u32,
+    /// vkd's --reconcile-concurrency.
+    #[arg(long, default_value_t = 64)]
+    reconcile_concurrency: usize,
+    /// Extra arguments for `vkd run` (repeatable), e.g. `--vkd-arg=--lifecycle-events=false`.
+    #[arg(long = "vkd-arg", allow_hyphen_values = true)]
+    vkd_args: Vec<String>,
+    /// How long each wait may take before the phase is reported as not done.
+    #[arg(long, default_value = "300")]
+    wait_seconds: u64,
+}
+
+/// When the benchmark saw each step of one Pod.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    created: Option<SystemTime>,
+    bound: Option<SystemTime>,
+    ready: Option<SystemTime>,
+    deleted: Option<SystemTime>,
+}
+
+type Book = Arc<Mutex<HashMap<String, Seen>>>;
+
+fn book(b: &Book) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+    b.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let vkd_bin = sibling("vkd")?;
+    let cluster = Cluster::up(
+        "bench",
+        &[
+            "--max-requests-inflight",
+            &args.max_requests_inflight.to_string(),
+            "--max-mutating-requests-inflight",
+            &args.max_mutating_requests_inflight.to_string(),
+            "--component-qps",
+            &args.component_qps.to_string(),
+        ],
+    )?;
+    let sa_kubeconfig = cluster.service_account_kubeconfig()?;
+    cluster.kubectl(&["create", "namespace", NAMESPACE])?;
+    let client = admin_client(&cluster).await?;
+    wait_until("the bench namespace's default ServiceAccount", 60, || {
+        cluster
+            .kubectl(&["get", "serviceaccount", "default", "-n", NAMESPACE])
+            .is_ok()
+    })
+    .await?;
+
+    println!(
+        "limits: apiserver max-requests-inflight={} max-mutating-requests-inflight={} (APF on, manifests' FlowSchema); \
+         kube-scheduler and kube-controller-manager qps={} burst={}; vkd kube-qps={} kube-burst={} reconcile-concurrency={} {}; \
+         client concurrency={}; {} cores",
+        cluster.env("VKD_E2E_MAX_REQUESTS_INFLIGHT")?,
+        cluster.env("VKD_E2E_MAX_MUTATING_REQUESTS_INFLIGHT")?,
+        cluster.env("VKD_E2E_COMPONENT_QPS")?,
+        args.component_qps * 2,
+        args.vkd_qps,
+        args.vkd_burst,
+        args.reconcile_concurrency,
+        args.vkd_args.join(" "),
+        args.client_concurrency,
+        std::thread::available_parallelism().map_or(0, usize::from),
+    );
+
+    let mut vkd = Daemon::start(&cluster, &vkd_bin, &sa_kubeconfig, &args)?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_until("the virtual node to be Ready", 60, || vkd.ready()).await?;
+    let idle_heap = vkd.heap_bytes().unwrap_or(0);
+    let api_before = apiserver_requests(&client).await?;
+    let cpu_before = cpu_seconds(&cluster, &vkd);
+
+    let seen: Book = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let watch = tokio::spawn(record(pods.clone(), Arc::clone(&seen)));
+    let wait = Duration::from_secs(args.wait_seconds);
+
+    // 1. Burst.
+    let names: Vec<String> = (0..args.pods).map(|i| format!("burst-{i:05}")).collect();
+    let started = SystemTime::now();
+    let last_create = create_all(&pods, &names, &seen, args.client_concurrency, None).await?;
+    let took = secs(last_create, started);
+    println!(
+        "create: {} Pods accepted in {:.1}s ({:.0} Pods/s)",
+        names.len(),
+        took,
+        names.len() as f64 / took.max(0.001)
+    );
+    let all_ready = wait_all(&seen, &names, wait, |s| s.ready.is_some()).await;
+    report_ready(&seen, &names, last_create, started, all_ready);
+    let burst_latency = latency(&seen, &names, &vkd.journal_created()?);
+    println!(
+        "latency (burst): create-to-Ready p50 {} p99 {}; bound-to-create p50 {} p99 {}",
+        ms(burst_latency.create_ready.p(50)),
+        ms(burst_latency.create_ready.p(99)),
+        ms(burst_latency.bound_create.p(50)),
+        ms(burst_latency.bound_create.p(99)),
+    );
+
+    // 2. Memory with N Pods.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let heap = vkd.heap_bytes().unwrap_or(0);
+    let (rss, hwm) = vkd.rss_kib();
+    let per_pod = heap.saturating_sub(idle_heap) as f64 / names.len().max(1) as f64;
+    println!(
+        "memory: heap {:.1} MiB with {} Pods ({:.1} MiB idle), {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB, peak {:.1} MiB [target < 40 MiB: {}]",
+        mib(heap),
+        names.len(),
+        mib(idle_heap),
+        per_pod,
+        verdict(per_pod < 2048.0),
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0,
+        verdict(hwm < 40 * 1024),
+    );
+
+    // 3. SIGKILL and restart with N Pods running.
+    let writes_first = vkd.writes();
+    let throttled_first = vkd.metric("vkd_api_throttled_seconds_total", &[]);
+    let errors_first = vkd.metric("vkd_reconcile_errors_total", &[]);
+    let created_before = vkd.journal_created()?.len();
+    vkd.kill()?;
+    let restarted = SystemTime::now();
+    vkd.spawn()?;
+    let ready_after = wait_until("vkd to be ready after the restart", 120, || vkd.ready())
+        .await
+        .map(|()| secs(SystemTime::now(), restarted));
+    let node_ready = wait_node_heartbeat(&nodes, restarted, wait).await;
+    let adopted = wait_until("every instance adopted", 120, || {
+        vkd.metric("vkd_pods", &[("phase", "Running")]) >= names.len() as f64
+    })
+    .await
+    .map(|()| secs(SystemTime::now(), restarted));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let created_after = vkd.journal_created()?.len() - created_before;
+    let creates_called = vkd.metric_count("vkd_provider_call_duration_seconds", "create");
+    let restart_writes = vkd.writes();
+    println!(
+        "restart: SIGKILL with {} Pods Running; vkd ready (leader, node registered, pods synced) {} after the restart, \
+         node Ready heartbeat {}, all adopted {}; instances created {created_after} (create calls {creates_called:.0}), \
+         status writes {} [target node Ready <= 5s and none created: {}]",
+        names.len(),
+        fmt_secs(ready_after.as_ref().ok().copied()),
+        node_ready.map_or("not seen".into(), |s| format!("{s:.1}s")),
+        adopted
+            .as_ref()
+            .map_or("not seen".into(), |s| format!("{s:.1}s")),
+        restart_writes.status,
+        verdict(
+            node_ready.is_some_and(|s| s <= 5.0) && created_after == 0 && creates_called == 0.0
+        ),
+    );
+
+    // 4. Delete all N.
+    let delete_started = SystemTime::now();
+    let last_delete = delete_all(&pods, &names, args.client_concurrency).await?;
+    let all_deleted = wait_all(&seen, &names, wait, |s| s.deleted.is_some()).await;
+    let deleted_at = last_seen(&seen, &names, |s| s.deleted);
+    println!(
+        "delete: {} of {} deleted {} after the first delete ({:.1}s to send them all) [target <= 30s: {}]",
+        count(&seen, &names, |s| s.deleted.is_some()),
+        names.len(),
+        deleted_at.map_or("never".into(), |t| format!(
+            "{:.1}s",
+            secs(t, delete_started)
+        )),
+        secs(last_delete, delete_started),
+        verdict(all_deleted && deleted_at.is_some_and(|t| secs(t, delete_started) <= 30.0)),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let heap_after = vkd.heap_bytes().unwrap_or(0);
+    println!(
+        "memory after deletion: heap {:.1} MiB ({:.1} MiB idle before the first Pod); what the {} Pods held: {:.0} B/Pod",
+        mib(heap_after),
+        mib(idle_heap),
+        names.len(),
+        heap.saturating_sub(heap_after) as f64 / names.len().max(1) as f64,
+    );
+    let writes = writes_first.plus(&vkd.writes());
+    println!(
+        "vkd: Pod writes waited {:.1}s in all for vkd's own rate limiter; failed reconciles {:.0}",
+        throttled_first + vkd.metric("vkd_api_throttled_seconds_total", &[]),
+        errors_first + vkd.metric("vkd_reconcile_errors_total", &[]),
+    );
+    let api_after = apiserver_requests(&client).await?;
+    print_writes("burst", names.len(), &writes, &api_before, &api_after);
+
+    // 5. Steady rate.
+    if args.steady_pods > 0 {
+        let before = vkd.writes();
+        let steady: Vec<String> = (0..args.steady_pods)
+            .map(|i| format!("steady-{i:05}"))
+            .collect();
+        let started = SystemTime::now();
+        let last = create_all(
+            &pods,
+            &steady,
+            &seen,
+            args.client_concurrency,
+            Some(args.rate),
+        )
+        .await?;
+        let achieved = steady.len() as f64 / secs(last, started).max(0.001);
+        wait_all(&seen, &steady, wait, |s| s.ready.is_some()).await;
+        let l = latency(&seen, &steady, &vkd.journal_created()?);
+        println!(
+            "steady: {} Pods at {}/s (achieved {:.0}/s): bound-to-create p50 {} p99 {} [target p99 < 50ms: {}]; create-to-Ready p50 {} p99 {}",
+            steady.len(),
+            args.rate,
+            achieved,
+            ms(l.bound_create.p(50)),
+            ms(l.bound_create.p(99)),
+            verdict(l.bound_create.p(99).is_some_and(|d| d < 0.050)),
+            ms(l.create_ready.p(50)),
+            ms(l.create_ready.p(99)),
+        );
+        delete_all(&pods, &steady, args.client_concurrency).await?;
+        wait_all(&seen, &steady, wait, |s| s.deleted.is_some()).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let w = vkd.writes().minus(&before);
+        println!(
+            "writes (steady): {:.2} per Pod (status {:.2}, delete {:.2}, event {:.2}) [target <= 3: {}]",
+            w.total() / steady.len() as f64,
+            w.status / steady.len() as f64,
+            w.delete / steady.len() as f64,
+            w.event / steady.len() as f64,
+            verdict(w.total() / steady.len() as f64 <= 3.0),
+        );
+    }
+
+    // Where the time went.
+    let cpu_after = cpu_seconds(&cluster, &vkd);
+    let wall = secs(SystemTime::now(), started);
+    let mut parts: Vec<String> = cpu_after
+        .iter()
+        .map(|(name, after)| {
+            let before = cpu_before.get(name).copied().unwrap_or(0.0);
+            // vkd was restarted: its first process's time is in `before` no more.
+            let spent = if *after >= before {
+                after - before
+            } else {
+                *after
+            };
+            format!("{name} {spent:.1}s")
+        })
+        .collect();
+    parts.sort();
+    println!(
+        "cpu: {} (over {:.0}s of wall time on {} cores)",
+        parts.join(", "),
+        wall,
+        std::thread::available_parallelism().map_or(0, usize::from),
+    );
+    watch.abort();
+    vkd.kill()?;
+    Ok(())
+}
+
+/// A binary beside this one (`target/release/vkd`).
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.with_file_name(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: build it first (scripts/bench.sh does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+async fn admin_client(cluster: &Cluster) -> Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig())?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn pod(name: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench"}},
+        "spec": {
+            "nodeSelector": {"vkd.io/bench": "true"},
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main",
+                "image": "example/steady:1",
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}
+            }]
+        }
+    }))?)
+}
+
+/// Creates the Pods with `concurrency` requests in flight, at most `rate` per
+/// second when given; returns when the last create was accepted.
+async fn create_all(
+    pods: &Api<Pod>,
+    names: &[String],
+    seen: &Book,
+    concurrency: usize,
+    rate: Option<u32>,
+) -> Result<SystemTime> {
+    let start = Instant::now();
+    futures::stream::iter(names.iter().enumerate())
+        .map(|(i, name)| async move {
+            if let Some(rate) = rate {
+                let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate.max(1)));
+                tokio::time::sleep_until(due.into()).await;
+            }
+            let body = pod(name)?;
+            let mut tries = 0;
+            loop {
+                match pods.create(&PostParams::default(), &body).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(s)) if s.code == 429 && tries < 20 => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => {
+                        return Err(anyhow::Error::from(e).context(format!("creating {name}")));
+                    }
+                }
+            }
+            book(seen).entry(name.clone()).or_default().created = Some(SystemTime::now());
+            Ok::<_, anyhow::Error>(())
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(SystemTime::now())
+}
+
+async fn delete_all(pods: &Api<Pod>, names: &[String], concurrency: usize) -> Result<SystemTime> {
+    futures::stream::iter(names)
+        .map(|name| async move {
+            match pods.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(anyhow::Error::from(e).context(format!("deleting {name}"))),
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(SystemTime::now())
+}
+
+/// Watches the namespace's Pods and notes when each was first seen bound,
+/// Ready, and gone.
+async fn record(pods: Api<Pod>, seen: Book) {
+    let mut stream = watcher(pods, watcher::Config::default()).boxed();
+    while let Some(event) = stream.next().await {
+        let now = SystemTime::now();
+        match event {
+            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                let Some(name) = p.metadata.name.clone() else {
+                    continue;
+                };
+                let mut b = book(&seen);
+                let s = b.entry(name).or_default();
+                if s.bound.is_none() && p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+                    s.bound = Some(now);
+                }
+                let ready = p
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if s.ready.is_none() && ready {
+                    s.ready = Some(now);
+                }
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                if let Some(name) = p.metadata.name {
+                    book(&seen).entry(name).or_default().deleted = Some(now);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("bench: pod watch: {e}"),
+        }
+    }
+}
+
+/// Waits until `done` holds for every name; false when `limit` passed first.
+async fn wait_all(
+    seen: &Book,
+    names: &[String],
+    limit: Duration,
+    done: impl Fn(&Seen) -> bool,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if count(seen, names, &done) == names.len() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count(seen: &Book, names: &[String], done: impl Fn(&Seen) -> bool) -> usize {
+    let b = book(seen);
+    names
+        .iter()
+        .filter(|n| b.get(*n).is_some_and(&done))
+        .count()
+}
+
+fn last_seen(
+    seen: &Book,
+    names: &[String],
+    at: impl Fn(&Seen) -> Option<SystemTime>,
+) -> Option<SystemTime> {
+    let b = book(seen);
+    names
+        .iter()
+        .map(|n| b.get(n).and_then(&at))
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .max()
+}
+
+fn report_ready(
+    seen: &Book,
+    names: &[String],
+    last_create: SystemTime,
+    started: SystemTime,
+    all: bool,
+) {
+    let ready_at = last_seen(seen, names, |s| s.ready);
+    let after_last = ready_at.map(|t| secs(t, last_create));
+    println!(
+        "ready: {} of {} Running and Ready, the last {} after the last create was accepted [target <= 30s: {}]; \
+         first create to all Ready {} ({} Pods/s)",
+        count(seen, names, |s| s.ready.is_some()),
+        names.len(),
+        fmt_secs(after_last),
+        verdict(all && after_last.is_some_and(|s| s <= 30.0)),
+        fmt_secs(ready_at.map(|t| secs(t, started))),
+        ready_at.map_or("-".into(), |t| format!(
+            "{:.0}",
+            names.len() as f64 / secs(t, started).max(0.001)
+        )),
+    );
+}
+
+/// Seconds from `from` to `to` (0 when `to` is earlier).
+fn secs(to: SystemTime, from: SystemTime) -> f64 {
+    to.duration_since(from).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn fmt_secs(s: Option<f64>) -> String {
+    s.map_or("never".into(), |s| format!("{s:.1}s"))
+}
+
+fn ms(s: Option<f64>) -> String {
+    s.map_or("-".into(), |s| format!("{:.0}ms", s * 1000.0))
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "NOT met" }
+}
+
+/// Durations in seconds, for percentiles.
+#[derive(Debug, Default)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn p(&self, pct: usize) -> Option<f64> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        let i = ((v.len() * pct).div_ceil(100)).clamp(1, v.len()) - 1;
+        Some(v[i])
+    }
+}
+
+#[derive(Debug, Default)]
+struct Latency {
+    create_ready: Samples,
+    bound_create: Samples,
+}
+
+/// Create-to-Ready from the watch; bound (seen by the watch) to instance
+/// created (the sim's journal, same clock).
+fn latency(seen: &Book, names: &[String], created: &HashMap<String, SystemTime>) -> Latency {
+    let b = book(seen);
+    let mut l = Latency::default();
+    for n in names {
+        let Some(s) = b.get(n) else { continue };
+        if let (Some(c), Some(r)) = (s.created, s.ready) {
+            l.create_ready.0.push(secs(r, c));
+        }
+        if let (Some(bound), Some(made)) = (s.bound, created.get(n)) {
+            l.bound_create.0.push(secs(*made, bound));
+        }
+    }
+    l
+}
+
+async fn wait_until(what: &str, seconds: u64, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while !ok() {
+        if Instant::now() > deadline {
+            bail!("timed out after {seconds}s waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Seconds from `since` until the node's Ready condition is True with a
+/// heartbeat written after `since` (the heartbeat has one-second precision).
+async fn wait_node_heartbeat(nodes: &Api<Node>, since: SystemTime, limit: Duration) -> Option<f64> {
+    let floor = since.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(node) = nodes.get(NODE).await {
+            let fresh = node
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .filter(|c| c.status == "True")
+                .and_then(|c| c.last_heartbeat_time)
+                .is_some_and(|t| t.0.as_second() >= i64::try_from(floor).unwrap_or(i64::MAX));
+            if fresh {
+                return Some(secs(SystemTime::now(), since));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// vkd's Pod writes, from its `vkd_api_writes_total`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Writes {
+    status: f64,
+    delete: f64,
+    event: f64,
+}
+
+impl Writes {
+    fn total(&self) -> f64 {
+        self.status + self.delete + self.event
+    }
+    fn plus(&self, o: &Self) -> Self {
+        Self {
+            status: self.status + o.status,
+            delete: self.delete + o.delete,
+            event: self.event + o.event,
+        }
+    }
+    fn minus(&self, o: &Self) -> Self {
+        Self {
+            status: self.status - o.status,
+            delete: self.delete - o.delete,
+            event: self.event - o.event,
+        }
+    }
+}
+
+fn print_writes(
+    phase: &str,
+    pods: usize,
+    w: &Writes,
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+) {
+    let n = pods.max(1) as f64;
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    println!(
+        "writes ({phase}): {:.2} per Pod lifecycle (status {:.2}, delete {:.2}, event {:.2}; lease renewals excluded) [target <= 3: {}]; \
+         the apiserver counted PATCH pods/status {:.0}, DELETE pods {:.0} ({pods} of them the client's), POST events {:.0}, \
+         POST pods/binding {:.0}, PATCH nodes/status {:.0}",
+        w.total() / n,
+        w.status / n,
+        w.delete / n,
+        w.event / n,
+        verdict(w.total() / n <= 3.0),
+        delta("PATCH pods/status"),
+        delta("DELETE pods/"),
+        delta("POST events/") + delta("CREATE events/"),
+        delta("POST pods/binding") + delta("CREATE pods/binding"),
+        delta("PATCH nodes/status"),
+    );
+}
+
+/// `apiserver_request_total` summed by "VERB resource/subresource".
+async fn apiserver_requests(client: &Client) -> Result<HashMap<String, f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
+    let mut out = HashMap::new();
+    for s in scrape.samples {
+        if s.metric != "apiserver_request_total" {
+            continue;
+        }
+        let key = format!(
+            "{} {}/{}",
+            s.labels.get("verb").unwrap_or(""),
+            s.labels.get("resource").unwrap_or(""),
+            s.labels.get("subresource").unwrap_or("")
+        );
+        if let prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) = s.value {
+            *out.entry(key).or_default() += v;
+        }
+    }
+    Ok(out)
+}
+
+/// CPU seconds (user + system) of each control-plane process and of vkd.
+fn cpu_seconds(cluster: &Cluster, vkd: &Daemon) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for c in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        let pid = std::fs::read_to_string(cluster.dir().join("pids").join(format!("{c}.pid")))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        if let Some(s) = pid.and_then(proc_cpu) {
+            out.insert(c.to_owned(), s);
+        }
+    }
+    if let Some(s) = vkd.pid().and_then(proc_cpu) {
+        out.insert("vkd".to_owned(), s);
+    }
+    if let Some(s) = proc_cpu(std::process::id()) {
+        out.insert("bench client".to_owned(), s);
+    }
+    out
+}
+
+fn proc_cpu(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// The vkd under test.
+struct Daemon {
+    args: Vec<String>,
+    bin: PathBuf,
+    log: PathBuf,
+    state_dir: PathBuf,
+    admin_port: u16,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn start(cluster: &Cluster, bin: &Path, kubeconfig: &Path, a: &Args) -> Result<Self> {
+        let state_dir = cluster.dir().join("vkd-state");
+        std::fs::create_dir_all(&state_dir)?;
+        let admin_port = free_port()?;
+        let fleet = repo_root().join("testdata/fleets/many.yaml");
+        let mut args: Vec<String> = [
+            "run",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--leader-election-namespace",
+            "vkd-system",
+            "--replica-id",
+            "bench-0",
+            "--node-name",
+            NODE,
+            "--node-label",
+            "vkd.io/bench=true",
+            "--provider",
+            "sim",
+            "--provider-config",
+            &fleet.display().to_string(),
+            "--state-dir",
+            &state_dir.display().to_string(),
+            "--admin-port",
+            &admin_port.to_string(),
+            "--kubelet-port",
+            &free_port()?.to_string(),
+            "--kube-qps",
+            &a.vkd_qps.to_string(),
+            "--kube-burst",
+            &a.vkd_burst.to_string(),
+            "--reconcile-concurrency",
+            &a.reconcile_concurrency.to_string(),
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        args.extend(a.vkd_args.iter().cloned());
+        let mut d = Self {
+            args,
+            bin: bin.to_owned(),
+            log: cluster.log_path("vkd"),
+            state_dir,
+            admin_port,
+            child: None,
+        };
+        d.spawn()?;
+        Ok(d)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            .env("RUST_LOG", "warn,vkd=info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting vkd")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+        Some((code, body))
+    }
+
+    fn ready(&self) -> bool {
+        self.get("/readyz").is_some_and(|(code, _)| code == 200)
+    }
+
+    fn samples(&self) -> Vec<prometheus_parse::Sample> {
+        let Some((200, body)) = self.get("/metrics") else {
+            return Vec::new();
+        };
+        prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+            .map(|s| s.samples)
+            .unwrap_or_default()
+    }
+
+    /// A gauge or counter with these labels (0 when absent).
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples()
+            .into_iter()
+            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .fold(0.0, |a, b| a + b)
+    }
+
+    /// How many observations a histogram holds for one provider operation.
+    fn metric_count(&self, name: &str, operation: &str) -> f64 {
+        self.samples()
+            .into_iter()
+            .filter(|s| s.metric == name && s.labels.get("operation") == Some(operation))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Histogram(h) => h.last().map_or(0.0, |b| b.count),
+                _ => 0.0,
+            })
+            .fold(0.0, |a, b| a + b)
+    }
+
+    fn heap_bytes(&self) -> Option<usize> {
+        let v = self.metric("vkd_heap_bytes", &[]);
+        (v > 0.0).then_some(v as usize)
+    }
+
+    fn writes(&self) -> Writes {
+        let w = |kind| self.metric("vkd_api_writes_total", &[("kind", kind)]);
+        Writes {
+            status: w("status"),
+            delete: w("delete"),
+            event: w("event"),
+        }
+    }
+
+    /// (VmRSS, VmHWM) in KiB.
+    fn rss_kib(&self) -> (u64, u64) {
+        let Some(pid) = self.pid() else { return (0, 0) };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |key: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// When the sim created each Pod's instance, by Pod name (its journal).
+    fn journal_created(&self) -> Result<HashMap<String, SystemTime>> {
+        let text = match std::fs::read_to_string(self.state_dir.join("sim/journal.jsonl")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = HashMap::new();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if v["event"] != "created" {
+                continue;
+            }
+            let (Some(pod), Some(at)) = (v["pod"].as_str(), v["atMs"].as_u64()) else {
+                continue;
+            };
+            let name = pod.rsplit('/').next().unwrap_or(pod).to_owned();
+            out.insert(name, SystemTime::UNIX_EPOCH + Duration::from_millis(at));
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
