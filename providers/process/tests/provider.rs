@@ -287,13 +287,13 @@ async fn init_containers_run_in_order_before_the_containers() {
         source: vkd_provider::VolumeSource::EmptyDir { size_limit: None },
     }];
     s.containers[0].mounts = vec![mount.clone()];
-    s.containers[0].post_start = Some(vkd_provider::Handler::Exec {
+    s.containers[0].post_start = Some(Box::new(vkd_provider::Handler::Exec {
         command: vec![
             "sh".into(),
             "-c".into(),
             "echo started > data/post-start".into(),
         ],
-    });
+    }));
     s.init_containers = ["one", "two"]
         .iter()
         .map(|n| ContainerSpec {
