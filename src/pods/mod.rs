@@ -868,16 +868,11 @@ impl PodController {
             let t = &rec.timeline;
             if let Some(base) = t.bound.or(t.observed).map(Stamp::time) {
                 let since = |x: Option<Stamp>| x.and_then(|x| x.time().duration_since(base).ok());
-                let stages: Vec<(&str, Duration)> = [
-                    ("observed", t.observed),
-                    ("admitted", t.admitted),
-                    ("accepted", t.accepted),
-                    ("started", t.started),
-                    ("ready", t.ready),
-                ]
-                .into_iter()
-                .filter_map(|(n, x)| Some((n, since(x)?)))
-                .collect();
+                let stages: Vec<(&str, Duration)> = t
+                    .stages()
+                    .into_iter()
+                    .filter_map(|(n, x)| Some((n, since(x)?)))
+                    .collect();
                 self.shared.metrics.started(&stages);
             }
         }

@@ -53,6 +53,17 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// The steps after the binding, in order, with when each happened.
+    pub fn stages(&self) -> [(&'static str, Option<Stamp>); 5] {
+        [
+            ("observed", self.observed),
+            ("admitted", self.admitted),
+            ("accepted", self.accepted),
+            ("started", self.started),
+            ("ready", self.ready),
+        ]
+    }
+
     /// `bound=<time> observed=+12ms admitted=+13ms ...`, offsets from the binding.
     pub fn render(&self) -> String {
         let base = self.bound.or(self.observed).map(Stamp::time);
@@ -60,13 +71,7 @@ impl Timeline {
         if let Some(b) = self.bound {
             out.push(format!("bound={}", status::time(b.time())));
         }
-        for (name, t) in [
-            ("observed", self.observed),
-            ("admitted", self.admitted),
-            ("accepted", self.accepted),
-            ("started", self.started),
-            ("ready", self.ready),
-        ] {
+        for (name, t) in self.stages() {
             if let (Some(t), Some(base)) = (t.map(Stamp::time), base) {
                 let ms = t.duration_since(base).map_or(0, |d| d.as_millis());
                 out.push(format!("{name}=+{ms}ms"));
