@@ -19,11 +19,11 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -31,7 +31,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
-use vkd_e2e::{Cluster, repo_root};
+use vkd_e2e::{Cluster, free_port, repo_root};
 
 const NAMESPACE: &str = "bench";
 const NODE: &str = "vk-bench";
@@ -802,18 +802,7 @@ impl Daemon {
     }
 
     fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let child = Command::new(&self.bin)
-            .args(&self.args)
-            .env("RUST_LOG", "warn,vkd=info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting vkd")?;
+        let child = vkd_e2e::spawn_logged(&self.bin, &self.args, &self.log, "warn,vkd=info")?;
         self.child = Some(child);
         Ok(())
     }
@@ -938,10 +927,4 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.kill();
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }

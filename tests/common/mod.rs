@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
@@ -21,11 +21,7 @@ pub struct Vkd {
     child: Option<Child>,
 }
 
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
+pub use vkd_e2e::free_port;
 
 impl Vkd {
     pub fn start(c: &Cluster, node: &str, extra: &[&str]) -> Result<Self> {
@@ -97,18 +93,12 @@ impl Vkd {
     }
 
     pub fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let child = Command::new(VKD)
-            .args(&self.args)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting vkd")?;
+        let child = vkd_e2e::spawn_logged(
+            std::path::Path::new(VKD),
+            &self.args,
+            &self.log,
+            "info,kube=warn",
+        )?;
         self.child = Some(child);
         Ok(())
     }

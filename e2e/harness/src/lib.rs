@@ -28,6 +28,36 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")))
 }
 
+/// A free loopback TCP port (for a daemon's kubelet or admin server).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Starts `bin` with `args`, stdin closed, stdout and stderr appended to `log`
+/// (where failure diagnostics look), with `RUST_LOG` set to `rust_log`.
+pub fn spawn_logged(
+    bin: &Path,
+    args: &[String],
+    log: &Path,
+    rust_log: &str,
+) -> Result<std::process::Child> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    Command::new(bin)
+        .args(args)
+        .env("RUST_LOG", rust_log)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
 /// A control plane started by `e2e/cluster up`, stopped by `e2e/cluster down` on drop.
 #[derive(Debug)]
 pub struct Cluster {
