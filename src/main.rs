@@ -9,9 +9,12 @@ use vkd::config::{Cli, Command, Config, ProcessCommand, SimCommand};
 
 const EX_USAGE: u8 = 64;
 
-/// The system allocator, counted: `vkd_heap_bytes` reports what the daemon holds.
+/// jemalloc, counted: `vkd_heap_bytes` reports what the daemon holds. jemalloc
+/// gives freed pages back to the kernel, which glibc's arenas do not: at 10,000
+/// Pods the RSS was 2.6 times the heap with the system allocator.
 #[global_allocator]
-static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+static ALLOCATOR: cap::Cap<tikv_jemallocator::Jemalloc> =
+    cap::Cap::new(tikv_jemallocator::Jemalloc, usize::MAX);
 
 fn main() -> ExitCode {
     vkd::metrics::set_heap_probe(|| ALLOCATOR.allocated());

@@ -77,6 +77,16 @@ struct Args {
     wait_seconds: u64,
 }
 
+/// The daemon's resident memory in KiB (`/proc/PID/status`): the file-backed
+/// part is the binary's own pages.
+#[derive(Debug, Default)]
+struct Rss {
+    now: u64,
+    peak: u64,
+    anonymous: u64,
+    file: u64,
+}
+
 /// When the benchmark saw each step of one Pod.
 #[derive(Clone, Debug, Default)]
 struct Seen {
@@ -84,6 +94,37 @@ struct Seen {
     bound: Option<SystemTime>,
     ready: Option<SystemTime>,
     deleted: Option<SystemTime>,
+    /// vkd's own clock: when its watch saw the Pod, and when the instance was
+    /// created, from the Pod's `vkd.io/timeline` annotation.
+    vkd_observed: Option<SystemTime>,
+    vkd_accepted: Option<SystemTime>,
+}
+
+/// The absolute `observed` and `accepted` times in a `vkd.io/timeline`
+/// annotation (`bound=<RFC 3339> observed=+12ms ... accepted=+14ms`): the
+/// offsets count from the binding as written, to the second.
+fn timeline_stamps(timeline: &str) -> Option<(SystemTime, SystemTime)> {
+    let mut base = None;
+    let (mut observed, mut accepted) = (None, None);
+    for part in timeline.split_whitespace() {
+        let (key, value) = part.split_once('=')?;
+        if key == "bound" {
+            base = Some(SystemTime::from(value.parse::<jiff::Timestamp>().ok()?));
+            continue;
+        }
+        let offset = value
+            .strip_prefix('+')?
+            .strip_suffix("ms")?
+            .parse::<u64>()
+            .ok()?;
+        match key {
+            "observed" => observed = Some(Duration::from_millis(offset)),
+            "accepted" => accepted = Some(Duration::from_millis(offset)),
+            _ => {}
+        }
+    }
+    let base = base?;
+    Some((base + observed?, base + accepted?))
 }
 
 type Book = Arc<Mutex<HashMap<String, Seen>>>;
@@ -182,6 +223,13 @@ async fn run(args: Args) -> Result<()> {
             ms(l.create_ready.p(50)),
             ms(l.create_ready.p(99)),
         );
+        println!(
+            "steady split: binding seen by the benchmark to seen by vkd p50 {} p99 {}; vkd seen to instance created p50 {} p99 {} (vkd's own share)",
+            ms(l.bound_observed.p(50)),
+            ms(l.bound_observed.p(99)),
+            ms(l.observed_accepted.p(50)),
+            ms(l.observed_accepted.p(99)),
+        );
         delete_all(&pods, &steady, args.client_concurrency).await?;
         wait_all(&seen, &steady, wait, |s| s.deleted.is_some()).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -223,18 +271,20 @@ async fn run(args: Args) -> Result<()> {
     // 2. Memory with N Pods.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let heap = vkd.heap_bytes().unwrap_or(0);
-    let (rss, hwm) = vkd.rss_kib();
+    let rss = vkd.rss_kib();
     let per_pod = heap.saturating_sub(idle_heap) as f64 / names.len().max(1) as f64;
     println!(
-        "memory: heap {:.1} MiB with {} Pods ({:.1} MiB idle), {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB, peak {:.1} MiB [target < 40 MiB: {}]",
+        "memory: heap {:.1} MiB with {} Pods ({:.1} MiB idle), {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}), peak {:.1} MiB [target < 40 MiB: {}]",
         mib(heap),
         names.len(),
         mib(idle_heap),
         per_pod,
         verdict(per_pod < 2048.0),
-        rss as f64 / 1024.0,
-        hwm as f64 / 1024.0,
-        verdict(hwm < 40 * 1024),
+        rss.now as f64 / 1024.0,
+        rss.anonymous as f64 / 1024.0,
+        rss.file as f64 / 1024.0,
+        rss.peak as f64 / 1024.0,
+        verdict(rss.peak < 40 * 1024),
     );
 
     // 3. SIGKILL and restart with N Pods running.
@@ -455,6 +505,17 @@ async fn record(pods: Api<Pod>, seen: Book) {
                 if s.ready.is_none() && ready {
                     s.ready = Some(now);
                 }
+                if s.vkd_accepted.is_none()
+                    && let Some((observed, accepted)) = p
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get("vkd.io/timeline"))
+                        .and_then(|t| timeline_stamps(t))
+                {
+                    s.vkd_observed = Some(observed);
+                    s.vkd_accepted = Some(accepted);
+                }
             }
             Ok(watcher::Event::Delete(p)) => {
                 if let Some(name) = p.metadata.name {
@@ -573,6 +634,10 @@ impl Samples {
 struct Latency {
     create_ready: Samples,
     bound_create: Samples,
+    /// The benchmark's watch saw the binding; vkd's watch saw the Pod.
+    bound_observed: Samples,
+    /// vkd saw the Pod; vkd's create call returned (vkd's own share).
+    observed_accepted: Samples,
 }
 
 /// Create-to-Ready from the watch; bound (seen by the watch) to instance
@@ -587,6 +652,12 @@ fn latency(seen: &Book, names: &[String], created: &HashMap<String, SystemTime>)
         }
         if let (Some(bound), Some(made)) = (s.bound, created.get(n)) {
             l.bound_create.0.push(secs(*made, bound));
+        }
+        if let (Some(bound), Some(observed)) = (s.bound, s.vkd_observed) {
+            l.bound_observed.0.push(secs(observed, bound));
+        }
+        if let (Some(observed), Some(accepted)) = (s.vkd_observed, s.vkd_accepted) {
+            l.observed_accepted.0.push(secs(accepted, observed));
         }
     }
     l
@@ -884,8 +955,10 @@ impl Daemon {
     }
 
     /// (VmRSS, VmHWM) in KiB.
-    fn rss_kib(&self) -> (u64, u64) {
-        let Some(pid) = self.pid() else { return (0, 0) };
+    fn rss_kib(&self) -> Rss {
+        let Some(pid) = self.pid() else {
+            return Rss::default();
+        };
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let field = |key: &str| {
             status
@@ -895,7 +968,12 @@ impl Daemon {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         };
-        (field("VmRSS:"), field("VmHWM:"))
+        Rss {
+            now: field("VmRSS:"),
+            peak: field("VmHWM:"),
+            anonymous: field("RssAnon:"),
+            file: field("RssFile:"),
+        }
     }
 
     /// When the sim created each Pod's instance, by Pod name (its journal).

@@ -522,15 +522,17 @@ impl PodController {
     fn upsert(&self, pod: &Pod) -> Option<String> {
         let uid = pod.metadata.uid.clone()?;
         let mut records = self.records();
-        let rec = PodRecord::from_pod(
-            pod,
-            &self.settings.node,
-            records.get(&uid).map(|r| &**r),
-            SystemTime::now(),
-        )?;
+        let previous = records.get(&uid).map(|r| &**r);
+        let first_seen = previous.is_none();
+        let rec = PodRecord::from_pod(pod, &self.settings.node, previous, SystemTime::now())?;
+        let urgent = first_seen && rec.awaits_create();
         records.insert(uid.clone(), Box::new(rec));
         drop(records);
-        self.queue.add(&uid);
+        if urgent {
+            self.queue.add_first(&uid);
+        } else {
+            self.queue.add(&uid);
+        }
         Some(uid)
     }
 
@@ -762,6 +764,10 @@ impl PodController {
             }
         };
         self.admitter.created(&rec.uid);
+        self.touch(&rec.uid, |r| {
+            r.timeline.accepted = Some(Stamp::now());
+            r.pending = None;
+        });
         if self.settings.lifecycle_events {
             // One Normal Event per Pod: admission and creation together, so the
             // happy path costs one Event write, not one per step.
@@ -782,10 +788,6 @@ impl PodController {
             backend = self.provider.name(),
             "instance created"
         );
-        self.touch(&rec.uid, |r| {
-            r.timeline.accepted = Some(Stamp::now());
-            r.pending = None;
-        });
         Ok(Start::Running(Box::new(instance)))
     }
 

@@ -4,6 +4,10 @@
 //! A key added while queued is not queued twice; a key added while a worker holds
 //! it is marked dirty and queued again when that worker finishes, so no change is
 //! lost and no key is reconciled by two workers at once.
+//!
+//! Keys added with [`WorkQueue::add_first`] (Pods waiting for their instance)
+//! go ahead of the rest, so a new Pod never waits behind status writes that a
+//! busy API server is slow to accept.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,6 +19,9 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 struct Inner {
     ready: VecDeque<String>,
+    /// Served before `ready`. A key may sit in both; `queued` says whether it
+    /// is still waiting, so the second copy is skipped.
+    urgent: VecDeque<String>,
     queued: HashSet<String>,
     active: HashSet<String>,
     dirty: HashSet<String>,
@@ -48,7 +55,7 @@ impl WorkQueue {
 
     /// Keys waiting to be worked on now.
     pub fn len(&self) -> usize {
-        self.lock().ready.len()
+        self.lock().queued.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -66,6 +73,20 @@ impl WorkQueue {
             drop(q);
             self.notify.notify_one();
         }
+    }
+
+    /// Adds `key` ahead of the keys added with [`WorkQueue::add`]; one that is
+    /// already waiting moves ahead.
+    pub fn add_first(&self, key: &str) {
+        let mut q = self.lock();
+        if q.active.contains(key) {
+            q.dirty.insert(key.to_owned());
+            return;
+        }
+        q.queued.insert(key.to_owned());
+        q.urgent.push_back(key.to_owned());
+        drop(q);
+        self.notify.notify_one();
     }
 
     /// Adds `key` after `delay`, unless an earlier delayed add is already pending.
@@ -128,10 +149,12 @@ impl WorkQueue {
             let notified = self.notify.notified();
             {
                 let mut q = self.lock();
-                if let Some(key) = q.ready.pop_front() {
-                    q.queued.remove(&key);
+                while let Some(key) = q.urgent.pop_front().or_else(|| q.ready.pop_front()) {
+                    if !q.queued.remove(&key) {
+                        continue; // its other copy was handed out already
+                    }
                     q.active.insert(key.clone());
-                    let more = !q.ready.is_empty();
+                    let more = !q.queued.is_empty();
                     drop(q);
                     if more {
                         self.notify.notify_one();
@@ -157,7 +180,7 @@ impl WorkQueue {
 
     /// Keys waiting to be worked on now.
     pub fn depth(&self) -> usize {
-        self.lock().ready.len()
+        self.len()
     }
 }
 
@@ -189,6 +212,33 @@ mod tests {
         assert_eq!(q.next().await, "a");
         q.done("a");
         assert_eq!(q.depth(), 0);
+    }
+
+    #[tokio::test]
+    async fn first_keys_go_ahead_once() {
+        let q = WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1));
+        q.add("status-a");
+        q.add("status-b");
+        q.add_first("new-pod");
+        q.add_first("status-b"); // already waiting: moves ahead, not queued twice
+        assert_eq!(q.depth(), 3);
+        assert_eq!(q.next().await, "new-pod");
+        assert_eq!(q.next().await, "status-b");
+        assert_eq!(q.next().await, "status-a");
+        assert_eq!(q.depth(), 0);
+        q.add("status-a"); // active: marked dirty, not handed out twice
+        q.add_first("status-a");
+        assert_eq!(q.depth(), 0);
+        q.done("status-a");
+        assert_eq!(q.next().await, "status-a");
+        q.done("status-a");
+        q.done("status-b");
+        q.done("new-pod");
+        assert_eq!(
+            q.depth(),
+            0,
+            "the skipped copy of status-b is not handed out"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -169,6 +169,16 @@ impl PodRecord {
         matches!(self.phase, Phase::Succeeded | Phase::Failed)
     }
 
+    /// Seen for the first time and waiting for its instance: a new binding,
+    /// which the reconcile queue serves first.
+    pub fn awaits_create(&self) -> bool {
+        self.pending.is_some()
+            && self.instance_id.is_none()
+            && self.deletion_grace.is_none()
+            && self.spec_error.is_none()
+            && !self.terminal()
+    }
+
     /// Notes that the API server now holds `view`.
     pub fn observe(&mut self, view: &StatusView) {
         self.phase = Phase::parse(&view.phase);
