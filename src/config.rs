@@ -18,6 +18,8 @@ pub const DEFAULT_KUBE_QPS: u32 = 1000;
 pub const DEFAULT_KUBE_BURST: u32 = 2000;
 /// `--reconcile-concurrency` when unset.
 pub const DEFAULT_RECONCILE_CONCURRENCY: usize = 64;
+/// `--create-concurrency` when unset.
+pub const DEFAULT_CREATE_CONCURRENCY: usize = 16;
 #[derive(Debug, Parser)]
 #[command(name = "vkd", version, about = "A Virtual Kubelet provider daemon")]
 pub struct Cli {
@@ -146,6 +148,11 @@ pub struct RunArgs {
     /// Pods reconciled at once (each mostly waits on the API server). Default 64.
     #[arg(long, env = "VKD_RECONCILE_CONCURRENCY")]
     pub reconcile_concurrency: Option<usize>,
+    /// Workers that only create the instances of newly bound Pods and hand
+    /// the status write to the other workers, so a new Pod never waits for a
+    /// worker that waits on the API server. Default 16.
+    #[arg(long, env = "VKD_CREATE_CONCURRENCY")]
+    pub create_concurrency: Option<usize>,
     /// Maximum Pods the node advertises; defaults to what the provider's hosts can hold.
     #[arg(long, env = "VKD_MAX_PODS")]
     pub max_pods: Option<u32>,
@@ -240,6 +247,7 @@ struct FileConfig {
     kube_qps: Option<u32>,
     kube_burst: Option<u32>,
     reconcile_concurrency: Option<usize>,
+    create_concurrency: Option<usize>,
     max_pods: Option<u32>,
     log_format: Option<LogFormat>,
     allowed_namespaces: Option<Vec<String>>,
@@ -317,6 +325,7 @@ pub struct Config {
     pub kube_qps: u32,
     pub kube_burst: u32,
     pub reconcile_concurrency: usize,
+    pub create_concurrency: usize,
     pub max_pods: Option<u32>,
     pub log_format: LogFormat,
     pub policy: crate::pods::spec::Policy,
@@ -596,6 +605,13 @@ impl Config {
         if reconcile_concurrency == 0 || reconcile_concurrency > 4096 {
             return Err(bad("reconcile-concurrency", "must be 1 to 4096"));
         }
+        let create_concurrency = args
+            .create_concurrency
+            .or(file.create_concurrency)
+            .unwrap_or(DEFAULT_CREATE_CONCURRENCY);
+        if create_concurrency > 4096 {
+            return Err(bad("create-concurrency", "must be 0 to 4096"));
+        }
         Ok(Self {
             kubeconfig: args.kubeconfig.or(file.kubeconfig),
             node_name,
@@ -623,6 +639,7 @@ impl Config {
             kube_qps,
             kube_burst,
             reconcile_concurrency,
+            create_concurrency,
             max_pods: args.max_pods.or(file.max_pods),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             policy,

@@ -315,6 +315,7 @@ async fn act(
                 host_ip: cfg.node_address.to_string(),
                 epoch,
                 concurrency: cfg.reconcile_concurrency,
+                create_concurrency: cfg.create_concurrency,
                 qps: cfg.kube_qps,
                 burst: cfg.kube_burst,
                 policy: cfg.policy.clone(),

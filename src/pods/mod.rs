@@ -64,6 +64,18 @@ impl ReconcileError {
 enum Action {
     Done,
     After(Duration),
+    /// The instance was created by a create worker: another worker writes the
+    /// status, so this one is free for the next new Pod at once.
+    WriteLater,
+}
+
+/// Which keys a worker takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// Any key, newly bound Pods first.
+    Any,
+    /// Only newly bound Pods; their status is written by an `Any` worker.
+    Create,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +84,8 @@ pub struct Settings {
     pub host_ip: String,
     pub epoch: u64,
     pub concurrency: usize,
+    /// Workers that serve only newly bound Pods (see [`Action::WriteLater`]).
+    pub create_concurrency: usize,
     pub qps: u32,
     pub burst: u32,
     pub policy: spec::Policy,
@@ -224,7 +238,12 @@ impl PodController {
         for _ in 0..self.settings.concurrency {
             let this = Arc::clone(&self);
             let token = shutdown.clone();
-            tasks.spawn(async move { this.worker(token).await });
+            tasks.spawn(async move { this.worker(token, Lane::Any).await });
+        }
+        for _ in 0..self.settings.create_concurrency {
+            let this = Arc::clone(&self);
+            let token = shutdown.clone();
+            tasks.spawn(async move { this.worker(token, Lane::Create).await });
         }
         let this = Arc::clone(&self);
         let token = shutdown.clone();
@@ -569,11 +588,11 @@ impl PodController {
         }
     }
 
-    async fn worker(&self, shutdown: CancellationToken) {
+    async fn worker(&self, shutdown: CancellationToken, lane: Lane) {
         loop {
             let uid = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                k = self.queue.next() => k,
+                k = self.queue.next_in(lane == Lane::Create) => k,
             };
             let pod = self
                 .records()
@@ -582,7 +601,7 @@ impl PodController {
                 .unwrap_or_default();
             let span = info_span!("reconcile", pod_uid = %uid, pod = %pod);
             let started = std::time::Instant::now();
-            let outcome = self.reconcile(&uid).instrument(span.clone()).await;
+            let outcome = self.reconcile(&uid, lane).instrument(span.clone()).await;
             let metrics = &self.shared.metrics;
             metrics.reconciled(
                 if outcome.is_ok() { "ok" } else { "error" },
@@ -596,6 +615,11 @@ impl PodController {
                 Ok(Action::After(d)) => {
                     self.queue.forget(&uid);
                     self.queue.add_after(&uid, d);
+                }
+                Ok(Action::WriteLater) => {
+                    self.queue.forget(&uid);
+                    // Marked dirty while held: queued again once released below.
+                    self.queue.add(&uid);
                 }
                 Err(ReconcileError::Provider(ProviderError::Fenced { node, current, got })) => {
                     self.shared.metrics.fenced_refused.inc();
@@ -618,7 +642,7 @@ impl PodController {
         }
     }
 
-    async fn reconcile(&self, uid: &str) -> Result<Action, ReconcileError> {
+    async fn reconcile(&self, uid: &str, lane: Lane) -> Result<Action, ReconcileError> {
         let rec = self.records().get(uid).map(|r| PodRecord::clone(r));
         let Some(rec) = rec else {
             let approved = self
@@ -668,6 +692,7 @@ impl PodController {
                 return self.fail(&rec, "InstanceLost", &message).await;
             }
             None => match self.start(&rec).await? {
+                Start::Running(_) if lane == Lane::Create => return Ok(Action::WriteLater),
                 Start::Running(i) => *i,
                 Start::Queued(reason) => {
                     let since = rec.queued_since.map_or_else(SystemTime::now, Stamp::time);

@@ -34,6 +34,8 @@ struct Inner {
 pub struct WorkQueue {
     inner: Mutex<Inner>,
     notify: Notify,
+    /// Wakes the workers that take only keys added first.
+    notify_first: Notify,
     base: Duration,
     cap: Duration,
 }
@@ -44,6 +46,7 @@ impl WorkQueue {
         Arc::new(Self {
             inner: Mutex::default(),
             notify: Notify::new(),
+            notify_first: Notify::new(),
             base,
             cap,
         })
@@ -86,6 +89,7 @@ impl WorkQueue {
         q.queued.insert(key.to_owned());
         q.urgent.push_back(key.to_owned());
         drop(q);
+        self.notify_first.notify_one();
         self.notify.notify_one();
     }
 
@@ -143,21 +147,44 @@ impl WorkQueue {
         self.lock().failures.remove(key);
     }
 
-    /// Waits for the next key and marks it active.
+    /// Waits for the next key, those added first ahead, and marks it active.
     pub async fn next(&self) -> String {
+        self.next_in(false).await
+    }
+
+    /// Waits for the next key (only one added with [`WorkQueue::add_first`]
+    /// when `first_only`) and marks it active.
+    pub async fn next_in(&self, first_only: bool) -> String {
+        let notify = if first_only {
+            &self.notify_first
+        } else {
+            &self.notify
+        };
         loop {
-            let notified = self.notify.notified();
+            let notified = notify.notified();
             {
                 let mut q = self.lock();
-                while let Some(key) = q.urgent.pop_front().or_else(|| q.ready.pop_front()) {
+                loop {
+                    let key = match q.urgent.pop_front() {
+                        Some(k) => k,
+                        None if first_only => break,
+                        None => match q.ready.pop_front() {
+                            Some(k) => k,
+                            None => break,
+                        },
+                    };
                     if !q.queued.remove(&key) {
                         continue; // its other copy was handed out already
                     }
                     q.active.insert(key.clone());
                     let more = !q.queued.is_empty();
+                    let more_first = !q.urgent.is_empty();
                     drop(q);
                     if more {
                         self.notify.notify_one();
+                    }
+                    if more_first {
+                        self.notify_first.notify_one();
                     }
                     return key;
                 }
@@ -239,6 +266,26 @@ mod tests {
             0,
             "the skipped copy of status-b is not handed out"
         );
+    }
+
+    #[tokio::test]
+    async fn create_workers_take_only_first_keys() {
+        let q = WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1));
+        q.add("status");
+        let q2 = Arc::clone(&q);
+        let create_worker = tokio::spawn(async move { q2.next_in(true).await });
+        tokio::task::yield_now().await;
+        assert!(
+            !create_worker.is_finished(),
+            "a plain key is not for a create worker"
+        );
+        q.add_first("new-pod");
+        let got = tokio::time::timeout(Duration::from_secs(1), create_worker)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, "new-pod");
+        assert_eq!(q.next().await, "status");
     }
 
     #[tokio::test(start_paused = true)]
