@@ -154,6 +154,7 @@ async fn run(args: Args) -> Result<()> {
             &args.max_mutating_requests_inflight.to_string(),
             "--component-qps",
             &args.component_qps.to_string(),
+            "--profiling",
         ],
     )?;
     let sa_kubeconfig = cluster.service_account_kubeconfig()?;
@@ -330,6 +331,7 @@ async fn run(args: Args) -> Result<()> {
     );
 
     // 4. Delete all N.
+    let profile = tokio::spawn(apiserver_profile(client.clone(), PROFILE_SECONDS));
     let delete_started = SystemTime::now();
     let last_delete = delete_all(&pods, &names, args.client_concurrency).await?;
     let all_deleted = wait_all(&seen, &names, wait, |s| s.deleted.is_some()).await;
@@ -345,6 +347,10 @@ async fn run(args: Args) -> Result<()> {
         secs(last_delete, delete_started),
         verdict(all_deleted && deleted_at.is_some_and(|t| secs(t, delete_started) <= 30.0)),
     );
+    match profile.await? {
+        Ok(path) => print_profile(&path),
+        Err(e) => println!("apiserver profile: not taken: {e:#}"),
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let heap_after = vkd.heap_bytes().unwrap_or(0);
     println!(
@@ -780,6 +786,55 @@ async fn apiserver_requests(client: &Client) -> Result<HashMap<String, f64>> {
         }
     }
     Ok(out)
+}
+
+/// Seconds of the API server's CPU profile taken as the deletion starts.
+const PROFILE_SECONDS: u32 = 20;
+
+/// Takes a CPU profile of the API server (`/debug/pprof/profile`) and saves it
+/// under `target/bench/`, where it outlives the cluster.
+async fn apiserver_profile(client: Client, seconds: u32) -> Result<PathBuf> {
+    use http_body_util::BodyExt;
+    let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+        .body(kube::client::Body::empty())?;
+    let res = client.send(req).await?;
+    if !res.status().is_success() {
+        bail!("the apiserver answered {}", res.status());
+    }
+    let bytes = res.into_body().collect().await?.to_bytes();
+    let dir = repo_root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("apiserver-delete.pprof");
+    std::fs::write(&path, &bytes)?;
+    Ok(path)
+}
+
+/// The profile's top functions by their own CPU time, from `go tool pprof`.
+fn print_profile(path: &Path) {
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=15"])
+        .arg(path)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            println!(
+                "apiserver profile ({PROFILE_SECONDS}s from the first delete, {}; `go tool pprof -top -cum` for more):",
+                path.display()
+            );
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                println!("  {line}");
+            }
+        }
+        Ok(o) => println!(
+            "apiserver profile: saved at {}; go tool pprof failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => println!(
+            "apiserver profile: saved at {}; go tool pprof not run: {e}",
+            path.display()
+        ),
+    }
 }
 
 /// CPU seconds (user + system) of each control-plane process and of vkd.

@@ -40,6 +40,9 @@ const DELETE_CONFIRM: Duration = Duration::from_millis(500);
 const RESYNC: Duration = Duration::from_secs(60);
 /// Pod Events being sent at once, beside the reconciles.
 const EVENTS_IN_FLIGHT: usize = 32;
+/// Pod Events waiting to be sent (about a kilobyte each). A worker waits only
+/// when this many are waiting: a busy API server slows Events, not creates.
+const EVENTS_PENDING: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -72,7 +75,7 @@ enum Action {
 /// Which keys a worker takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lane {
-    /// Any key, newly bound Pods first.
+    /// Any key; newly bound Pods when no other key waits.
     Any,
     /// Only newly bound Pods; their status is written by an `Any` worker.
     Create,
@@ -135,6 +138,7 @@ pub struct PodController {
     /// Events in flight: a worker hands its Event to a task and goes on, unless
     /// this many are already being sent (then it waits: backpressure, no loss).
     event_slots: Arc<tokio::sync::Semaphore>,
+    event_backlog: Arc<tokio::sync::Semaphore>,
     recorder: Recorder,
     synced: AtomicBool,
     admitter: crate::topology::Admitter,
@@ -186,6 +190,7 @@ impl PodController {
             queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
             limiter,
             event_slots: Arc::new(tokio::sync::Semaphore::new(EVENTS_IN_FLIGHT)),
+            event_backlog: Arc::new(tokio::sync::Semaphore::new(EVENTS_PENDING)),
             recorder,
             synced: AtomicBool::new(false),
         })
@@ -1072,19 +1077,23 @@ impl PodController {
             ..Event::default()
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
-        let Ok(slot) = Arc::clone(&self.event_slots).acquire_owned().await else {
+        let Ok(waiting) = Arc::clone(&self.event_backlog).acquire_owned().await else {
             return;
         };
+        let slots = Arc::clone(&self.event_slots);
         let limiter = Arc::clone(&self.limiter);
         let metrics = Arc::clone(&self.shared.metrics);
         let reason = reason.to_owned();
         tokio::spawn(
             async move {
+                let Ok(slot) = slots.acquire_owned().await else {
+                    return;
+                };
                 throttle(&limiter, &metrics, "event").await;
                 if let Err(e) = api.create(&PostParams::default(), &event).await {
                     warn!(error = %e, reason, "publishing event failed");
                 }
-                drop(slot);
+                drop((slot, waiting));
             }
             .in_current_span(),
         );

@@ -6,8 +6,8 @@
 //! lost and no key is reconciled by two workers at once.
 //!
 //! Keys added with [`WorkQueue::add_first`] (Pods waiting for their instance)
-//! go ahead of the rest, so a new Pod never waits behind status writes that a
-//! busy API server is slow to accept.
+//! have workers of their own ([`WorkQueue::next_in`]), so a new Pod never waits
+//! behind status writes that a busy API server is slow to accept.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -78,8 +78,8 @@ impl WorkQueue {
         }
     }
 
-    /// Adds `key` ahead of the keys added with [`WorkQueue::add`]; one that is
-    /// already waiting moves ahead.
+    /// Adds `key` for the create workers ([`WorkQueue::next_in`]); one that is
+    /// already waiting becomes theirs too.
     pub fn add_first(&self, key: &str) {
         let mut q = self.lock();
         if q.active.contains(key) {
@@ -147,7 +147,8 @@ impl WorkQueue {
         self.lock().failures.remove(key);
     }
 
-    /// Waits for the next key, those added first ahead, and marks it active.
+    /// Waits for the next key, those added first only when no other waits,
+    /// and marks it active.
     pub async fn next(&self) -> String {
         self.next_in(false).await
     }
@@ -165,14 +166,15 @@ impl WorkQueue {
             {
                 let mut q = self.lock();
                 loop {
-                    let key = match q.urgent.pop_front() {
-                        Some(k) => k,
-                        None if first_only => break,
-                        None => match q.ready.pop_front() {
-                            Some(k) => k,
-                            None => break,
-                        },
+                    // Create workers take only first keys; the others take the
+                    // rest in order and first keys when nothing else waits, so
+                    // status writes are not starved by a burst of new Pods.
+                    let key = if first_only {
+                        q.urgent.pop_front()
+                    } else {
+                        q.ready.pop_front().or_else(|| q.urgent.pop_front())
                     };
+                    let Some(key) = key else { break };
                     if !q.queued.remove(&key) {
                         continue; // its other copy was handed out already
                     }
@@ -242,15 +244,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn first_keys_go_ahead_once() {
+    async fn first_keys_are_handed_out_once() {
         let q = WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1));
         q.add("status-a");
         q.add("status-b");
         q.add_first("new-pod");
-        q.add_first("status-b"); // already waiting: moves ahead, not queued twice
+        q.add_first("status-b"); // already waiting: a create worker may take it, once
         assert_eq!(q.depth(), 3);
-        assert_eq!(q.next().await, "new-pod");
-        assert_eq!(q.next().await, "status-b");
+        assert_eq!(q.next_in(true).await, "new-pod");
+        assert_eq!(q.next_in(true).await, "status-b");
         assert_eq!(q.next().await, "status-a");
         assert_eq!(q.depth(), 0);
         q.add("status-a"); // active: marked dirty, not handed out twice
@@ -286,6 +288,14 @@ mod tests {
             .unwrap();
         assert_eq!(got, "new-pod");
         assert_eq!(q.next().await, "status");
+        q.add_first("another-pod");
+        q.add("status-2");
+        assert_eq!(
+            q.next().await,
+            "status-2",
+            "other workers serve plain keys first"
+        );
+        assert_eq!(q.next().await, "another-pod", "and first keys when idle");
     }
 
     #[tokio::test(start_paused = true)]
