@@ -58,6 +58,7 @@ pub struct Metrics {
     queue_depth: Gauge,
     api_writes: Family<Labels, Counter>,
     api_throttled: Counter<f64, std::sync::atomic::AtomicU64>,
+    events_dropped: Counter,
     lease_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     provider_duration: Family<Labels, Histogram, fn() -> Histogram>,
     provider_errors: Family<Labels, Counter>,
@@ -110,6 +111,7 @@ impl Default for Metrics {
             queue_depth: reg!("queue_depth", "Pods waiting in the reconcile queue", Gauge::default()),
             api_writes: reg!("api_writes", "Writes to the API server for Pods, by kind", Family::default()),
             api_throttled: reg!("api_throttled_seconds", "Time Pod writes waited for the client rate limiter", Counter::default()),
+            events_dropped: reg!("events_dropped", "Pod Events not sent because too many were waiting for the API server", Counter::default()),
             lease_age: reg!("node_lease_renewal_age_seconds", "Seconds since the node lease was last renewed", Gauge::default()),
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
             provider_errors: reg!("provider_errors", "Failed provider calls by operation and kind", Family::default()),
@@ -200,6 +202,10 @@ impl Metrics {
             .get_or_create(&labels(&[("kind", kind)]))
             .inc();
         self.api_throttled.inc_by(throttled.as_secs_f64());
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// A Pod became Ready: how long each stage took from its binding.

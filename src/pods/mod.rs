@@ -40,8 +40,10 @@ const DELETE_CONFIRM: Duration = Duration::from_millis(500);
 const RESYNC: Duration = Duration::from_secs(60);
 /// Pod Events being sent at once, beside the reconciles.
 const EVENTS_IN_FLIGHT: usize = 32;
-/// Pod Events waiting to be sent (about a kilobyte each). A worker waits only
-/// when this many are waiting: a busy API server slows Events, not creates.
+/// Pod Events waiting to be sent (about a kilobyte each). Beyond this many an
+/// Event is dropped and counted (`vkd_events_dropped_total`), as the kubelet's
+/// event broadcaster drops them: a busy API server must not slow creates, and
+/// the Pod's status and the audit log still carry what the Event said.
 const EVENTS_PENDING: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
@@ -808,8 +810,7 @@ impl PodController {
                 instance.host.as_deref().unwrap_or("-"),
                 self.settings.epoch
             );
-            self.event(rec, EventType::Normal, "InstanceCreated", &note, "Create")
-                .await;
+            self.event(rec, EventType::Normal, "InstanceCreated", &note, "Create");
         }
         info!(
             instance = %instance.id,
@@ -832,8 +833,7 @@ impl PodController {
         self.write_status(rec, None, &Waiting::Queued(reason.to_owned()))
             .await?;
         if rec.queued_since.is_none() {
-            self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit")
-                .await;
+            self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit");
             self.touch(&rec.uid, |r| r.queued_since = Some(Stamp::now()));
         }
         Ok(())
@@ -860,8 +860,7 @@ impl PodController {
             });
             self.patch_status(rec, body).await?;
             self.touch(&rec.uid, |r| r.observe(&view));
-            self.event(rec, EventType::Warning, reason, message, "Admit")
-                .await;
+            self.event(rec, EventType::Warning, reason, message, "Admit");
         }
         Ok(Action::Done)
     }
@@ -1043,14 +1042,7 @@ impl PodController {
     /// kube's `Recorder`: the Recorder keeps every Event it sent for six minutes
     /// (to count repeats as a series), which at thousands of Pods is kilobytes per
     /// Pod for Events that never repeat.
-    async fn event(
-        &self,
-        rec: &PodRecord,
-        type_: EventType,
-        reason: &str,
-        note: &str,
-        action: &str,
-    ) {
+    fn event(&self, rec: &PodRecord, type_: EventType, reason: &str, note: &str, action: &str) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
         let event = Event {
@@ -1077,8 +1069,17 @@ impl PodController {
             ..Event::default()
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
-        let Ok(waiting) = Arc::clone(&self.event_backlog).acquire_owned().await else {
-            return;
+        let waiting = match Arc::clone(&self.event_backlog).try_acquire_owned() {
+            Ok(w) => w,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                self.shared.metrics.event_dropped();
+                debug!(
+                    reason,
+                    "event dropped: {EVENTS_PENDING} are waiting to be sent"
+                );
+                return;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => return,
         };
         let slots = Arc::clone(&self.event_slots);
         let limiter = Arc::clone(&self.limiter);
