@@ -389,13 +389,7 @@ async fn run(args: Args) -> Result<()> {
     let mut parts: Vec<String> = cpu_after
         .iter()
         .map(|(name, after)| {
-            let before = cpu_before.get(name).copied().unwrap_or(0.0);
-            // vkd was restarted: its first process's time is in `before` no more.
-            let spent = if *after >= before {
-                after - before
-            } else {
-                *after
-            };
+            let spent = after - cpu_before.get(name).copied().unwrap_or(0.0);
             format!("{name} {spent:.1}s")
         })
         .collect();
@@ -868,7 +862,7 @@ fn cpu_seconds(cluster: &Cluster, vkd: &Daemon) -> HashMap<String, f64> {
         }
     }
     if let Some(s) = vkd.pid().and_then(proc_cpu) {
-        out.insert("vkd".to_owned(), s);
+        out.insert("vkd".to_owned(), vkd.earlier_cpu + s);
     }
     if let Some(s) = proc_cpu(std::process::id()) {
         out.insert("bench client".to_owned(), s);
@@ -893,6 +887,8 @@ struct Daemon {
     state_dir: PathBuf,
     admin_port: u16,
     child: Option<Child>,
+    /// CPU seconds of the processes killed before this one.
+    earlier_cpu: f64,
 }
 
 /// One plain HTTP GET to vkd's admin port: the status code and body.
@@ -953,6 +949,7 @@ impl Daemon {
             state_dir,
             admin_port,
             child: None,
+            earlier_cpu: 0.0,
         };
         d.spawn()?;
         Ok(d)
@@ -966,6 +963,7 @@ impl Daemon {
 
     fn kill(&mut self) -> Result<()> {
         if let Some(mut c) = self.child.take() {
+            self.earlier_cpu += proc_cpu(c.id()).unwrap_or(0.0);
             c.kill()?;
             c.wait()?;
         }

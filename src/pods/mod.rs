@@ -306,7 +306,7 @@ impl PodController {
                     if let Some(uid) = pod.metadata.uid {
                         let mut records = self.records();
                         records.remove(&uid);
-                        vkd_provider::release_spare(&mut records);
+                        vkd_provider::release_spare(&mut *records);
                         drop(records);
                         self.queue.add(&uid);
                     }

@@ -117,6 +117,7 @@ impl WorkQueue {
                 let due = q.delayed.get(&key) == Some(&at);
                 if due {
                     q.delayed.remove(&key);
+                    vkd_provider::release_spare(&mut q.delayed);
                 }
                 due
             };
@@ -144,7 +145,10 @@ impl WorkQueue {
 
     /// Clears the failure count of `key` (after a success).
     pub fn forget(&self, key: &str) {
-        self.lock().failures.remove(key);
+        let mut q = self.lock();
+        if q.failures.remove(key).is_some() {
+            vkd_provider::release_spare(&mut q.failures);
+        }
     }
 
     /// Waits for the next key, those added first only when no other waits,
@@ -178,6 +182,11 @@ impl WorkQueue {
                     if !q.queued.remove(&key) {
                         continue; // its other copy was handed out already
                     }
+                    // A burst of 10,000 Pods would otherwise keep its room here.
+                    let inner = &mut *q;
+                    vkd_provider::release_spare(&mut inner.queued);
+                    vkd_provider::release_spare(&mut inner.ready);
+                    vkd_provider::release_spare(&mut inner.urgent);
                     q.active.insert(key.clone());
                     let more = !q.queued.is_empty();
                     let more_first = !q.urgent.is_empty();
@@ -296,6 +305,22 @@ mod tests {
             "other workers serve plain keys first"
         );
         assert_eq!(q.next().await, "another-pod", "and first keys when idle");
+    }
+
+    #[tokio::test]
+    async fn a_drained_burst_gives_its_room_back() {
+        let q = WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1));
+        for i in 0..10_000 {
+            q.add(&format!("pod-{i}"));
+        }
+        assert!(q.lock().queued.capacity() >= 10_000);
+        for _ in 0..10_000 {
+            let key = q.next().await;
+            q.done(&key);
+        }
+        let inner = q.lock();
+        assert!(inner.queued.capacity() <= 1024, "{}", inner.queued.capacity());
+        assert!(inner.ready.capacity() <= 1024, "{}", inner.ready.capacity());
     }
 
     #[tokio::test(start_paused = true)]

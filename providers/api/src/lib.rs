@@ -19,17 +19,45 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-/// Gives back a map's spare room once most of its entries are gone: a hash map
-/// keeps the capacity of its largest size, so after 10,000 Pods come and go it
-/// would hold their slots for good. Shrinks only when it is a quarter full or
-/// less, so the cost (a rehash) is paid once per large drop, not per removal.
-pub fn release_spare<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher>(
-    map: &mut std::collections::HashMap<K, V, S>,
-) {
-    if map.capacity() > 1024 && map.capacity() / 4 > map.len() {
-        map.shrink_to(map.len() * 2);
+/// Gives back a collection's spare room once most of its entries are gone: a
+/// hash map keeps the capacity of its largest size, so after 10,000 Pods come
+/// and go it would hold their slots for good. Shrinks only when it is a quarter
+/// full or less, so the cost (a rehash) is paid once per large drop, not per
+/// removal.
+pub fn release_spare<C: Spare>(collection: &mut C) {
+    if collection.capacity() > 1024 && collection.capacity() / 4 > collection.len() {
+        collection.shrink_to(collection.len() * 2);
     }
 }
+
+/// A collection [`release_spare`] can shrink.
+pub trait Spare {
+    fn capacity(&self) -> usize;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn shrink_to(&mut self, min_capacity: usize);
+}
+
+macro_rules! spare {
+    ($t:ty, $($g:tt)*) => {
+        impl<$($g)*> Spare for $t {
+            fn capacity(&self) -> usize {
+                self.capacity()
+            }
+            fn len(&self) -> usize {
+                self.len()
+            }
+            fn shrink_to(&mut self, min_capacity: usize) {
+                self.shrink_to(min_capacity);
+            }
+        }
+    };
+}
+spare!(std::collections::HashMap<K, V, S>, K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher);
+spare!(std::collections::HashSet<K, S>, K: std::hash::Hash + Eq, S: std::hash::BuildHasher);
+spare!(std::collections::VecDeque<T>, T);
 
 pub mod conformance;
 pub mod fence;
