@@ -609,8 +609,8 @@ impl Config {
             .create_concurrency
             .or(file.create_concurrency)
             .unwrap_or(DEFAULT_CREATE_CONCURRENCY);
-        if create_concurrency > 4096 {
-            return Err(bad("create-concurrency", "must be 0 to 4096"));
+        if create_concurrency == 0 || create_concurrency > 4096 {
+            return Err(bad("create-concurrency", "must be 1 to 4096"));
         }
         Ok(Self {
             kubeconfig: args.kubeconfig.or(file.kubeconfig),
@@ -739,6 +739,17 @@ mod tests {
         let mut a = args("vk");
         a.admin_port = Some(10250);
         assert_eq!(Config::from_args(a).unwrap_err().field, "admin-port");
+        let mut a = args("vk");
+        a.create_concurrency = Some(0);
+        assert_eq!(
+            Config::from_args(a).unwrap_err().field,
+            "create-concurrency",
+            "new Pods need workers of their own"
+        );
+        assert_eq!(
+            Config::from_args(args("vk")).unwrap().create_concurrency,
+            DEFAULT_CREATE_CONCURRENCY
+        );
     }
 
     #[test]

@@ -137,9 +137,10 @@ pub struct PodController {
     queue: Arc<WorkQueue>,
     /// Pod writes wait here; the node lease uses another client and never does.
     limiter: Arc<DefaultDirectRateLimiter>,
-    /// Events in flight: a worker hands its Event to a task and goes on, unless
-    /// this many are already being sent (then it waits: backpressure, no loss).
+    /// Events being sent: a worker hands its Event to a task and goes on; the
+    /// task waits for one of these slots.
     event_slots: Arc<tokio::sync::Semaphore>,
+    /// Events handed to tasks and not yet sent ([`EVENTS_PENDING`]).
     event_backlog: Arc<tokio::sync::Semaphore>,
     recorder: Recorder,
     synced: AtomicBool,
@@ -1045,6 +1046,18 @@ impl PodController {
     fn event(&self, rec: &PodRecord, type_: EventType, reason: &str, note: &str, action: &str) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        let waiting = match Arc::clone(&self.event_backlog).try_acquire_owned() {
+            Ok(w) => w,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                self.shared.metrics.event_dropped();
+                debug!(
+                    reason,
+                    "event dropped: {EVENTS_PENDING} are waiting to be sent"
+                );
+                return;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => return,
+        };
         let event = Event {
             metadata: ObjectMeta {
                 // A generateName must itself be a valid name but for a trailing dash.
@@ -1069,18 +1082,6 @@ impl PodController {
             ..Event::default()
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
-        let waiting = match Arc::clone(&self.event_backlog).try_acquire_owned() {
-            Ok(w) => w,
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
-                self.shared.metrics.event_dropped();
-                debug!(
-                    reason,
-                    "event dropped: {EVENTS_PENDING} are waiting to be sent"
-                );
-                return;
-            }
-            Err(tokio::sync::TryAcquireError::Closed) => return,
-        };
         let slots = Arc::clone(&self.event_slots);
         let limiter = Arc::clone(&self.limiter);
         let metrics = Arc::clone(&self.shared.metrics);

@@ -319,7 +319,11 @@ mod tests {
             q.done(&key);
         }
         let inner = q.lock();
-        assert!(inner.queued.capacity() <= 1024, "{}", inner.queued.capacity());
+        assert!(
+            inner.queued.capacity() <= 1024,
+            "{}",
+            inner.queued.capacity()
+        );
         assert!(inner.ready.capacity() <= 1024, "{}", inner.ready.capacity());
     }
 
