@@ -1106,3 +1106,25 @@ impl Drop for Daemon {
         let _ = self.kill();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeline_offsets_count_from_the_binding() {
+        let base = SystemTime::from("2026-12-02T20:00:01Z".parse::<jiff::Timestamp>().unwrap());
+        let (observed, accepted) = timeline_stamps(
+            "bound=2026-12-02T20:00:01Z observed=+12ms admitted=+13ms accepted=+40ms ready=+900ms",
+        )
+        .unwrap();
+        assert_eq!(observed, base + Duration::from_millis(12));
+        assert_eq!(accepted, base + Duration::from_millis(40));
+        assert!(
+            timeline_stamps("observed=+12ms accepted=+40ms").is_none(),
+            "no base"
+        );
+        assert!(timeline_stamps("bound=2026-12-02T20:00:01Z observed=+12ms").is_none());
+        assert!(timeline_stamps("bound=junk observed=+1ms accepted=+2ms").is_none());
+    }
+}
