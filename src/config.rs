@@ -598,20 +598,26 @@ impl Config {
                 renew_deadline: lease_duration * 2 / 3,
                 retry_period: (lease_duration / 7).max(Duration::from_millis(500)),
             });
-        let reconcile_concurrency = args
-            .reconcile_concurrency
-            .or(file.reconcile_concurrency)
-            .unwrap_or(DEFAULT_RECONCILE_CONCURRENCY);
-        if reconcile_concurrency == 0 || reconcile_concurrency > 4096 {
-            return Err(bad("reconcile-concurrency", "must be 1 to 4096"));
-        }
-        let create_concurrency = args
-            .create_concurrency
-            .or(file.create_concurrency)
-            .unwrap_or(DEFAULT_CREATE_CONCURRENCY);
-        if create_concurrency == 0 || create_concurrency > 4096 {
-            return Err(bad("create-concurrency", "must be 1 to 4096"));
-        }
+        let workers = |flag: Option<usize>, file: Option<usize>, default, field| {
+            let n = flag.or(file).unwrap_or(default);
+            if (1..=4096).contains(&n) {
+                Ok(n)
+            } else {
+                Err(bad(field, "must be 1 to 4096"))
+            }
+        };
+        let reconcile_concurrency = workers(
+            args.reconcile_concurrency,
+            file.reconcile_concurrency,
+            DEFAULT_RECONCILE_CONCURRENCY,
+            "reconcile-concurrency",
+        )?;
+        let create_concurrency = workers(
+            args.create_concurrency,
+            file.create_concurrency,
+            DEFAULT_CREATE_CONCURRENCY,
+            "create-concurrency",
+        )?;
         Ok(Self {
             kubeconfig: args.kubeconfig.or(file.kubeconfig),
             node_name,

@@ -275,8 +275,9 @@ async fn run(args: Args) -> Result<()> {
     // 2. Memory with N Pods, once vkd's Events and status writes for them
     // have been sent (a backlog of Events is not what the Pods hold).
     let settled = wait_until("vkd's writes for the burst", 60, || {
-        let w = vkd.writes().minus(&writes_start);
-        let dropped = vkd.metric("vkd_events_dropped_total", &[]);
+        let now = vkd.scrape();
+        let w = now.writes().minus(&writes_start);
+        let dropped = now.value("vkd_events_dropped_total", &[]);
         w.event + dropped >= names.len() as f64 && w.status >= names.len() as f64
     })
     .await;
@@ -306,10 +307,9 @@ async fn run(args: Args) -> Result<()> {
     );
 
     // 3. SIGKILL and restart with N Pods running.
-    let writes_first = vkd.writes();
-    let throttled_first = vkd.metric("vkd_api_throttled_seconds_total", &[]);
-    let errors_first = vkd.metric("vkd_reconcile_errors_total", &[]);
-    let dropped_first = vkd.metric("vkd_events_dropped_total", &[]);
+    // The first process's counters: the restarted one starts from zero.
+    let first = vkd.scrape();
+    let writes_first = first.writes();
     let created_before = vkd.journal_created()?.len();
     vkd.kill()?;
     let restarted = SystemTime::now();
@@ -373,12 +373,14 @@ async fn run(args: Args) -> Result<()> {
         names.len(),
         heap.saturating_sub(heap_after) as f64 / names.len().max(1) as f64,
     );
-    let writes = writes_first.minus(&writes_start).plus(&vkd.writes());
+    let last = vkd.scrape();
+    let writes = writes_first.minus(&writes_start).plus(&last.writes());
+    let both = |name| first.value(name, &[]) + last.value(name, &[]);
     println!(
         "vkd: Pod writes waited {:.1}s in all for vkd's own rate limiter; failed reconciles {:.0}; Events dropped {:.0}",
-        throttled_first + vkd.metric("vkd_api_throttled_seconds_total", &[]),
-        errors_first + vkd.metric("vkd_reconcile_errors_total", &[]),
-        dropped_first + vkd.metric("vkd_events_dropped_total", &[]),
+        both("vkd_api_throttled_seconds_total"),
+        both("vkd_reconcile_errors_total"),
+        both("vkd_events_dropped_total"),
     );
     let api_after = apiserver_requests(&client).await?;
     print_writes("burst", names.len(), &writes, &api_before, &api_after);
@@ -891,6 +893,46 @@ struct Daemon {
     earlier_cpu: f64,
 }
 
+/// The samples of one `/metrics` read.
+#[derive(Debug, Default)]
+struct Metrics(Vec<prometheus_parse::Sample>);
+
+impl Metrics {
+    fn read(admin_port: u16) -> Self {
+        let Some((200, body)) = admin_get(admin_port, "/metrics") else {
+            return Self::default();
+        };
+        Self(
+            prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+                .map(|s| s.samples)
+                .unwrap_or_default(),
+        )
+    }
+
+    /// A gauge or counter with these labels, summed (0 when absent).
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .fold(0.0, |a, b| a + b)
+    }
+
+    fn writes(&self) -> Writes {
+        let w = |kind| self.value("vkd_api_writes_total", &[("kind", kind)]);
+        Writes {
+            status: w("status"),
+            delete: w("delete"),
+            event: w("event"),
+        }
+    }
+}
+
 /// One plain HTTP GET to vkd's admin port: the status code and body.
 fn admin_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -987,12 +1029,8 @@ impl Daemon {
         let sampler = std::thread::spawn(move || {
             let mut peak = 0;
             while !flag.load(Ordering::Relaxed) {
-                let heap = admin_get(port, "/metrics").and_then(|(_, body)| {
-                    body.lines()
-                        .find_map(|l| l.strip_prefix("vkd_heap_bytes "))
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                });
-                peak = peak.max(heap.unwrap_or(0.0) as usize);
+                let heap = Metrics::read(port).value("vkd_heap_bytes", &[]);
+                peak = peak.max(heap as usize);
                 std::thread::sleep(Duration::from_millis(200));
             }
             peak
@@ -1004,32 +1042,20 @@ impl Daemon {
         self.get("/readyz").is_some_and(|(code, _)| code == 200)
     }
 
-    fn samples(&self) -> Vec<prometheus_parse::Sample> {
-        let Some((200, body)) = self.get("/metrics") else {
-            return Vec::new();
-        };
-        prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
-            .map(|s| s.samples)
-            .unwrap_or_default()
+    /// One read of vkd's `/metrics` (empty when it does not answer).
+    fn scrape(&self) -> Metrics {
+        Metrics::read(self.admin_port)
     }
 
     /// A gauge or counter with these labels (0 when absent).
     fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.samples()
-            .into_iter()
-            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => 0.0,
-            })
-            .fold(0.0, |a, b| a + b)
+        self.scrape().value(name, labels)
     }
 
     /// How many observations a histogram holds for one provider operation.
     fn metric_count(&self, name: &str, operation: &str) -> f64 {
-        self.samples()
+        self.scrape()
+            .0
             .into_iter()
             .filter(|s| s.metric == name && s.labels.get("operation") == Some(operation))
             .map(|s| match s.value {
@@ -1045,12 +1071,7 @@ impl Daemon {
     }
 
     fn writes(&self) -> Writes {
-        let w = |kind| self.metric("vkd_api_writes_total", &[("kind", kind)]);
-        Writes {
-            status: w("status"),
-            delete: w("delete"),
-            event: w("event"),
-        }
+        self.scrape().writes()
     }
 
     /// (VmRSS, VmHWM) in KiB.

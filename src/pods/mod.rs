@@ -89,7 +89,7 @@ pub struct Settings {
     pub host_ip: String,
     pub epoch: u64,
     pub concurrency: usize,
-    /// Workers that serve only newly bound Pods (see [`Action::WriteLater`]).
+    /// Workers that serve only newly bound Pods (see `Action::WriteLater`).
     pub create_concurrency: usize,
     pub qps: u32,
     pub burst: u32,

@@ -592,8 +592,8 @@ impl Provider for SimProvider {
                 // Past the highest address in use first (no scan of thousands of
                 // Pods on a busy host), then the lowest gap.
                 let above = used.map_or(2, |u| u.last().map_or(2, |l| l + 1));
-                let ip_n = (above..65_534u32)
-                    .next()
+                let ip_n = (above < 65_534)
+                    .then_some(above)
                     .or_else(|| (2..65_534u32).find(|n| used.is_none_or(|u| !u.contains(n))))
                     .ok_or_else(|| ProviderError::Rejected {
                         message: format!("no pod IPs left on host {}", placement.host),
