@@ -153,6 +153,16 @@ pub struct RunArgs {
     /// worker that waits on the API server. Default 16.
     #[arg(long, env = "VKD_CREATE_CONCURRENCY")]
     pub create_concurrency: Option<usize>,
+    /// How long a connection to the API server may stay idle before it is
+    /// closed: a burst opens one per busy worker, and each idle one holds
+    /// about 70 KB of buffers. Default 10s.
+    #[arg(long, env = "VKD_KUBE_IDLE_TIMEOUT")]
+    pub kube_idle_timeout: Option<String>,
+    /// Offer HTTP/2 for Pod writes and the Node: one connection for all of
+    /// them, less memory and fewer handshakes, but the API server allows 100
+    /// requests at once on it, which bounds a burst. Default false (HTTP/1.1).
+    #[arg(long, env = "VKD_KUBE_HTTP2")]
+    pub kube_http2: Option<bool>,
     /// Maximum Pods the node advertises; defaults to what the provider's hosts can hold.
     #[arg(long, env = "VKD_MAX_PODS")]
     pub max_pods: Option<u32>,
@@ -248,6 +258,8 @@ struct FileConfig {
     kube_burst: Option<u32>,
     reconcile_concurrency: Option<usize>,
     create_concurrency: Option<usize>,
+    kube_idle_timeout: Option<String>,
+    kube_http2: Option<bool>,
     max_pods: Option<u32>,
     log_format: Option<LogFormat>,
     allowed_namespaces: Option<Vec<String>>,
@@ -326,6 +338,8 @@ pub struct Config {
     pub kube_burst: u32,
     pub reconcile_concurrency: usize,
     pub create_concurrency: usize,
+    pub kube_idle_timeout: Duration,
+    pub kube_http2: bool,
     pub max_pods: Option<u32>,
     pub log_format: LogFormat,
     pub policy: crate::pods::spec::Policy,
@@ -546,6 +560,11 @@ impl Config {
             600,
         )?;
         let gc_interval = duration("gc-interval", args.gc_interval.or(file.gc_interval), 60)?;
+        let kube_idle_timeout = duration(
+            "kube-idle-timeout",
+            args.kube_idle_timeout.or(file.kube_idle_timeout),
+            10,
+        )?;
         let partition_fence_after = duration(
             "partition-fence-after",
             args.partition_fence_after.or(file.partition_fence_after),
@@ -646,6 +665,8 @@ impl Config {
             kube_burst,
             reconcile_concurrency,
             create_concurrency,
+            kube_idle_timeout,
+            kube_http2: args.kube_http2.or(file.kube_http2).unwrap_or(false),
             max_pods: args.max_pods.or(file.max_pods),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             policy,
@@ -756,6 +777,9 @@ mod tests {
             Config::from_args(args("vk")).unwrap().create_concurrency,
             DEFAULT_CREATE_CONCURRENCY
         );
+        let mut a = args("vk");
+        a.kube_idle_timeout = Some("0s".into());
+        assert_eq!(Config::from_args(a).unwrap_err().field, "kube-idle-timeout");
     }
 
     #[test]

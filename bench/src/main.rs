@@ -265,11 +265,16 @@ async fn run(args: Args) -> Result<()> {
     report_ready(&seen, &names, last_create, started, all_ready);
     let burst_latency = latency(&seen, &names, &vkd.journal_created()?);
     println!(
-        "latency (burst): create-to-Ready p50 {} p99 {}; bound-to-create p50 {} p99 {}",
+        "latency (burst): create-to-Ready p50 {} p99 {}; bound-to-create p50 {} p99 {} \
+         (binding to seen by vkd p50 {} p99 {}; vkd seen to created p50 {} p99 {})",
         ms(burst_latency.create_ready.p(50)),
         ms(burst_latency.create_ready.p(99)),
         ms(burst_latency.bound_create.p(50)),
         ms(burst_latency.bound_create.p(99)),
+        ms(burst_latency.bound_observed.p(50)),
+        ms(burst_latency.bound_observed.p(99)),
+        ms(burst_latency.observed_accepted.p(50)),
+        ms(burst_latency.observed_accepted.p(99)),
     );
 
     // 2. Memory with N Pods, once vkd's Events and status writes for them
@@ -304,6 +309,22 @@ async fn run(args: Args) -> Result<()> {
         verdict(rss.now < 40 * 1024),
         rss.peak as f64 / 1024.0,
         mib(heap_peak),
+    );
+    // Steady state: vkd closes API connections idle for 10 s (its
+    // --kube-idle-timeout default), so the burst's extra ones are gone by now.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let heap = vkd.heap_bytes().unwrap_or(0);
+    let rss = vkd.rss_kib();
+    let per_pod = heap.saturating_sub(idle_heap) as f64 / names.len().max(1) as f64;
+    println!(
+        "memory (25s later, idle API connections closed): heap {:.1} MiB, {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}) [target < 40 MiB: {}]",
+        mib(heap),
+        per_pod,
+        verdict(per_pod < 2048.0),
+        rss.now as f64 / 1024.0,
+        rss.anonymous as f64 / 1024.0,
+        rss.file as f64 / 1024.0,
+        verdict(rss.now < 40 * 1024),
     );
 
     // 3. SIGKILL and restart with N Pods running.
@@ -377,10 +398,12 @@ async fn run(args: Args) -> Result<()> {
     let writes = writes_first.minus(&writes_start).plus(&last.writes());
     let both = |name| first.value(name, &[]) + last.value(name, &[]);
     println!(
-        "vkd: Pod writes waited {:.1}s in all for vkd's own rate limiter; failed reconciles {:.0}; Events dropped {:.0}",
+        "vkd: Pod writes waited {:.1}s in all for vkd's own rate limiter; failed reconciles {:.0}; Events dropped {:.0}; \
+         connections opened to the API server {:.0}",
         both("vkd_api_throttled_seconds_total"),
         both("vkd_reconcile_errors_total"),
         both("vkd_events_dropped_total"),
+        both("vkd_api_connections_opened_total"),
     );
     let api_after = apiserver_requests(&client).await?;
     print_writes("burst", names.len(), &writes, &api_before, &api_after);

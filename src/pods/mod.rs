@@ -130,6 +130,8 @@ pub struct Shared {
 pub struct PodController {
     settings: Settings,
     client: Client,
+    /// The Pod watch's own client, so its events never queue behind writes.
+    watch_client: Client,
     provider: Arc<dyn Provider>,
     /// Boxed: a map's slots stay allocated at its largest size and are only
     /// 60-90% full, so a slot should be a pointer, not a whole record.
@@ -167,6 +169,7 @@ impl PodController {
     pub fn new(
         settings: Settings,
         client: Client,
+        watch_client: Client,
         provider: Arc<dyn Provider>,
         shared: Shared,
     ) -> Arc<Self> {
@@ -188,6 +191,7 @@ impl PodController {
             approved_orphans: Mutex::default(),
             settings,
             client,
+            watch_client,
             provider,
             records: Mutex::default(),
             queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
@@ -279,7 +283,7 @@ impl PodController {
     }
 
     async fn watch(&self, shutdown: CancellationToken) {
-        let pods: Api<Pod> = Api::all(self.client.clone());
+        let pods: Api<Pod> = Api::all(self.watch_client.clone());
         let cfg =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.settings.node));
         let mut stream = watcher(pods, cfg).default_backoff().boxed();
