@@ -1,8 +1,9 @@
 //! The Kubernetes API client, built layer by layer so its connection pool
 //! can be bounded.
 //!
-//! kube's default client keeps idle HTTP/1.1 connections (90 s, checked only
-//! when one is next taken, so in practice until reused). A burst
+//! kube's default client keeps idle HTTP/1.1 connections: its 90 s timeout
+//! has no timer, so an expired one is only dropped when a later request
+//! passes over it, and those a quiet node no longer needs stay open. A burst
 //! of thousands of Pods opens one per busy worker and Event task, about 100,
 //! and each idle TLS connection holds its buffers, about 70 KB: 5 to 7 MiB
 //! that stayed after the burst. Here an idle connection closes after
