@@ -108,7 +108,7 @@ impl Default for Metrics {
             deletions_pending: reg!("deletions_pending", "Pods being deleted whose instance is not yet confirmed gone", Gauge::default()),
             leader: reg!("leader", "1 while this replica holds the leader lease", Gauge::default()),
             epoch: reg!("epoch", "The epoch this replica acts under", Gauge::default()),
-            api_connections: reg!("api_connections_opened", "Connections opened to the API server, each a TLS handshake; a steady climb under load means --kube-idle-connections is too low", Counter::default()),
+            api_connections: reg!("api_connections_opened", "Connections opened to the API server, each a TLS handshake; a climb under steady load means --kube-idle-timeout is shorter than the gaps between writes", Counter::default()),
             reconcile_duration: reg!("reconcile_duration_seconds", "How long one reconcile of a Pod took, by outcome", hist()),
             reconcile_errors: reg!("reconcile_errors", "Failed reconciles by cause", Family::default()),
             queue_depth: reg!("queue_depth", "Pods waiting in the reconcile queue", Gauge::default()),

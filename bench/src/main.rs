@@ -89,6 +89,22 @@ struct Rss {
     threads: u64,
 }
 
+/// Heap per Pod over the idle heap, and RSS, each against its target.
+fn memory_figures(heap: usize, idle_heap: usize, pods: usize, rss: &Rss) -> String {
+    let per_pod = heap.saturating_sub(idle_heap) as f64 / pods.max(1) as f64;
+    format!(
+        "heap {:.1} MiB, {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}; {} threads) [target < 40 MiB: {}]",
+        mib(heap),
+        per_pod,
+        verdict(per_pod < 2048.0),
+        rss.now as f64 / 1024.0,
+        rss.anonymous as f64 / 1024.0,
+        rss.file as f64 / 1024.0,
+        rss.threads,
+        verdict(rss.now < 40 * 1024),
+    )
+}
+
 /// When the benchmark saw each step of one Pod.
 #[derive(Clone, Debug, Default)]
 struct Seen {
@@ -294,37 +310,25 @@ async fn run(args: Args) -> Result<()> {
     let rss = vkd.rss_kib();
     stop_sampling.store(true, Ordering::Relaxed);
     let heap_peak = heap_sampler.join().unwrap_or(0);
-    let per_pod = heap.saturating_sub(idle_heap) as f64 / names.len().max(1) as f64;
     println!(
-        "memory: heap {:.1} MiB with {} Pods ({:.1} MiB idle), {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}; {} threads) [target < 40 MiB: {}]; during the burst: peak RSS {:.1} MiB, peak heap {:.1} MiB",
-        mib(heap),
+        "memory: with {} Pods ({:.1} MiB heap idle): {}; during the burst: peak RSS {:.1} MiB, peak heap {:.1} MiB",
         names.len(),
         mib(idle_heap),
-        per_pod,
-        verdict(per_pod < 2048.0),
-        rss.now as f64 / 1024.0,
-        rss.anonymous as f64 / 1024.0,
-        rss.file as f64 / 1024.0,
-        rss.threads,
-        verdict(rss.now < 40 * 1024),
+        memory_figures(heap, idle_heap, names.len(), &rss),
         rss.peak as f64 / 1024.0,
         mib(heap_peak),
     );
     // Steady state: vkd closes API connections idle for 10 s (its
     // --kube-idle-timeout default), so the burst's extra ones are gone by now.
     tokio::time::sleep(Duration::from_secs(25)).await;
-    let heap = vkd.heap_bytes().unwrap_or(0);
-    let rss = vkd.rss_kib();
-    let per_pod = heap.saturating_sub(idle_heap) as f64 / names.len().max(1) as f64;
     println!(
-        "memory (25s later, idle API connections closed): heap {:.1} MiB, {:.0} B/Pod [target < 2048 B/Pod: {}]; RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}) [target < 40 MiB: {}]",
-        mib(heap),
-        per_pod,
-        verdict(per_pod < 2048.0),
-        rss.now as f64 / 1024.0,
-        rss.anonymous as f64 / 1024.0,
-        rss.file as f64 / 1024.0,
-        verdict(rss.now < 40 * 1024),
+        "memory (25s later, idle API connections closed): {}",
+        memory_figures(
+            vkd.heap_bytes().unwrap_or(0),
+            idle_heap,
+            names.len(),
+            &vkd.rss_kib()
+        ),
     );
 
     // 3. SIGKILL and restart with N Pods running.
