@@ -179,8 +179,19 @@ pub async fn serve_channels<F, Fut>(
     let _ = out_tx.send(Message::Close(Some(close))).await;
     drop(out_tx);
     let _ = writer.await;
-    reader.abort();
+    // The client answers our Close with its own (RFC 6455 7.1.1). Dropping
+    // the socket before reading it leaves bytes unread, the kernel resets the
+    // connection, and the client sees an abnormal closure (1006) after the
+    // output; so read up to its Close, for a bounded time.
+    let mut reader = reader;
+    if tokio::time::timeout(CLOSE_WAIT, &mut reader).await.is_err() {
+        reader.abort();
+    }
 }
+
+/// How long a finished exec waits for the client's Close before dropping the
+/// connection.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Port-forward over WebSocket: SPDY frames carried in binary messages. Returns
 /// a byte stream to hand to the SPDY session.
