@@ -120,26 +120,42 @@ struct ApiClients {
     watch: Client,
 }
 
-async fn client(cfg: &Config, metrics: &metrics::Metrics, http2: bool) -> Result<Client, Error> {
-    let kube_cfg = match &cfg.kubeconfig {
+impl ApiClients {
+    /// Reads the kubeconfig (or the in-cluster config) once for all three.
+    async fn new(cfg: &Config, metrics: &metrics::Metrics) -> Result<Self, Error> {
+        let kube_cfg = kube_config(cfg).await?;
+        let client = |http2| {
+            api_client::build(
+                kube_cfg.clone(),
+                cfg.kube_idle_timeout,
+                http2,
+                metrics.api_connections.clone(),
+            )
+            .map_err(|e| Error::Kube(e.to_string()))
+        };
+        Ok(Self {
+            node: client(cfg.kube_http2)?,
+            pods: client(cfg.kube_http2)?,
+            // HTTP/1.1 always: on an HTTP/2 connection shared with writes, watch
+            // events reached vkd 1.5 s late (p50) in a 1,000-Pod burst.
+            watch: client(false)?,
+        })
+    }
+}
+
+async fn kube_config(cfg: &Config) -> Result<kube::Config, Error> {
+    match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| Error::Kube(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| Error::Kube(e.to_string()))?
+                .map_err(|e| Error::Kube(e.to_string()))
         }
         None => kube::Config::infer()
             .await
-            .map_err(|e| Error::Kube(e.to_string()))?,
-    };
-    api_client::build(
-        kube_cfg,
-        cfg.kube_idle_timeout,
-        http2,
-        metrics.api_connections.clone(),
-    )
-    .map_err(|e| Error::Kube(e.to_string()))
+            .map_err(|e| Error::Kube(e.to_string())),
+    }
 }
 
 /// The Nodes this daemon registers: one for the whole backend, or one per host
@@ -189,13 +205,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let metrics = Arc::new(metrics::Metrics::default());
-    let clients = ApiClients {
-        node: client(&cfg, &metrics, cfg.kube_http2).await?,
-        pods: client(&cfg, &metrics, cfg.kube_http2).await?,
-        // HTTP/1.1 always: on an HTTP/2 connection shared with writes, watch
-        // events reached vkd 1.5 s late (p50) in a 1,000-Pod burst.
-        watch: client(&cfg, &metrics, false).await?,
-    };
+    let clients = ApiClients::new(&cfg, &metrics).await?;
     let provider = metrics::Instrumented::wrap(provider, Arc::clone(&metrics));
     let admin_state = admin::AdminState::new(Arc::clone(&provider), Arc::clone(&metrics));
     let admin = admin::serve(

@@ -122,7 +122,7 @@ pub async fn serve_channels<F, Fut>(
     let stderr = want.stderr.then(|| output(STDERR));
     let (stdin_near, mut stdin_far) = tokio::io::duplex(64 * 1024);
     let (resize_tx, resize_rx) = mpsc::channel::<TermSize>(16);
-    let reader = tokio::spawn(async move {
+    let mut reader = tokio::spawn(async move {
         let mut stdin_open = true;
         while let Some(Ok(msg)) = source.next().await {
             let bytes = match msg {
@@ -183,7 +183,6 @@ pub async fn serve_channels<F, Fut>(
     // the socket before reading it leaves bytes unread, the kernel resets the
     // connection, and the client sees an abnormal closure (1006) after the
     // output; so read up to its Close, for a bounded time.
-    let mut reader = reader;
     if tokio::time::timeout(CLOSE_WAIT, &mut reader).await.is_err() {
         reader.abort();
     }
