@@ -5,10 +5,11 @@
 //!   - match: "python:3*"        # exact name, or a prefix ending in *
 //!     path: /usr/bin:/bin       # where the command is looked up (default: the usual system PATH)
 //!     entrypoint: [python3]     # used when the container gives no command
-//! runAsUser: 65534              # default: 65534 when vkd runs as root, vkd's own user otherwise
+//! runAsUser: 65534              # default 65534; never 0: vkd (root) must not share its uid with Pods
 //! runAsGroup: 65534
 //! logMaxBytes: 10485760         # per container log file, before rotation
 //! maxPods: 110
+//! podPidsLimit: 1024            # processes per Pod (the kubelet's podPidsLimit); 0: no limit
 //! cgroupParent: auto            # auto | none | a cgroup v2 directory vkd may create children in
 //! ```
 
@@ -57,6 +58,8 @@ pub struct ProcessConfig {
     pub max_pods: u32,
     #[serde(default = "default_cgroup")]
     pub cgroup_parent: String,
+    #[serde(default = "default_pids")]
+    pub pod_pids_limit: u64,
 }
 
 fn default_log_max() -> u64 {
@@ -68,6 +71,9 @@ fn default_max_pods() -> u32 {
 fn default_cgroup() -> String {
     "auto".into()
 }
+fn default_pids() -> u64 {
+    1024
+}
 
 impl Default for ProcessConfig {
     fn default() -> Self {
@@ -78,6 +84,7 @@ impl Default for ProcessConfig {
             log_max_bytes: default_log_max(),
             max_pods: default_max_pods(),
             cgroup_parent: default_cgroup(),
+            pod_pids_limit: default_pids(),
         }
     }
 }
@@ -111,6 +118,21 @@ impl ProcessConfig {
                 });
             }
         }
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        if cfg.run_as_user == Some(0) {
+            return Err(invalid(
+                "runAsUser: 0 would run Pods as root, the user vkd runs as; Pods must never \
+                 share vkd's uid (they could read its credentials and state)"
+                    .into(),
+            ));
+        }
+        if !matches!(cfg.cgroup_parent.as_str(), "auto" | "none") {
+            crate::cgroup::validate(Path::new(&cfg.cgroup_parent))
+                .map_err(|e| invalid(format!("cgroupParent: {e}")))?;
+        }
         if cfg.max_pods == 0 {
             return Err(ConfigError::Invalid {
                 path: path.to_owned(),
@@ -124,46 +146,30 @@ impl ProcessConfig {
         self.images.iter().find(|m| m.matches(image))
     }
 
-    /// The uid and gid processes run as; `None` keeps vkd's own.
+    /// The uid and gid Pods run as, when vkd is root; `None` when vkd is not root
+    /// and so cannot run them as anyone but itself (the provider refuses that).
     pub fn run_as(&self) -> Option<(u32, u32)> {
-        let root = rustix::process::geteuid().is_root();
-        match (self.run_as_user, root) {
-            (Some(u), true) => Some((u, self.run_as_group.unwrap_or(u))),
-            (None, true) => Some((65534, self.run_as_group.unwrap_or(65534))),
-            (_, false) => None,
+        if !rustix::process::geteuid().is_root() {
+            return None;
         }
-        .filter(|(u, _)| *u != 0 || self.run_as_group.is_some_and(|g| g != 0))
+        let uid = self.run_as_user.unwrap_or(65534);
+        Some((uid, self.run_as_group.unwrap_or(uid)))
     }
 
-    /// A cgroup v2 directory vkd may create child groups in, if there is one.
-    pub fn cgroup_parent(&self) -> Option<PathBuf> {
+    /// The per-Pod process limit, if any.
+    pub fn pids_limit(&self) -> Option<u64> {
+        (self.pod_pids_limit > 0).then_some(self.pod_pids_limit)
+    }
+
+    /// Where Pod cgroups go: `none`, detected (`auto`), or the configured directory,
+    /// which must be a cgroup v2 directory with the memory, cpu and pids controllers.
+    pub fn cgroup_parent(&self) -> Result<Option<crate::cgroup::CgroupParent>, crate::cgroup::CgroupError> {
         match self.cgroup_parent.as_str() {
-            "none" => None,
-            "auto" => detect_cgroup(),
-            path => Some(PathBuf::from(path)),
+            "none" => Ok(None),
+            "auto" => Ok(crate::cgroup::detect()),
+            path => crate::cgroup::validate(Path::new(path)).map(Some),
         }
     }
-}
-
-/// Our own cgroup v2 directory, when the unified hierarchy is mounted, has the
-/// memory controller available, and lets us create a child.
-fn detect_cgroup() -> Option<PathBuf> {
-    let root = Path::new("/sys/fs/cgroup");
-    std::fs::metadata(root.join("cgroup.controllers")).ok()?;
-    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = root.join(rel.trim_start_matches('/'));
-    let controllers = std::fs::read_to_string(dir.join("cgroup.controllers")).ok()?;
-    if !controllers.split_whitespace().any(|c| c == "memory") {
-        return None;
-    }
-    let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory +cpu");
-    // Usable only if a child we create really gets the memory controller.
-    let probe = dir.join(format!("vkd-probe-{}", std::process::id()));
-    std::fs::create_dir(&probe).ok()?;
-    let usable = probe.join("memory.max").exists();
-    let _ = std::fs::remove_dir(&probe);
-    usable.then_some(dir)
 }
 
 #[cfg(test)]
@@ -199,5 +205,25 @@ mod tests {
         let c = ProcessConfig::load(&p).unwrap();
         assert_eq!(c.max_pods, 5);
         assert!(c.image("busybox").is_some());
+        assert_eq!(c.pids_limit(), Some(1024));
+    }
+
+    #[test]
+    fn root_and_plain_directories_are_refused_naming_the_field() {
+        let dir = std::env::temp_dir().join(format!("vkd-pcfg2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        std::fs::write(&p, "runAsUser: 0\n").unwrap();
+        let e = ProcessConfig::load(&p).unwrap_err().to_string();
+        assert!(e.contains("runAsUser: 0"), "{e}");
+        let plain = dir.join("not-a-cgroup");
+        std::fs::create_dir_all(&plain).unwrap();
+        std::fs::write(plain.join("cgroup.procs"), "").unwrap();
+        std::fs::write(&p, format!("cgroupParent: {}\n", plain.display())).unwrap();
+        let e = ProcessConfig::load(&p).unwrap_err().to_string();
+        assert!(e.contains("cgroupParent") && e.contains("not a cgroup v2"), "{e}");
+        std::fs::write(&p, "podPidsLimit: 0\n").unwrap();
+        assert_eq!(ProcessConfig::load(&p).unwrap().pids_limit(), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,67 +1,173 @@
 //! `process-launch`: the last step before a container's program runs. The shim
-//! (and exec) start it in the container's environment and working directory; it
-//! joins the container's cgroup, applies its resource limits, drops to the
-//! run-as user and then replaces itself with the program. So the limits and the
-//! user hold from the program's first instruction, with no unsafe pre-exec hook.
+//! (and exec) start it as root with an empty environment; it joins the
+//! container's cgroup, applies its resource limits, drops to the run-as user,
+//! and only then takes the Pod's environment and working directory and replaces
+//! itself with the program. So the limits and the user hold from the program's
+//! first instruction, with no unsafe pre-exec hook, and nothing the Pod controls
+//! (LD_PRELOAD, LD_AUDIT, LD_DEBUG_OUTPUT, a `..` working directory) is seen by
+//! a process with more privilege than the Pod: glibc reads those variables when
+//! the launcher starts, and the launcher starts without them.
 //! It is single-threaded, so the per-thread identity calls change the whole process.
 //!
-//! `<launcher> process-launch [--rlimit-data BYTES] [--cgroup DIR] [--user UID:GID] -- PROGRAM ARGS...`
+//! `<launcher> process-launch [--rlimit-data BYTES] [--rlimit-nproc N] [--cgroup DIR]
+//!  [--user UID:GID] [--env-file FILE] [--cwd DIR] -- PROGRAM ARGS...`
+//!
+//! The env file is JSON, `[["NAME","value"], ...]`, written by the provider
+//! (mode 0600) and read before the identity changes.
 
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
+
+/// How the shim and the provider's exec ask for a launch: the one place that
+/// writes the launcher's command line.
+#[derive(Debug)]
+pub struct LaunchArgs<'a> {
+    pub cgroup: Option<&'a Path>,
+    pub data_limit: Option<u64>,
+    pub nproc_limit: Option<u64>,
+    pub user: Option<(u32, u32)>,
+    pub env_file: &'a Path,
+    pub cwd: &'a Path,
+    pub argv: &'a [String],
+}
+
+impl LaunchArgs<'_> {
+    /// A command for `launcher` with a clean environment, started in `/`: the
+    /// Pod's environment and working directory reach only the final program.
+    pub fn command(&self, launcher: &Path) -> std::process::Command {
+        let mut cmd = std::process::Command::new(launcher);
+        cmd.arg("process-launch")
+            .args(self.args())
+            .env_clear()
+            .current_dir("/");
+        cmd
+    }
+
+    fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut flag = |f: &str, v: OsString| {
+            a.push(f.into());
+            a.push(v);
+        };
+        if let Some(cg) = self.cgroup {
+            flag("--cgroup", cg.into());
+        }
+        if let Some(b) = self.data_limit {
+            flag("--rlimit-data", b.to_string().into());
+        }
+        if let Some(n) = self.nproc_limit {
+            flag("--rlimit-nproc", n.to_string().into());
+        }
+        if let Some((u, g)) = self.user {
+            flag("--user", format!("{u}:{g}").into());
+        }
+        flag("--env-file", self.env_file.into());
+        flag("--cwd", self.cwd.into());
+        a.push("--".into());
+        a.extend(self.argv.iter().map(OsString::from));
+        a
+    }
+}
+
+/// What the launcher was asked to do.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Request {
+    data_limit: Option<u64>,
+    nproc_limit: Option<u64>,
+    cgroup: Option<String>,
+    user: Option<(u32, u32)>,
+    env_file: Option<String>,
+    cwd: Option<String>,
+    argv: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Request, String> {
+    let mut r = Request::default();
+    let mut it = args.iter();
+    let number = |flag: &str, v: Option<&String>| -> Result<u64, String> {
+        v.and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("{flag} wants a number"))
+    };
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--rlimit-data" => r.data_limit = Some(number(a, it.next())?),
+            "--rlimit-nproc" => r.nproc_limit = Some(number(a, it.next())?),
+            "--cgroup" => r.cgroup = Some(it.next().ok_or("--cgroup wants a directory")?.clone()),
+            "--env-file" => r.env_file = Some(it.next().ok_or("--env-file wants a file")?.clone()),
+            "--cwd" => r.cwd = Some(it.next().ok_or("--cwd wants a directory")?.clone()),
+            "--user" => {
+                let user = it.next().and_then(|v| {
+                    let (u, g) = v.split_once(':')?;
+                    Some((u.parse().ok()?, g.parse().ok()?))
+                });
+                r.user = Some(user.ok_or("--user wants UID:GID")?);
+            }
+            "--" => {
+                r.argv = it.by_ref().cloned().collect();
+                break;
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if r.argv.is_empty() {
+        return Err("no program given".into());
+    }
+    Ok(r)
+}
+
+/// Reads the Pod's environment, as written by the provider.
+fn read_env(path: &str) -> Result<Vec<(String, String)>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("reading the environment {path}: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("the environment file {path}: {e}"))
+}
+
+fn set_limit(resource: rustix::process::Resource, value: u64) -> rustix::io::Result<()> {
+    let limit = rustix::process::Rlimit {
+        current: Some(value),
+        maximum: Some(value),
+    };
+    rustix::process::setrlimit(resource, limit)
+}
 
 /// Runs the launcher; returns only on failure, with the exit code to use
 /// (127: the program is missing, 126: it cannot be run, 125: bad arguments).
 pub fn main(args: &[String]) -> i32 {
-    let mut data_limit = None;
-    let mut cgroup = None;
-    let mut user: Option<(u32, u32)> = None;
-    let mut it = args.iter();
-    let mut argv: Vec<&String> = Vec::new();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--rlimit-data" => data_limit = it.next().and_then(|v| v.parse::<u64>().ok()),
-            "--cgroup" => cgroup = it.next().cloned(),
-            "--user" => {
-                user = it.next().and_then(|v| {
-                    let (u, g) = v.split_once(':')?;
-                    Some((u.parse().ok()?, g.parse().ok()?))
-                });
-                if user.is_none() {
-                    eprintln!("process-launch: --user wants UID:GID");
-                    return 125;
-                }
-            }
-            "--" => {
-                argv = it.by_ref().collect();
-                break;
-            }
-            other => {
-                eprintln!("process-launch: unknown argument {other:?}");
-                return 125;
-            }
+    let r = match parse(args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("process-launch: {e}");
+            return 125;
         }
-    }
-    let Some((program, rest)) = argv.split_first() else {
-        eprintln!("process-launch: no program given");
-        return 125;
     };
-    if let Some(dir) = cgroup {
-        let procs = std::path::Path::new(&dir).join("cgroup.procs");
-        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
-            eprintln!("process-launch: joining cgroup {dir}: {e}");
+    let env = match r.env_file.as_deref().map(read_env).transpose() {
+        Ok(env) => env.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("process-launch: {e}");
+            return 126;
         }
-    }
-    if let Some(bytes) = data_limit {
-        let limit = rustix::process::Rlimit {
-            current: Some(bytes),
-            maximum: Some(bytes),
-        };
-        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Data, limit) {
-            eprintln!("process-launch: setting the memory limit: {e}");
+    };
+    if let Some(dir) = &r.cgroup {
+        let procs = std::path::Path::new(dir).join("cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
+            // Outside its cgroup the process would escape the Pod's limits and its end.
+            eprintln!("process-launch: joining cgroup {dir}: {e}");
             return 126;
         }
     }
-    if let Some((uid, gid)) = user {
+    if let Some(bytes) = r.data_limit
+        && let Err(e) = set_limit(rustix::process::Resource::Data, bytes)
+    {
+        eprintln!("process-launch: setting the memory limit: {e}");
+        return 126;
+    }
+    if let Some(n) = r.nproc_limit
+        && let Err(e) = set_limit(rustix::process::Resource::Nproc, n)
+    {
+        eprintln!("process-launch: setting the process limit: {e}");
+        return 126;
+    }
+    if let Some((uid, gid)) = r.user {
         let gid = rustix::process::Gid::from_raw(gid);
         let uid = rustix::process::Uid::from_raw(uid);
         let dropped = rustix::thread::set_thread_groups(&[gid])
@@ -72,11 +178,101 @@ pub fn main(args: &[String]) -> i32 {
             return 126;
         }
     }
-    let err = std::process::Command::new(program).args(rest).exec();
-    eprintln!("exec: {program:?}: {err}");
+    // From here on, as the Pod's user: its working directory is entered with its rights.
+    if let Some(dir) = &r.cwd
+        && let Err(e) = std::env::set_current_dir(dir)
+    {
+        eprintln!("process-launch: workingDir {dir}: {e}");
+        return 126;
+    }
+    let Some((program, rest)) = r.argv.split_first() else {
+        return 125;
+    };
+    let err = std::process::Command::new(program)
+        .args(rest)
+        .env_clear()
+        .envs(env)
+        .exec();
+    eprintln!("exec: {program}: {err}");
     if err.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
         126
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn parses_every_flag() {
+        let r = parse(&args(&[
+            "--rlimit-data",
+            "100",
+            "--rlimit-nproc",
+            "7",
+            "--cgroup",
+            "/cg",
+            "--user",
+            "1:2",
+            "--env-file",
+            "/e.json",
+            "--cwd",
+            "/w",
+            "--",
+            "/bin/true",
+            "x",
+        ]))
+        .unwrap();
+        assert_eq!(r.data_limit, Some(100));
+        assert_eq!(r.nproc_limit, Some(7));
+        assert_eq!(r.user, Some((1, 2)));
+        assert_eq!(r.env_file.as_deref(), Some("/e.json"));
+        assert_eq!(r.cwd.as_deref(), Some("/w"));
+        assert_eq!(r.argv, args(&["/bin/true", "x"]));
+    }
+
+    #[test]
+    fn the_command_line_round_trips_and_carries_no_environment() {
+        let argv = args(&["/bin/sh", "-c", "x"]);
+        let la = LaunchArgs {
+            cgroup: Some(Path::new("/cg")),
+            data_limit: Some(5),
+            nproc_limit: None,
+            user: Some((65534, 65534)),
+            env_file: Path::new("/s/env/c.json"),
+            cwd: Path::new("/s/root"),
+            argv: &argv,
+        };
+        let cmd = la.command(Path::new("/vkd"));
+        assert_eq!(cmd.get_envs().count(), 0, "only cleared, nothing set");
+        assert_eq!(cmd.get_current_dir(), Some(Path::new("/")));
+        let line: Vec<String> = cmd
+            .get_args()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let r = parse(&line).unwrap();
+        assert_eq!(r.user, Some((65534, 65534)));
+        assert_eq!(r.cwd.as_deref(), Some("/s/root"));
+        assert_eq!(r.argv, argv);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        for bad in [
+            &["--rlimit-data", "lots", "--", "x"][..],
+            &["--user", "1", "--", "x"],
+            &["--bogus", "--", "x"],
+            &["--cwd"],
+            &["--"],
+        ] {
+            assert!(parse(&args(bad)).is_err(), "{bad:?}");
+        }
     }
 }

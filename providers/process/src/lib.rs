@@ -12,6 +12,7 @@
 //! trusting or signalling it. `create` is idempotent on the Pod UID: a sandbox
 //! that exists is never started twice.
 
+pub mod cgroup;
 pub mod config;
 pub mod launch;
 pub mod logs;
@@ -60,6 +61,15 @@ pub enum OpenError {
     #[error("the shim executable {0} does not exist")]
     Shim(PathBuf),
     #[error(
+        "vkd runs as uid {uid}, not root, so every Pod would run as vkd itself: it could read \
+         vkd's credentials (its ServiceAccount token reads Secrets), its state and other Pods' \
+         Secret values, and signal vkd. Run vkd as root on the host (Pods then run as \
+         runAsUser, default 65534), or use a provider that runs no host processes (--provider sim)"
+    )]
+    RunsAsDaemon { uid: u32 },
+    #[error("process provider config: cgroupParent: {0}")]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error(
         "{path} is not reachable by uid {uid} ({blocker} has mode {mode:o}), so Pods could not \
          use their own sandbox: put --state-dir under a world-traversable directory \
          (for example /var/lib/vkd) or set runAsUser in the process provider config"
@@ -100,12 +110,21 @@ struct Inner {
     config: ProcessConfig,
     shim_exe: PathBuf,
     host: String,
-    run_as: Option<(u32, u32)>,
-    cgroup_parent: Option<PathBuf>,
+    run_as: (u32, u32),
+    cgroup: Option<cgroup::CgroupParent>,
     events: broadcast::Sender<InstanceEvent>,
     fences: vkd_provider::fence::FenceBook,
     /// The last CPU sample per container, for the usage rate.
     cpu_samples: Mutex<HashMap<(String, String), (SystemTime, u64)>>,
+}
+
+#[derive(Debug)]
+struct RunningContainer {
+    launch: Launch,
+    cgroup: Option<PathBuf>,
+    memory: Option<u64>,
+    pids_limit: Option<u64>,
+    env_file: PathBuf,
 }
 
 #[derive(Clone, Debug)]
@@ -142,9 +161,13 @@ impl ProcessProvider {
             path: dir.to_owned(),
             source,
         })?;
-        if let Some((uid, gid)) = config.run_as()
-            && let Some((blocker, mode)) = blocker(&dir.join("pods"), uid, gid)
-        {
+        let Some((uid, gid)) = config.run_as() else {
+            return Err(OpenError::RunsAsDaemon {
+                uid: rustix::process::geteuid().as_raw(),
+            });
+        };
+        let cgroup = config.cgroup_parent()?;
+        if let Some((blocker, mode)) = blocker(&dir.join("pods"), uid, gid) {
             return Err(OpenError::Unreachable {
                 path: dir.to_owned(),
                 uid,
@@ -156,8 +179,8 @@ impl ProcessProvider {
         let provider = Self {
             inner: Arc::new(Inner {
                 dir: dir.to_owned(),
-                run_as: config.run_as(),
-                cgroup_parent: config.cgroup_parent(),
+                run_as: (uid, gid),
+                cgroup,
                 config,
                 shim_exe,
                 host: hostname(),
@@ -183,17 +206,30 @@ impl ProcessProvider {
         Ok(provider)
     }
 
-    /// How limits are enforced here: `cgroup-v2` or `rlimit`.
+    /// How limits are enforced here: `cgroup-v2` when the Pod cgroups get the
+    /// memory, cpu and pids controllers, else `rlimit` (memory as RLIMIT_DATA,
+    /// processes as RLIMIT_NPROC of the run-as user, no CPU limit).
     pub fn limits_mode(&self) -> &'static str {
-        if self.inner.cgroup_parent.is_some() {
+        if self.inner.cgroup.as_ref().is_some_and(|c| c.enforces_limits()) {
             "cgroup-v2"
         } else {
             "rlimit"
         }
     }
 
+    /// How a Pod's processes are found to end them with it: `cgroup-v2` (every
+    /// process, exec sessions included), else `subreaper` (what the shim's
+    /// containers, hooks and probes start, however they detach).
+    pub fn tracking_mode(&self) -> &'static str {
+        if self.inner.cgroup.is_some() {
+            "cgroup-v2"
+        } else {
+            "subreaper"
+        }
+    }
+
     pub fn run_as(&self) -> Option<(u32, u32)> {
-        self.inner.run_as
+        Some(self.inner.run_as)
     }
 
     fn pods_dir(&self) -> PathBuf {
@@ -242,18 +278,18 @@ impl ProcessProvider {
             .append(true)
             .open(sb.dir.join("shim.log"))?;
         let err = log.try_clone()?;
-        // std's Command, so no runtime is needed; the thread below reaps the shim
-        // while this vkd lives (after a restart, init does).
-        use std::os::unix::process::CommandExt;
-        let mut child = std::process::Command::new(&self.inner.shim_exe)
-            .arg("process-shim")
-            .arg(&sb.dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .process_group(0)
-            .spawn()?;
-        if let Some(id) = i32::try_from(child.id())
+        let mut cmd = std::process::Command::new(&self.inner.shim_exe);
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.arg("process-shim")
+                .arg(&sb.dir)
+                .stdin(std::process::Stdio::null())
+                .stdout(log)
+                .stderr(err)
+                .process_group(0);
+        }
+        let pid = spawn_reaped(cmd)?;
+        if let Some(id) = i32::try_from(pid)
             .ok()
             .and_then(procfs::ProcessId::of)
         {
@@ -262,9 +298,6 @@ impl ProcessProvider {
                 sandbox::write_atomic(&sb.shim_pid(), id.render().as_bytes(), 0o644)?;
             }
         }
-        std::thread::spawn(move || {
-            let _ = child.wait();
-        });
         Ok(())
     }
 
@@ -298,7 +331,20 @@ impl ProcessProvider {
                 ));
             }
             let cwd = match &c.working_dir {
-                Some(wd) => root.join(wd.trim_start_matches('/')),
+                Some(wd) => {
+                    // Inside the Pod's root, as mountPath: `..` would leave it.
+                    let rel = Path::new(wd.trim_start_matches('/'));
+                    if rel
+                        .components()
+                        .any(|p| !matches!(p, std::path::Component::Normal(_) | std::path::Component::CurDir))
+                    {
+                        return Err(ProviderError::invalid(
+                            "InvalidSpec",
+                            format!("container {}: workingDir {wd:?} leaves the Pod's root", c.name),
+                        ));
+                    }
+                    root.join(rel)
+                }
                 None => root.to_owned(),
             };
             let mut env: Vec<(String, String)> = vec![
@@ -366,10 +412,8 @@ impl ProcessProvider {
     }
 
     fn chown(&self, path: &Path) -> std::io::Result<()> {
-        if let Some((u, g)) = self.inner.run_as {
-            std::os::unix::fs::lchown(path, Some(u), Some(g))?;
-        }
-        Ok(())
+        let (u, g) = self.inner.run_as;
+        std::os::unix::fs::lchown(path, Some(u), Some(g))
     }
 
     fn mkdirs(&self, base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
@@ -524,6 +568,15 @@ impl ProcessProvider {
                 }
             }
         }
+        // Whatever the Pod started, however it detached, ends with it.
+        let pod_uid = sb.dir.file_name().unwrap_or_default().to_string_lossy();
+        if let Some(cg) = &self.inner.cgroup
+            && !cgroup::remove(&cgroup::pod_dir(&cg.dir, &pod_uid), Duration::from_secs(5))
+        {
+            return Err(ProviderError::transient(format!(
+                "the cgroup of Pod {pod_uid} still holds processes after SIGKILL"
+            )));
+        }
         // Rename first, so a half-removed sandbox is never taken for a live one.
         let uid = sb
             .dir
@@ -556,7 +609,9 @@ impl ProcessProvider {
         Ok(Some((sb, rec, st)))
     }
 
-    fn running_process(&self, uid: &str, container: &str) -> Result<(Launch, Option<PathBuf>)> {
+    /// What `kubectl exec` into `container` runs as: its launch, its cgroup, its
+    /// memory limit (as an rlimit where there is no cgroup) and its environment file.
+    fn running_process(&self, uid: &str, container: &str) -> Result<RunningContainer> {
         let not_found = || ProviderError::NotFound {
             uid: uid.to_owned(),
         };
@@ -590,28 +645,41 @@ impl ProcessProvider {
                     format!("container {container:?} is not running"),
                 )
             })?;
-        Ok((launch, run.cgroup.clone()))
+        let env_file = sb
+            .ensure_env_file(&launch)
+            .map_err(io_err(&sb.env_file(&launch.name)))?;
+        let memory = spec
+            .spec
+            .init_containers
+            .iter()
+            .chain(&spec.spec.containers)
+            .find(|c| c.name == container)
+            .and_then(|c| c.limits.memory_bytes);
+        let pids_limit = spec.pids_limit;
+        Ok(RunningContainer {
+            launch,
+            cgroup: run.cgroup.clone(),
+            memory,
+            pids_limit,
+            env_file,
+        })
     }
 
-    fn exec_command(
-        &self,
-        launch: &Launch,
-        cgroup: Option<&Path>,
-        command: &[String],
-    ) -> std::process::Command {
-        let mut cmd = std::process::Command::new(&self.inner.shim_exe);
-        cmd.arg("process-launch");
-        if let Some(cg) = cgroup {
-            cmd.arg("--cgroup").arg(cg);
+    fn exec_command(&self, run: &RunningContainer, command: &[String]) -> std::process::Command {
+        // Limits the cgroup does not enforce are rlimits, as in the shim.
+        let by_cgroup = |on: fn(&cgroup::CgroupParent) -> bool| {
+            run.cgroup.is_some() && self.inner.cgroup.as_ref().is_some_and(on)
+        };
+        launch::LaunchArgs {
+            cgroup: run.cgroup.as_deref(),
+            data_limit: run.memory.filter(|_| !by_cgroup(|c| c.memory)),
+            nproc_limit: run.pids_limit.filter(|_| !by_cgroup(|c| c.pids)),
+            user: Some(self.inner.run_as),
+            env_file: &run.env_file,
+            cwd: &run.launch.cwd,
+            argv: command,
         }
-        if let Some((u, g)) = self.inner.run_as {
-            cmd.arg("--user").arg(format!("{u}:{g}"));
-        }
-        cmd.arg("--").args(command);
-        cmd.env_clear()
-            .envs(launch.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&launch.cwd);
-        cmd
+        .command(&self.inner.shim_exe)
     }
 
     fn usage(&self) -> (u64, u64, u32) {
@@ -641,6 +709,140 @@ impl ProcessProvider {
     }
 }
 
+impl ProcessProvider {
+    fn create_blocking(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        let _fenced = self.check_fence(fence)?;
+        let uid = &spec.pod.uid;
+        if let Some((sb, rec, st)) = self.read(uid)? {
+            return Ok(self.instance_of(&sb, rec, st));
+        }
+        if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
+            return Err(ProviderError::invalid(
+                "InvalidSpec",
+                format!("Pod UID {uid:?}"),
+            ));
+        }
+        let sb = self.sandbox(uid);
+        let launches = self.launches(spec, &sb.root())?;
+        // A directory without instance.json is a create that died half way: start over.
+        if sb.dir.exists() {
+            std::fs::remove_dir_all(&sb.dir).map_err(io_err(&sb.dir))?;
+        }
+        std::fs::create_dir(&sb.dir).map_err(io_err(&sb.dir))?;
+        let built = (|| -> Result<InstanceRecord> {
+            self.materialize(&sb, spec, &launches)?;
+            for l in &launches {
+                sb.ensure_env_file(l).map_err(io_err(&sb.env_file(&l.name)))?;
+            }
+            let shim_spec = ShimSpec {
+                spec: spec.clone(),
+                containers: launches.clone(),
+                run_as: Some(self.inner.run_as),
+                log_max_bytes: self.inner.config.log_max_bytes,
+                launcher: self.inner.shim_exe.clone(),
+                cgroup: self.inner.cgroup.clone(),
+                pids_limit: self.inner.config.pids_limit(),
+            };
+            sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
+            let rec = InstanceRecord {
+                id: format!("proc-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+                owner: spec.pod.clone(),
+                node: spec.node.clone(),
+                epoch: fence.epoch,
+                host: self.inner.host.clone(),
+                created_at: SystemTime::now(),
+                cpu_millis: spec.resources.cpu_millis,
+                memory_bytes: spec.resources.memory_bytes,
+            };
+            // Written last: its presence is what makes the sandbox an instance.
+            sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;
+            Ok(rec)
+        })();
+        let rec = match built {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&sb.dir);
+                return Err(e);
+            }
+        };
+        self.spawn_shim(&sb).map_err(|e| {
+            ProviderError::transient(format!("starting the shim for {}: {e}", spec.pod))
+        })?;
+        let _ = self
+            .inner
+            .events
+            .send(InstanceEvent::Changed { uid: uid.clone() });
+        Ok(self.instance_of(&sb, rec, None))
+    }
+
+    /// Reads the instance, with no side effect: a dead shim's leftovers are
+    /// removed only by a fenced delete.
+    fn get_blocking(&self, uid: &str) -> Result<Option<Instance>> {
+        let Some((sb, rec, st)) = self.read(uid)? else {
+            return Ok(None);
+        };
+        let shim = sb.shim_process();
+        let shim_alive = shim.is_some_and(|p| p.alive());
+        let done = st.as_ref().is_some_and(|s| s.done);
+        let mut inst = self.instance_of(&sb, rec, st);
+        if !shim_alive && shim.is_some() && !done {
+            // The supervisor is gone but never said it finished: nothing runs the Pod any more.
+            inst.phase = InstancePhase::Failed;
+            inst.message = Some("the process supervisor (shim) of this Pod exited unexpectedly; see shim.log in its sandbox".into());
+        }
+        Ok(Some(inst))
+    }
+
+    fn delete_blocking(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        let _fenced = self.check_fence(fence)?;
+        let Some((sb, _, _)) = self.read(uid)? else {
+            return Ok(());
+        };
+        if sb.stop_requested().is_none() {
+            sandbox::write_atomic(&sb.stop(), grace.as_secs().to_string().as_bytes(), 0o644)
+                .map_err(io_err(&sb.stop()))?;
+        }
+        match sb.shim_process() {
+            Some(p) if p.alive() => {
+                p.signal(Signal::TERM);
+                Ok(())
+            }
+            _ => self.remove(&sb),
+        }
+    }
+
+    /// Every instance of `node`. A sandbox whose records cannot be read is left
+    /// out, named on stderr: it affects only its own Pod, whose `get` fails naming
+    /// the file, never the listing (and so orphan collection) of the whole node.
+    fn list_blocking(&self, node: &str) -> Result<Vec<Instance>> {
+        let mut out = Vec::new();
+        let dir = self.pods_dir();
+        for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
+            let uid = e.file_name().to_string_lossy().into_owned();
+            if uid.starts_with('.') {
+                continue;
+            }
+            match self.get_blocking(&uid) {
+                Ok(Some(inst)) if inst.node == node => out.push(inst),
+                Ok(_) => {}
+                Err(e) => eprintln!("process provider: sandbox {uid} left out of the list: {e}"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs filesystem and process work off the async runtime's threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Self) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || work(&this))
+            .await
+            .map_err(|e| ProviderError::transient(format!("process provider task failed: {e}")))?
+    }
+}
+
 /// One sandbox as `vkd process list` shows it: read from the state directory alone,
 /// so it works with the daemon stopped.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -655,8 +857,13 @@ pub struct Listing {
     pub shim_pid: Option<i32>,
     pub shim_alive: bool,
     pub stopping: bool,
-    /// `(container, pid)` of every running container process.
+    /// `(container, pid)` of every running container process, then
+    /// `("other", pid)` for each other live process below the shim: children,
+    /// and what detached from its container (re-parented to the shim).
     pub processes: Vec<(String, i32)>,
+    /// Why this sandbox's records could not be read (the file is named).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Every instance in the state directory `dir` (the provider's own, `<state>/process`).
@@ -667,12 +874,36 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
             continue;
         }
         let sb = Sandbox::new(e.path());
-        let Some(rec) = sb.read_instance()? else {
-            continue;
+        let unreadable = |path: PathBuf, err: std::io::Error| Listing {
+            instance: "?".into(),
+            pod_uid: e.file_name().to_string_lossy().into_owned(),
+            namespace: "?".into(),
+            name: "?".into(),
+            node: "?".into(),
+            epoch: 0,
+            shim_pid: None,
+            shim_alive: false,
+            stopping: false,
+            processes: Vec::new(),
+            error: Some(format!("{}: {err}", path.display())),
+        };
+        let rec = match sb.read_instance() {
+            Ok(Some(rec)) => rec,
+            Ok(None) => continue,
+            Err(err) => {
+                out.push(unreadable(sb.instance(), err));
+                continue;
+            }
+        };
+        let status = match sb.read_status() {
+            Ok(st) => st,
+            Err(err) => {
+                out.push(unreadable(sb.status(), err));
+                continue;
+            }
         };
         let shim = sb.shim_process();
-        let processes = sb
-            .read_status()?
+        let mut processes: Vec<(String, i32)> = status
             .map(|st| {
                 st.init
                     .iter()
@@ -684,6 +915,14 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
                     .collect()
             })
             .unwrap_or_default();
+        if let Some(s) = shim.filter(|p| p.alive()) {
+            for pid in procfs::descendants(s.pid) {
+                let launcher_or_known = processes.iter().any(|(_, p)| *p == pid);
+                if !launcher_or_known && procfs::stat(pid).is_some_and(|st| st.state != 'Z') {
+                    processes.push(("other".into(), pid));
+                }
+            }
+        }
         out.push(Listing {
             instance: rec.id,
             pod_uid: rec.owner.uid,
@@ -695,10 +934,33 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
             shim_alive: shim.is_some_and(|p| p.alive()),
             stopping: sb.stop_requested().is_some(),
             processes,
+            error: None,
         });
     }
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(out)
+}
+
+/// Starts `cmd` and leaves its reaping to the runtime's SIGCHLD handling (a
+/// dropped tokio child is reaped in the background), so no thread waits per Pod.
+/// Without a runtime (a provider opened outside one) a waiter thread does it.
+/// After a restart of vkd, init reaps the shims it started earlier.
+fn spawn_reaped(cmd: std::process::Command) -> std::io::Result<u32> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        let child = tokio::process::Command::from(cmd)
+            .kill_on_drop(false)
+            .spawn()?;
+        return child
+            .id()
+            .ok_or_else(|| std::io::Error::other("the shim exited before it was seen"));
+    }
+    let mut cmd = cmd;
+    let mut child = cmd.spawn()?;
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
 }
 
 fn expand_own(text: &str, vars: &[(String, String)]) -> String {
@@ -743,6 +1005,16 @@ fn watch(inner: std::sync::Weak<Inner>) {
                     .and_then(|m| m.modified())
                     .ok();
                 let alive = sb.shim_process().is_some_and(|p| p.alive());
+                if !alive && sb.stop_requested().is_some() {
+                    // Finishes a delete: the stop file is written only under a valid fence.
+                    let provider = ProcessProvider {
+                        inner: Arc::clone(&inner),
+                    };
+                    if let Err(e) = provider.remove(&sb) {
+                        eprintln!("process provider: removing sandbox {uid}: {e}");
+                    }
+                    continue;
+                }
                 now_seen.insert(uid, (mtime, alive));
             }
         }
@@ -794,7 +1066,7 @@ impl Provider for ProcessProvider {
 
     async fn capacity(&self) -> Result<Capacity> {
         let (cpu_total, mem_total) = self.totals();
-        let (cpu, mem, n) = self.usage();
+        let (cpu, mem, n) = self.blocking(|p| Ok(p.usage())).await?;
         Ok(Capacity {
             hosts: vec![HostSlice {
                 name: self.inner.host.clone(),
@@ -841,7 +1113,7 @@ impl Provider for ProcessProvider {
                 ),
             });
         }
-        let (cpu, mem, n) = self.usage();
+        let (cpu, mem, n) = self.blocking(|p| Ok(p.usage())).await?;
         if n >= self.inner.config.max_pods {
             return Ok(Admission::Queued {
                 reason: format!("host {} runs its maximum of {n} Pods", self.inner.host),
@@ -868,126 +1140,25 @@ impl Provider for ProcessProvider {
     }
 
     async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
-        let _fenced = self.check_fence(fence)?;
-        let uid = &spec.pod.uid;
-        if let Some((sb, rec, st)) = self.read(uid)? {
-            return Ok(self.instance_of(&sb, rec, st));
-        }
-        if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
-            return Err(ProviderError::invalid(
-                "InvalidSpec",
-                format!("Pod UID {uid:?}"),
-            ));
-        }
-        let sb = self.sandbox(uid);
-        let launches = self.launches(spec, &sb.root())?;
-        // A directory without instance.json is a create that died half way: start over.
-        if sb.dir.exists() {
-            std::fs::remove_dir_all(&sb.dir).map_err(io_err(&sb.dir))?;
-        }
-        std::fs::create_dir(&sb.dir).map_err(io_err(&sb.dir))?;
-        let built = (|| -> Result<InstanceRecord> {
-            self.materialize(&sb, spec, &launches)?;
-            let shim_spec = ShimSpec {
-                spec: spec.clone(),
-                containers: launches.clone(),
-                run_as: self.inner.run_as,
-                log_max_bytes: self.inner.config.log_max_bytes,
-                launcher: self.inner.shim_exe.clone(),
-                cgroup_parent: self.inner.cgroup_parent.clone(),
-            };
-            sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
-            let rec = InstanceRecord {
-                id: format!("proc-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
-                owner: spec.pod.clone(),
-                node: spec.node.clone(),
-                epoch: fence.epoch,
-                host: self.inner.host.clone(),
-                created_at: SystemTime::now(),
-                cpu_millis: spec.resources.cpu_millis,
-                memory_bytes: spec.resources.memory_bytes,
-            };
-            // Written last: its presence is what makes the sandbox an instance.
-            sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;
-            Ok(rec)
-        })();
-        let rec = match built {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&sb.dir);
-                return Err(e);
-            }
-        };
-        self.spawn_shim(&sb).map_err(|e| {
-            ProviderError::transient(format!("starting the shim for {}: {e}", spec.pod))
-        })?;
-        let _ = self
-            .inner
-            .events
-            .send(InstanceEvent::Changed { uid: uid.clone() });
-        Ok(self.instance_of(&sb, rec, None))
+        let (fence, spec) = (fence.clone(), spec.clone());
+        self.blocking(move |p| p.create_blocking(&fence, &spec))
+            .await
     }
 
     async fn get(&self, uid: &str) -> Result<Option<Instance>> {
-        let Some((sb, rec, st)) = self.read(uid)? else {
-            return Ok(None);
-        };
-        let shim = sb.shim_process();
-        let shim_alive = shim.is_some_and(|p| p.alive());
-        let stopping = sb.stop_requested().is_some();
-        if stopping && !shim_alive {
-            self.remove(&sb)?;
-            return Ok(None);
-        }
-        let mut inst = self.instance_of(&sb, rec, st.clone());
-        if !shim_alive && shim.is_some() && !st.as_ref().is_some_and(|s| s.done) {
-            // The supervisor is gone but never said it finished: nothing runs the Pod any more.
-            if let Some(st) = &st {
-                for c in st.init.iter().chain(&st.containers) {
-                    if let Some(p) = c.process {
-                        p.signal_group(Signal::KILL);
-                    }
-                }
-            }
-            inst.phase = InstancePhase::Failed;
-            inst.message = Some("the process supervisor (shim) of this Pod exited unexpectedly; see shim.log in its sandbox".into());
-        }
-        Ok(Some(inst))
+        let uid = uid.to_owned();
+        self.blocking(move |p| p.get_blocking(&uid)).await
     }
 
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
-        let _fenced = self.check_fence(fence)?;
-        let Some((sb, _, _)) = self.read(uid)? else {
-            return Ok(());
-        };
-        if sb.stop_requested().is_none() {
-            sandbox::write_atomic(&sb.stop(), grace.as_secs().to_string().as_bytes(), 0o644)
-                .map_err(io_err(&sb.stop()))?;
-        }
-        match sb.shim_process() {
-            Some(p) if p.alive() => {
-                p.signal(Signal::TERM);
-                Ok(())
-            }
-            _ => self.remove(&sb),
-        }
+        let (fence, uid) = (fence.clone(), uid.to_owned());
+        self.blocking(move |p| p.delete_blocking(&fence, &uid, grace))
+            .await
     }
 
     async fn list(&self, node: &str) -> Result<Vec<Instance>> {
-        let mut out = Vec::new();
-        let dir = self.pods_dir();
-        for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
-            let uid = e.file_name().to_string_lossy().into_owned();
-            if uid.starts_with('.') {
-                continue;
-            }
-            if let Some(inst) = self.get(&uid).await?
-                && inst.node == node
-            {
-                out.push(inst);
-            }
-        }
-        Ok(out)
+        let node = node.to_owned();
+        self.blocking(move |p| p.list_blocking(&node)).await
     }
 
     fn events(&self) -> BoxStream<'static, InstanceEvent> {
@@ -1105,8 +1276,8 @@ impl Provider for ProcessProvider {
                 "exec needs a command",
             ));
         }
-        let (launch, cgroup) = self.running_process(uid, container)?;
-        let std_cmd = self.exec_command(&launch, cgroup.as_deref(), &command);
+        let run = self.running_process(uid, container)?;
+        let std_cmd = self.exec_command(&run, &command);
         if io.tty {
             return exec_tty(std_cmd, io).await;
         }

@@ -5,6 +5,7 @@
 //! <state>/pods/<uid>/
 //!   instance.json   who owns it, epoch, id, when        written once by the provider
 //!   spec.json       what to run (0600: it holds Secret values)
+//!   env/<container>.json  the container's environment, for the launcher (0600)
 //!   shim.pid        "<pid> <start ticks>" of the shim   written by the shim
 //!   status.json     container states                    rewritten by the shim
 //!   stop            grace seconds, when deletion began  written by the provider
@@ -47,8 +48,12 @@ pub struct ShimSpec {
     pub log_max_bytes: u64,
     /// The program that re-executes as `process-launch` (the vkd binary).
     pub launcher: PathBuf,
-    /// A cgroup v2 directory the shim may create children in, when there is one.
-    pub cgroup_parent: Option<PathBuf>,
+    /// Where the shim makes the Pod's cgroup, when there is a cgroup v2 hierarchy.
+    #[serde(default)]
+    pub cgroup: Option<crate::cgroup::CgroupParent>,
+    /// The most processes the Pod may have (`podPidsLimit`).
+    #[serde(default)]
+    pub pids_limit: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -112,6 +117,25 @@ impl Sandbox {
     pub fn volumes(&self) -> PathBuf {
         self.dir.join("volumes")
     }
+    /// The container's environment, read by the launcher (never by a process of the Pod).
+    pub fn env_file(&self, container: &str) -> PathBuf {
+        self.dir.join("env").join(format!("{container}.json"))
+    }
+
+    /// Writes the environment file of `launch` unless it is there already
+    /// (sandboxes made before the launcher took its environment from a file).
+    pub fn ensure_env_file(&self, launch: &Launch) -> std::io::Result<PathBuf> {
+        let path = self.env_file(&launch.name);
+        if !path.exists() {
+            let dir = self.dir.join("env");
+            std::fs::create_dir_all(&dir)?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            write_json(&path, &launch.env, 0o600)?;
+        }
+        Ok(path)
+    }
+
     pub fn logs(&self, container: &str) -> PathBuf {
         self.dir.join("logs").join(container)
     }

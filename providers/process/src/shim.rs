@@ -6,6 +6,12 @@
 //! kubelet's back-off, runs probes and hooks, writes each container's log, and
 //! records everything in `status.json`. SIGTERM asks it to stop the Pod with the
 //! grace period written in `stop`; it exits once every process it started is gone.
+//!
+//! Every process a Pod starts ends with it: the shim is a child subreaper, so a
+//! process that detaches (setsid, a double fork) is re-parented to the shim and
+//! not to init; the shim reaps those orphans as they exit and kills the rest when
+//! the Pod ends. Where there is cgroup v2 the Pod's cgroup ends them all, `kubectl
+//! exec` sessions included.
 
 use std::path::Path;
 use std::process::ExitStatus;
@@ -62,6 +68,20 @@ struct Shim {
     status: Mutex<StatusFile>,
     stop: watch::Receiver<bool>,
     stop_tx: watch::Sender<bool>,
+    /// The Pod's cgroup, when there is a cgroup v2 hierarchy.
+    pod_cgroup: Option<std::path::PathBuf>,
+    /// PIDs the shim started itself and waits for; any other child is an orphan
+    /// re-parented here, which the shim reaps.
+    own: Mutex<std::collections::HashSet<i32>>,
+}
+
+/// The longest wait the shim schedules: a Pod's own number (a grace period of
+/// i64::MAX seconds) must not overflow the clock.
+const LONGEST_WAIT: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// `Instant::now() + d`, never overflowing.
+fn after(d: Duration) -> Instant {
+    Instant::now() + d.min(LONGEST_WAIT)
 }
 
 fn waiting(reason: &str, message: Option<String>) -> ContainerState {
@@ -138,13 +158,88 @@ impl Shim {
         };
         write_json(&sandbox.status(), &status, 0o644)?;
         let (stop_tx, stop) = watch::channel(false);
+        // Orphans of the Pod come to the shim, not to init, so none outlives it.
+        rustix::process::set_child_subreaper(rustix::process::Pid::from_raw(me.pid))
+            .map_err(|e| std::io::Error::other(format!("becoming a child subreaper: {e}")))?;
+        let pod_cgroup = match &spec.cgroup {
+            Some(parent) => Some(
+                crate::cgroup::create_pod(parent, &spec.spec.pod.uid, spec.pids_limit)
+                    .map_err(|e| std::io::Error::other(format!("the Pod's cgroup: {e}")))?,
+            ),
+            None => None,
+        };
         Ok(Self {
             sandbox,
             spec,
             status: Mutex::new(status),
             stop,
             stop_tx,
+            pod_cgroup,
+            own: Mutex::default(),
         })
+    }
+
+    /// Starts a process of the Pod and remembers it as the shim's own.
+    fn spawn(&self, cmd: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+        // The runtime is single-threaded: no reap runs between the spawn and the insert.
+        let child = cmd.spawn()?;
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            lock(&self.own).insert(pid);
+        }
+        Ok(child)
+    }
+
+    fn forget(&self, child: Option<u32>) {
+        if let Some(pid) = child.and_then(|p| i32::try_from(p).ok()) {
+            lock(&self.own).remove(&pid);
+        }
+    }
+
+    /// Reaps orphans that exited; with `kill`, kills every child that is not the
+    /// shim's own first. Returns how many children other than its own remain.
+    fn reap_orphans(&self, kill: bool) -> usize {
+        let own = lock(&self.own).clone();
+        let mut left = 0;
+        for pid in crate::procfs::children(std::process::id() as i32) {
+            if own.contains(&pid) {
+                continue;
+            }
+            let Some(p) = rustix::process::Pid::from_raw(pid) else {
+                continue;
+            };
+            // A child's PID is not reused until it is reaped, so signalling it is safe.
+            if kill {
+                let _ = rustix::process::kill_process(p, Signal::KILL);
+            }
+            match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
+                Ok(Some(_)) => {}
+                _ => left += 1,
+            }
+        }
+        left
+    }
+
+    /// The Pod is over: every process it left, wherever it went, is killed.
+    async fn end_all(&self) {
+        if let Some(cg) = &self.pod_cgroup {
+            crate::cgroup::kill(cg);
+        }
+        // Killing a process re-parents its children here; repeat until none is left.
+        for _ in 0..250 {
+            if self.reap_orphans(true) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Some(cg) = self.pod_cgroup.clone() {
+            let removed = tokio::task::spawn_blocking(move || {
+                crate::cgroup::remove(&cg, Duration::from_secs(5))
+            })
+            .await;
+            if !matches!(removed, Ok(true)) {
+                self.note("the Pod's cgroup could not be removed");
+            }
+        }
     }
 
     fn update(&self, f: impl FnOnce(&mut StatusFile)) {
@@ -166,6 +261,7 @@ impl Shim {
         self.sandbox
             .stop_requested()
             .map_or(self.spec.spec.termination_grace, Duration::from_secs)
+            .min(LONGEST_WAIT)
     }
 
     async fn run(self: Arc<Self>) {
@@ -195,6 +291,24 @@ impl Shim {
         if self.sandbox.stop_requested().is_some() {
             let _ = self.stop_tx.send(true);
         }
+        let reaper = {
+            let this = Arc::clone(&self);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    this.reap_orphans(false);
+                }
+            })
+        };
+        Arc::clone(&self).run_pod().await;
+        reaper.abort();
+        self.end_all().await;
+        self.update(|s| s.done = true);
+    }
+
+    /// Init containers, then the containers, until the Pod is over.
+    async fn run_pod(self: Arc<Self>) {
         let n_init = self.spec.spec.init_containers.len();
         for i in 0..n_init {
             if !Arc::clone(&self).run_container(i, true).await {
@@ -202,7 +316,6 @@ impl Shim {
                 self.update(|s| {
                     s.phase = InstancePhase::Failed;
                     s.message = Some(format!("init container {name} failed"));
-                    s.done = true;
                 });
                 return;
             }
@@ -227,7 +340,6 @@ impl Shim {
             } else {
                 InstancePhase::Failed
             };
-            s.done = true;
         });
     }
 
@@ -349,46 +461,57 @@ impl Shim {
         }
     }
 
+    /// The container's group inside the Pod's, made with the limits the
+    /// controllers enforce.
     fn cgroup(&self, spec: &ContainerSpec) -> Option<std::path::PathBuf> {
-        let parent = self.spec.cgroup_parent.as_ref()?;
-        let dir = parent.join(format!("{}-{}", self.spec.spec.pod.uid, spec.name));
-        std::fs::create_dir_all(&dir).ok()?;
-        if let Some(m) = spec.limits.memory_bytes {
+        let dir = self.pod_cgroup.as_ref()?.join(&spec.name);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            self.note(&format!("creating the cgroup of {}: {e}", spec.name));
+            return None;
+        }
+        let on = self.spec.cgroup.clone().unwrap_or_default();
+        if let (true, Some(m)) = (on.memory, spec.limits.memory_bytes) {
             let _ = std::fs::write(dir.join("memory.max"), m.to_string());
             let _ = std::fs::write(dir.join("memory.swap.max"), "0");
         }
-        if let Some(c) = spec.limits.cpu_millis {
-            let _ = std::fs::write(dir.join("cpu.max"), format!("{} 100000", c.max(1) * 100));
+        if let (true, Some(c)) = (on.cpu, spec.limits.cpu_millis) {
+            let quota = c.max(1).saturating_mul(100);
+            let _ = std::fs::write(dir.join("cpu.max"), format!("{quota} 100000"));
         }
         Some(dir)
     }
 
+    /// The launcher for `argv` in `launch`'s container: as the run-as user, in the
+    /// container's cgroup, with the limits the cgroup does not enforce as rlimits.
     fn command(
         &self,
         launch: &Launch,
         argv: &[String],
         spec: &ContainerSpec,
         cgroup: Option<&Path>,
-    ) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(&self.spec.launcher);
-        cmd.arg("process-launch");
-        if let (Some(m), None) = (spec.limits.memory_bytes, cgroup) {
-            cmd.arg("--rlimit-data").arg(m.to_string());
-        }
-        if let Some(cg) = cgroup {
-            cmd.arg("--cgroup").arg(cg);
-        }
-        if let Some((uid, gid)) = self.spec.run_as {
-            cmd.arg("--user").arg(format!("{uid}:{gid}"));
-        }
-        cmd.arg("--").args(argv);
-        cmd.env_clear()
-            .envs(launch.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&launch.cwd)
-            .process_group(0)
+    ) -> std::io::Result<tokio::process::Command> {
+        let env_file = self.sandbox.ensure_env_file(launch)?;
+        let on = self.spec.cgroup.clone().unwrap_or_default();
+        let args = crate::launch::LaunchArgs {
+            cgroup,
+            data_limit: spec
+                .limits
+                .memory_bytes
+                .filter(|_| !(cgroup.is_some() && on.memory)),
+            nproc_limit: self
+                .spec
+                .pids_limit
+                .filter(|_| !(cgroup.is_some() && on.pids)),
+            user: self.spec.run_as,
+            env_file: &env_file,
+            cwd: &launch.cwd,
+            argv,
+        };
+        let mut cmd = tokio::process::Command::from(args.command(&self.spec.launcher));
+        cmd.process_group(0)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false);
-        cmd
+        Ok(cmd)
     }
 
     /// One run: start, log, hooks, probes, until the process exits.
@@ -411,21 +534,37 @@ impl Shim {
                 );
             }
         };
+        if !launch.cwd.is_dir() {
+            return (
+                Ended::StartFailed(format!(
+                    "workingDir {} is not a directory in the Pod's root",
+                    launch.cwd.display()
+                )),
+                false,
+                None,
+            );
+        }
         let cgroup = self.cgroup(spec);
         let oom_before = cgroup.as_deref().map_or(0, oom_kills);
-        let mut cmd = self.command(launch, &launch.argv, spec, cgroup.as_deref());
-        cmd.stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = match cmd.spawn() {
+        let program = launch.argv.first().map_or("", String::as_str);
+        let spawned = self
+            .command(launch, &launch.argv, spec, cgroup.as_deref())
+            .and_then(|mut cmd| {
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                self.spawn(&mut cmd)
+            });
+        let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 return (
-                    Ended::StartFailed(format!("starting {:?}: {e}", launch.argv.first())),
+                    Ended::StartFailed(format!("starting {program}: {e}")),
                     false,
                     None,
                 );
             }
         };
+        let child_pid = child.id();
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         let process = ProcessId::of(pid);
         let started_at = SystemTime::now();
@@ -500,10 +639,18 @@ impl Shim {
                 }
             }
         };
+        self.forget(child_pid);
         // Whatever the container left in its group goes with it, as with a container's cgroup.
         if let Some(pid) = group.and_then(|g| rustix::process::Pid::from_raw(g.pid)) {
             let _ = rustix::process::kill_process_group(pid, Signal::KILL);
         }
+        if let Some(cg) = &cgroup {
+            crate::cgroup::kill(cg);
+        }
+        // What the run left re-parented here is reaped before a restart counts
+        // its processes against the Pod's limit again.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.reap_orphans(false);
         for p in pumps {
             let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
         }
@@ -532,7 +679,7 @@ impl Shim {
         spec: &ContainerSpec,
     ) -> Instant {
         let grace = self.grace();
-        let deadline = Instant::now() + grace;
+        let deadline = after(grace);
         if let Some(h) = pre_stop {
             let _ = tokio::time::timeout(grace, self.handle(h, launch, spec, grace)).await;
         }
@@ -546,7 +693,7 @@ impl Shim {
         } else {
             Duration::ZERO
         };
-        deadline.max(Instant::now() + floor)
+        deadline.max(after(floor))
     }
 
     /// What the kubelet would send as an Event goes to the shim's own log (`shim.log`).
@@ -567,15 +714,24 @@ impl Shim {
     ) -> bool {
         match h {
             Handler::Exec { command } => {
-                let mut cmd = self.command(launch, command, spec, None);
+                // Hooks and probes run in the container's cgroup, as its processes do.
+                let cgroup = self
+                    .pod_cgroup
+                    .as_ref()
+                    .map(|p| p.join(&spec.name))
+                    .filter(|d| d.is_dir());
+                let Ok(mut cmd) = self.command(launch, command, spec, cgroup.as_deref()) else {
+                    return false;
+                };
                 cmd.stdout(std::process::Stdio::null())
                     .stderr(std::process::Stdio::null())
                     .kill_on_drop(true);
-                let Ok(mut child) = cmd.spawn() else {
+                let Ok(mut child) = self.spawn(&mut cmd) else {
                     return false;
                 };
-                let pid = child.id().and_then(|p| i32::try_from(p).ok());
-                match tokio::time::timeout(timeout, child.wait()).await {
+                let own = child.id();
+                let pid = own.and_then(|p| i32::try_from(p).ok());
+                let ok = match tokio::time::timeout(timeout, child.wait()).await {
                     Ok(Ok(st)) => st.success(),
                     _ => {
                         if let Some(p) = pid.and_then(rustix::process::Pid::from_raw) {
@@ -583,7 +739,10 @@ impl Shim {
                         }
                         false
                     }
-                }
+                };
+                // Waited for, or killed and left to the runtime (or the orphan reaper).
+                self.forget(own);
+                ok
             }
             Handler::HttpGet {
                 host,
@@ -613,6 +772,10 @@ impl Shim {
 
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The exit code the kubelet reports: the program's, or 128 + the signal that killed it.
@@ -715,7 +878,7 @@ impl ProbeState {
 
     /// Records a result; `Some(passing)` when the probe's verdict changed or holds.
     fn record(&mut self, ok: bool) -> Option<bool> {
-        self.next = Instant::now() + self.probe.period;
+        self.next = after(self.probe.period);
         if ok {
             self.failures = 0;
             self.successes += 1;

@@ -452,3 +452,278 @@ async fn port_forward_reaches_the_process_and_stats_read_proc() {
     remove(&p, "u-pf").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// PIDs of live processes whose command line starts with `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')));
+        if cmd.starts_with(marker) && !zombie {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn owner_uid(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().uid()
+}
+
+/// The Pod's environment reaches only its own program, as its own user: glibc's
+/// LD_DEBUG_OUTPUT in the Pod's env must not make a root process write a file.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pods_environment_never_reaches_a_root_process() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to tell the launcher from the Pod's user");
+        return;
+    }
+    let (p, dir) = provider();
+    let out = dir.join("ld-debug");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut s = spec("u-ldenv", &["sh", "-c", "echo env=$GREETING; sleep 60"]);
+    s.containers[0].env = vec![
+        ("GREETING".into(), "hi".into()),
+        ("LD_DEBUG".into(), "libs".into()),
+        ("LD_DEBUG_OUTPUT".into(), out.join("dbg").display().to_string()),
+    ];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-ldenv").await;
+    let (w, _r) = tokio::io::duplex(1 << 16);
+    p.exec("u-ldenv", "main", vec!["true".into()], stream_io(w, false))
+        .await
+        .unwrap();
+    let logs = wait_for("the greeting", async || {
+        let l = p
+            .logs("u-ldenv", "main", LogRequest::default())
+            .await
+            .unwrap();
+        let text: String = l
+            .history
+            .iter()
+            .map(|l| String::from_utf8_lossy(&l.bytes).into_owned())
+            .collect();
+        text.contains("env=hi").then_some(text)
+    })
+    .await;
+    assert!(logs.contains("env=hi"), "{logs}");
+    let by_root: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .filter(|e| owner_uid(&e.path()) == 0)
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        by_root.is_empty(),
+        "a root process honoured the Pod's LD_DEBUG_OUTPUT: {by_root:?}"
+    );
+    remove(&p, "u-ldenv").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// What a container detaches (setsid, then the shell that started it exits)
+/// ends with the Pod, and `vkd process list` shows it while it runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn detached_processes_end_with_the_pod() {
+    let (p, dir) = provider();
+    let s = spec(
+        "u-setsid",
+        &["sh", "-c", "setsid sh -c 'exec sleep 7777.25' & sleep 3600"],
+    );
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-setsid").await;
+    let pids = wait_for("the detached sleep", async || {
+        let pids = processes_with("sleep 7777.25");
+        (!pids.is_empty()).then_some(pids)
+    })
+    .await;
+    let listed = vkd_process::read_listings(&dir).unwrap();
+    let row = listed.iter().find(|l| l.pod_uid == "u-setsid").unwrap();
+    assert!(
+        row.processes.iter().any(|(_, pid)| pids.contains(pid)),
+        "vkd process list misses the detached process {pids:?}: {:?}",
+        row.processes
+    );
+    remove(&p, "u-setsid").await;
+    wait_for("the detached sleep to end", async || {
+        processes_with("sleep 7777.25").is_empty().then_some(())
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// podPidsLimit bounds how many processes a Pod can start.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_cannot_start_more_processes_than_its_limit() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: RLIMIT_NPROC does not bind root, and only root runs Pods");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("vkd-process-{}", uuid::Uuid::new_v4().simple()));
+    let config = ProcessConfig {
+        images: vec![config::ImageMap {
+            pattern: "busybox*".into(),
+            path: None,
+            entrypoint: vec![],
+        }],
+        cgroup_parent: "none".into(),
+        // Also counts what other tests run as the same user at the same moment.
+        pod_pids_limit: 40,
+        // A user of its own, so other tests' processes do not count.
+        run_as_user: Some(64_001),
+        ..Default::default()
+    };
+    let p = ProcessProvider::open(config, &dir, shim_exe()).unwrap();
+    let s = spec(
+        "u-pids",
+        &[
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 100 ]; do sleep 6001.5 & echo started $i; i=$((i+1)); done; sleep 3600",
+        ],
+    );
+    // One run only: a restart would log afresh.
+    let mut s = s;
+    s.restart_policy = RestartPolicy::Never;
+    p.create(&fence(), &s).await.unwrap();
+    // The shell stops at the first fork the limit refuses; without a limit it starts all 100.
+    let text = wait_for("the shell to stop or finish forking", async || {
+        let l = p.logs("u-pids", "main", LogRequest::default()).await.ok()?;
+        let text: String = l
+            .history
+            .iter()
+            .map(|l| String::from_utf8_lossy(&l.bytes).into_owned())
+            .collect();
+        (text.contains("fork") || text.contains("started 99")).then_some(text)
+    })
+    .await;
+    let started = text.lines().filter(|l| l.contains("started ")).count();
+    assert!(
+        (1..40).contains(&started),
+        "{started} processes started under a limit of 40:\n{text}"
+    );
+    remove(&p, "u-pids").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_working_dir_outside_the_pod_is_refused() {
+    let (p, dir) = provider();
+    let mut s = spec("u-wd", &["sleep", "1"]);
+    s.containers[0].working_dir = Some("/../../../../etc".into());
+    let a = p.admit(&s).await.unwrap();
+    assert!(
+        matches!(&a, Admission::Rejected { reason, message } if reason == "InvalidSpec" && message.contains("workingDir")),
+        "{a:?}"
+    );
+    assert!(p.create(&fence(), &s).await.is_err());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// terminationGracePeriodSeconds of i64::MAX with a failing liveness probe: the
+/// shim restarts the container (after SIGKILL at the clamped deadline it never
+/// reaches, the process ends on its own here) and never panics.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_grace_period_does_not_panic_the_shim() {
+    let (p, dir) = provider();
+    let mut s = spec("u-grace", &["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]);
+    s.termination_grace = Duration::from_secs(i64::MAX as u64);
+    s.containers[0].liveness_probe = Some(Box::new(vkd_provider::Probe {
+        handler: vkd_provider::Handler::Exec {
+            command: vec!["false".into()],
+        },
+        initial_delay: Duration::ZERO,
+        period: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
+        success_threshold: 1,
+        failure_threshold: 1,
+    }));
+    p.create(&fence(), &s).await.unwrap();
+    wait_for("a restart after the liveness failure", async || {
+        let i = p.get("u-grace").await.unwrap()?;
+        assert_ne!(i.phase, InstancePhase::Failed, "{:?}", i.message);
+        (i.containers.first()?.restart_count >= 1).then_some(())
+    })
+    .await;
+    remove(&p, "u-grace").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// One unreadable record affects its own Pod only, with the file named.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncated_record_affects_only_its_own_pod() {
+    let (p, dir) = provider();
+    p.create(&fence(), &spec("u-ok", &["sleep", "60"])).await.unwrap();
+    p.create(&fence(), &spec("u-torn", &["sleep", "60"])).await.unwrap();
+    running(&p, "u-ok").await;
+    running(&p, "u-torn").await;
+    let record = dir.join("pods/u-torn/instance.json");
+    let text = std::fs::read(&record).unwrap();
+    std::fs::write(&record, &text[..text.len() / 2]).unwrap();
+    let listed = p.list("node-p").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|i| i.owner.uid.as_str()).collect::<Vec<_>>(),
+        ["u-ok"]
+    );
+    let err = p.get("u-torn").await.unwrap_err().to_string();
+    assert!(err.contains("instance.json"), "{err}");
+    let rows = vkd_process::read_listings(&dir).unwrap();
+    let torn = rows.iter().find(|r| r.pod_uid == "u-torn").unwrap();
+    assert!(
+        torn.error.as_deref().is_some_and(|e| e.contains("instance.json")),
+        "{torn:?}"
+    );
+    remove(&p, "u-ok").await;
+    // Repaired by hand, the Pod can be deleted as any other.
+    std::fs::write(&record, &text).unwrap();
+    remove(&p, "u-torn").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Reads have no side effects: a Pod whose shim died is reported Failed by
+/// `get`, and nothing it recorded is signalled until a fenced delete.
+#[tokio::test(flavor = "multi_thread")]
+async fn get_never_kills_or_removes() {
+    use std::os::unix::process::CommandExt;
+    let (p, dir) = provider();
+    p.create(&fence(), &spec("u-read", &["sleep", "60"])).await.unwrap();
+    running(&p, "u-read").await;
+    let rows = vkd_process::read_listings(&dir).unwrap();
+    let row = rows.iter().find(|r| r.pod_uid == "u-read").unwrap();
+    let shim = rustix::process::Pid::from_raw(row.shim_pid.unwrap()).unwrap();
+    let container = rustix::process::Pid::from_raw(row.processes[0].1).unwrap();
+    rustix::process::kill_process(shim, rustix::process::Signal::KILL).unwrap();
+    // The real container is this test's to end; the recorded container process is now one of this test's own, in a group of its own.
+    let mut own = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let id = vkd_process::procfs::ProcessId::of(own.id() as i32).unwrap();
+    let status_path = dir.join("pods/u-read/status.json");
+    let mut status: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&status_path).unwrap()).unwrap();
+    status["containers"][0]["process"] = serde_json::to_value(id).unwrap();
+    std::fs::write(&status_path, serde_json::to_vec(&status).unwrap()).unwrap();
+    let i = wait_for("the Pod failed", async || {
+        let i = p.get("u-read").await.unwrap()?;
+        (i.phase == InstancePhase::Failed).then_some(i)
+    })
+    .await;
+    assert!(i.message.unwrap().contains("shim"));
+    assert!(p.list("node-p").await.unwrap().len() == 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = own.try_wait().unwrap();
+    assert!(early.is_none(), "a read killed a recorded process: {early:?}");
+    assert!(dir.join("pods/u-read").exists());
+    remove(&p, "u-read").await;
+    assert!(own.wait().unwrap().code().is_none(), "the delete kills it");
+    let _ = rustix::process::kill_process(container, rustix::process::Signal::KILL);
+    let _ = std::fs::remove_dir_all(dir);
+}
