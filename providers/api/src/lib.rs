@@ -60,6 +60,7 @@ spare!(std::collections::HashSet<K, S>, K: std::hash::Hash + Eq, S: std::hash::B
 spare!(std::collections::VecDeque<T>, T);
 
 pub mod conformance;
+pub mod duration;
 pub mod fence;
 pub mod quantity;
 pub mod topology;
@@ -688,26 +689,11 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 }
 
-/// Reads an annotation-style duration: "250us", "500ms", "3s", "2m", "1h" or plain seconds.
+/// Reads an annotation-style duration: "250us", "500ms", "3s", "2m", "1h" or
+/// plain seconds, at most [`duration::MAX_DURATION`] (365 days) so that adding
+/// it to a clock cannot overflow; [`duration::parse`] says what is wrong.
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (num, unit) = text.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    if !value.is_finite() || value < 0.0 {
-        return None;
-    }
-    let secs = match unit {
-        "us" => value / 1_000_000.0,
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return None,
-    };
-    Duration::try_from_secs_f64(secs).ok()
+    duration::parse(text).ok()
 }
 
 #[cfg(test)]
@@ -724,6 +710,20 @@ mod tests {
         assert_eq!(parse_duration("-1s"), None);
         assert_eq!(parse_duration("3 days"), None);
         assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        // Past the bound a duration would overflow the clock it is added to.
+        assert_eq!(parse_duration("18000000000000000000"), None);
+        assert_eq!(parse_duration("9000000000000000h"), None);
+        assert_eq!(parse_duration("8761h"), None);
+        assert_eq!(
+            parse_duration("8760h"),
+            Some(Duration::from_secs(365 * 86_400))
+        );
+        assert_eq!(parse_duration("0.000001s"), Some(Duration::from_micros(1)));
+        assert_eq!(parse_duration("1.2.3s"), None);
     }
 
     #[test]

@@ -11,13 +11,17 @@
 //! | `sim.vkd.io/crash-after` | fault injection: the first run dies with 137 after this long | none |
 //! | `sim.vkd.io/stop-delay` | how long the instance takes to stop after SIGTERM (capped by the grace period) | `0s` |
 //!
+//! Durations are at most 365 days. Times are computed with checked arithmetic:
+//! a moment past what the clock can represent (from a record written before
+//! the bound, say) is "never", not a panic.
+//!
 //! Restarts follow the Pod's restartPolicy with the kubelet's CrashLoopBackOff:
 //! 10 s, doubling, capped at 5 minutes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use vkd_provider::{ContainerState, InstancePhase, RestartPolicy, Terminated, parse_duration};
+use vkd_provider::{ContainerState, InstancePhase, RestartPolicy, Terminated, duration};
 
 use crate::fleet::Latency;
 
@@ -47,10 +51,10 @@ pub struct Behaviour {
 
 /// Reads the behaviour annotations; an error names the annotation and what is wrong.
 pub fn from_annotations(a: &BTreeMap<String, String>) -> Result<Behaviour, String> {
+    // Bounded (365 days), so adding one to a clock cannot overflow it.
     let dur = |key: &str, default: Duration| -> Result<Duration, String> {
         a.get(key).map_or(Ok(default), |v| {
-            parse_duration(v)
-                .ok_or_else(|| format!("annotation {key}={v:?} is not a duration like 2s"))
+            duration::parse(v).map_err(|e| format!("annotation {key}: {e}"))
         })
     };
     let (kind, default_code) = match a.get(BEHAVIOR).map(String::as_str) {
@@ -109,7 +113,23 @@ fn terminated(code: i32, started: SystemTime, finished: SystemTime, crashed: boo
     }
 }
 
-/// The state of a container created at `created`, observed at `now`.
+/// Still waiting to be created, next changing at `next` (`None`: never).
+fn creating(next: Option<SystemTime>) -> Observed {
+    Observed {
+        state: ContainerState::Waiting {
+            reason: "ContainerCreating".into(),
+            message: None,
+        },
+        last_termination: None,
+        ready: false,
+        restart_count: 0,
+        next_change: next,
+        done: false,
+    }
+}
+
+/// The state of a container created at `created`, observed at `now`. A moment
+/// the clock cannot represent (`checked_add` is `None`) never comes.
 pub fn observe(
     b: &Behaviour,
     policy: RestartPolicy,
@@ -117,31 +137,23 @@ pub fn observe(
     created: SystemTime,
     now: SystemTime,
 ) -> Observed {
-    let mut start = created + latency.start;
+    let Some(mut start) = created.checked_add(latency.start) else {
+        return creating(None);
+    };
     if now < start {
-        return Observed {
-            state: ContainerState::Waiting {
-                reason: "ContainerCreating".into(),
-                message: None,
-            },
-            last_termination: None,
-            ready: false,
-            restart_count: 0,
-            next_change: Some(start),
-            done: false,
-        };
+        return creating(Some(start));
     }
     let mut restarts = 0u32;
     let mut last = None;
     loop {
         let (end, code, crashed) = match (restarts, b.crash_after, b.kind) {
             (0, Some(after), _) if b.kind == Kind::Run || after < b.run_for => {
-                (Some(start + after), 137, true)
+                (start.checked_add(after), 137, true)
             }
             (_, _, Kind::Run) => (None, 0, false),
-            (_, _, Kind::Exit) => (Some(start + b.run_for), b.exit_code, false),
+            (_, _, Kind::Exit) => (start.checked_add(b.run_for), b.exit_code, false),
         };
-        let ready_at = start + latency.ready;
+        let ready_at = start.checked_add(latency.ready);
         match end {
             Some(end) if now >= end => {
                 let t = terminated(code, start, end, crashed);
@@ -160,8 +172,8 @@ pub fn observe(
                         done: true,
                     };
                 }
-                let restart_at = end + backoff(restarts);
-                if now < restart_at {
+                let restart_at = end.checked_add(backoff(restarts));
+                let Some(restart_at) = restart_at.filter(|r| now >= *r) else {
                     return Observed {
                         state: ContainerState::Waiting {
                             reason: "CrashLoopBackOff".into(),
@@ -173,17 +185,17 @@ pub fn observe(
                         last_termination: Some(t),
                         ready: false,
                         restart_count: restarts,
-                        next_change: Some(restart_at),
+                        next_change: restart_at,
                         done: false,
                     };
-                }
+                };
                 last = Some(t);
                 restarts += 1;
                 start = restart_at;
             }
             _ => {
-                let ready = now >= ready_at;
-                let next = [(!ready).then_some(ready_at), end]
+                let ready = ready_at.is_some_and(|r| now >= r);
+                let next = [ready_at.filter(|_| !ready), end]
                     .into_iter()
                     .flatten()
                     .min();
@@ -317,6 +329,48 @@ mod tests {
         ] {
             let e = from_annotations(&ann(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
+        }
+    }
+
+    #[test]
+    fn durations_that_would_overflow_a_clock_are_refused_by_name() {
+        for k in [RUN_FOR, CRASH_AFTER, STOP_DELAY] {
+            let e = from_annotations(&ann(&[(k, "18000000000000000000")])).unwrap_err();
+            assert!(e.contains(k) && e.contains("longer than"), "{e}");
+        }
+    }
+
+    #[test]
+    fn no_duration_or_time_makes_observe_panic() {
+        let end_of_time = SystemTime::UNIX_EPOCH
+            .checked_add(Duration::new(i64::MAX as u64, 999_999_999))
+            .unwrap();
+        let huge = Duration::MAX;
+        let lat = Latency {
+            start: huge,
+            ready: huge,
+            ..LAT
+        };
+        for kind in [Kind::Run, Kind::Exit] {
+            for crash_after in [None, Some(huge), Some(Duration::from_secs(1))] {
+                let b = Behaviour {
+                    kind,
+                    exit_code: 1,
+                    run_for: huge,
+                    crash_after,
+                    stop_delay: huge,
+                };
+                for (latency, created) in [
+                    (&LAT, end_of_time),
+                    (&lat, SystemTime::UNIX_EPOCH),
+                    (&LAT, SystemTime::UNIX_EPOCH),
+                ] {
+                    for now in [created, end_of_time] {
+                        let o = observe(&b, RestartPolicy::Always, latency, created, now);
+                        assert!(o.next_change.is_none_or(|t| t > now), "{o:?}");
+                    }
+                }
+            }
         }
     }
 }

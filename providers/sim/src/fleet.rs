@@ -21,7 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use vkd_provider::{CapacityKind, Gpu, HostSlice, parse_duration, quantity};
+use vkd_provider::{CapacityKind, Gpu, HostSlice, duration, quantity};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -173,12 +173,7 @@ impl Fleet {
         let dur = |field: &str, v: &Option<String>| -> Result<Duration, FleetError> {
             match v {
                 None => Ok(Duration::ZERO),
-                Some(t) => parse_duration(t).ok_or_else(|| {
-                    invalid(
-                        field.to_owned(),
-                        format!("{t:?} is not a duration like 250ms or 2s"),
-                    )
-                }),
+                Some(t) => duration::parse(t).map_err(|e| invalid(field.to_owned(), e.to_string())),
             }
         };
         let kind = match raw.capacity.as_deref() {
@@ -336,6 +331,10 @@ hosts:
             (
                 "capacity: maybe\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}",
                 "capacity",
+            ),
+            (
+                "latency: {ready: 9000h}\nhosts:\n- {name: a, cpu: '1', memory: 1Gi}",
+                "latency.ready",
             ),
         ];
         for (text, field) in cases {

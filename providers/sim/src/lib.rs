@@ -7,6 +7,11 @@
 //! shows them from outside the daemon. Container states are derived from the
 //! creation time (see [`behaviour`]), so the simulation keeps "running" while no
 //! daemon is up.
+//!
+//! A record that no longer parses (a truncated file, say) is moved aside to
+//! `<uid>.json.corrupt-<unix-ms>` with an error in the log naming it; only its
+//! own Pod is affected (the daemon sees the instance lost). A fence file that
+//! holds no epoch refuses every mutation for its node, by name, until repaired.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -70,33 +75,74 @@ impl From<StateError> for ProviderError {
     }
 }
 
-/// Reads every instance record in a state directory (what `vkd sim list` shows).
-pub fn read_records(state_dir: &Path) -> Result<Vec<Record>, StateError> {
+/// A record file that could not be read as a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorruptRecord {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+/// What a state directory holds: the records, and the files that are not records.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Oldest first.
+    pub records: Vec<Record>,
+    pub corrupt: Vec<CorruptRecord>,
+}
+
+/// Reads every instance record in a state directory; a file that does not
+/// read or parse as its Pod's record is listed in `corrupt`, not an error, so
+/// it costs only its own Pod.
+pub fn scan_records(state_dir: &Path) -> Result<Scan, StateError> {
     let dir = state_dir.join("instances");
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Scan::default()),
         Err(e) => return Err(io_err(&dir)(e)),
     };
-    let mut out = Vec::new();
+    let mut scan = Scan::default();
     for entry in entries {
         let path = entry.map_err(io_err(&dir))?.path();
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        let text = match std::fs::read(&path) {
-            Ok(t) => t,
+        let parsed = match std::fs::read(&path) {
+            Ok(text) => serde_json::from_slice::<Record>(&text).map_err(|e| e.to_string()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_err(&path)(e)),
+            Err(e) => Err(e.to_string()),
         };
-        let rec: Record = serde_json::from_slice(&text).map_err(|e| StateError::Corrupt {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        out.push(rec);
+        // The file name is the key every later write and removal uses.
+        let parsed = parsed.and_then(|rec| {
+            let stem = path.file_stem().and_then(|s| s.to_str());
+            if stem == Some(rec.spec.pod.uid.as_str()) {
+                Ok(rec)
+            } else {
+                Err(format!(
+                    "holds the record of pod uid {:?}",
+                    rec.spec.pod.uid
+                ))
+            }
+        });
+        match parsed {
+            Ok(rec) => scan.records.push(rec),
+            Err(message) => scan.corrupt.push(CorruptRecord { path, message }),
+        }
     }
-    out.sort_by_key(|r| r.created_at);
-    Ok(out)
+    scan.records.sort_by_key(|r| r.created_at);
+    Ok(scan)
+}
+
+/// Reads every instance record in a state directory (what `vkd sim list`
+/// shows); a corrupt one is an error naming it ([`scan_records`] reads past it).
+pub fn read_records(state_dir: &Path) -> Result<Vec<Record>, StateError> {
+    let scan = scan_records(state_dir)?;
+    match scan.corrupt.into_iter().next() {
+        Some(c) => Err(StateError::Corrupt {
+            path: c.path.display().to_string(),
+            message: c.message,
+        }),
+        None => Ok(scan.records),
+    }
 }
 
 #[derive(Debug, Default)]
@@ -113,8 +159,6 @@ pub(crate) struct State {
     /// Boxed, so the map's spare slots cost a pointer each, not a record.
     pub(crate) records: HashMap<String, Box<Record>>,
     usage: HashMap<String, HostUsage>,
-    /// Highest epoch seen per node.
-    epochs: HashMap<String, u64>,
     tickers: BTreeSet<String>,
     /// The hosts with everything free, as the fleet file says now.
     hosts: Vec<vkd_provider::HostSlice>,
@@ -129,9 +173,9 @@ impl State {
         let r = rec.spec.resources;
         let ip = ip_index(&rec.ip);
         if add {
-            u.cpu_millis += r.cpu_millis;
-            u.memory_bytes += r.memory_bytes;
-            u.pods += 1;
+            u.cpu_millis = u.cpu_millis.saturating_add(r.cpu_millis);
+            u.memory_bytes = u.memory_bytes.saturating_add(r.memory_bytes);
+            u.pods = u.pods.saturating_add(1);
             u.gpus.extend(rec.placement.gpu_ids.iter().cloned());
             u.ips.extend(ip);
         } else {
@@ -161,6 +205,8 @@ struct Inner {
     state: Mutex<State>,
     events: broadcast::Sender<InstanceEvent>,
     fences: vkd_provider::fence::FenceBook,
+    /// Corrupt records moved aside since open.
+    corrupt: std::sync::atomic::AtomicU64,
 }
 
 /// The simulated backend. Cheap to clone.
@@ -198,6 +244,7 @@ impl SimProvider {
                 events,
                 fences: vkd_provider::fence::FenceBook::new(&state_dir.join("fences"))
                     .map_err(io_err(&state_dir.join("fences")))?,
+                corrupt: std::sync::atomic::AtomicU64::new(0),
             }),
         };
         {
@@ -239,7 +286,9 @@ impl SimProvider {
         };
         match Fleet::load(path) {
             Ok(f) => st.hosts = f.hosts,
-            Err(e) => eprintln!("sim: keeping the old hosts: {e}"),
+            Err(e) => {
+                tracing::warn!(error = %e, "sim: fleet file changed but does not load; keeping the old hosts")
+            }
         }
     }
 
@@ -249,41 +298,77 @@ impl SimProvider {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Corrupt instance records moved aside since the provider opened.
+    pub fn corrupt_records(&self) -> u64 {
+        self.inner
+            .corrupt
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Reads the records from disk again (after another daemon may have acted).
+    /// Blocking file I/O: async callers run it on the blocking pool.
     fn reload(&self) -> Result<(), StateError> {
-        let records = read_records(&self.inner.dir)?;
-        let fences = self.inner.dir.join("fences");
-        let mut epochs = HashMap::new();
-        for entry in std::fs::read_dir(&fences).map_err(io_err(&fences))? {
-            let path = entry.map_err(io_err(&fences))?.path();
-            if path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_none_or(|n| n.starts_with('.'))
-            {
-                continue; // the fence lock and temporary files
-            }
-            let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
-            let epoch = text
-                .trim()
-                .parse::<u64>()
-                .map_err(|e| StateError::Corrupt {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
-            if let Some(node) = path.file_name().and_then(|n| n.to_str()) {
-                epochs.insert(node.to_owned(), epoch);
-            }
+        let scan = scan_records(&self.inner.dir)?;
+        for c in &scan.corrupt {
+            self.quarantine(c);
         }
+        self.report_bad_fences();
         let mut st = self.state();
         st.records.clear();
         st.usage.clear();
-        st.epochs = epochs;
-        for rec in records {
+        for rec in scan.records {
             st.account(&rec, true);
             st.records.insert(rec.spec.pod.uid.clone(), Box::new(rec));
         }
         Ok(())
+    }
+
+    /// Moves a corrupt record aside (kept for a look, out of every later
+    /// scan) and says so loudly; its Pod's instance is then lost, no other.
+    fn quarantine(&self, c: &CorruptRecord) {
+        self.inner
+            .corrupt
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let mut aside = c.path.clone().into_os_string();
+        aside.push(format!(".corrupt-{ms}"));
+        let aside = PathBuf::from(aside);
+        match std::fs::rename(&c.path, &aside) {
+            Ok(()) => tracing::error!(
+                path = %c.path.display(),
+                moved_to = %aside.display(),
+                error = %c.message,
+                "sim: corrupt instance record moved aside; its Pod's instance is lost"
+            ),
+            // Not moved (a read-only directory, say): skipped now, reported
+            // again at the next load.
+            Err(e) => tracing::error!(
+                path = %c.path.display(),
+                error = %c.message,
+                rename_error = %e,
+                "sim: corrupt instance record skipped; its Pod's instance is lost"
+            ),
+        }
+    }
+
+    /// Says at load which nodes' fence files are corrupt; their mutations are
+    /// refused (by [`vkd_provider::fence::FenceBook`]) until they are repaired.
+    fn report_bad_fences(&self) {
+        let dir = self.inner.dir.join("fences");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(node) = name.to_str().filter(|n| !n.starts_with('.')) else {
+                continue; // the fence lock and temporary files
+            };
+            if let Err(e) = self.inner.fences.current(node) {
+                tracing::error!(node, error = %e, "sim: fence file unusable");
+            }
+        }
     }
 
     fn record_path(&self, uid: &str) -> PathBuf {
@@ -296,17 +381,13 @@ impl SimProvider {
         std::fs::rename(&tmp, path).map_err(io_err(path))
     }
 
-    /// Refuses a stale epoch; records a newer one (durably) before anything else happens.
-    /// Refuses a stale epoch, also one another process recorded; records a newer
-    /// one durably. The guard holds the fence lock until the caller's mutation is done.
-    fn check_fence(
-        &self,
-        st: &mut State,
-        fence: &Fence,
-    ) -> Result<vkd_provider::fence::FenceGuard> {
-        let guard = self.inner.fences.check(fence)?;
-        st.epochs.insert(fence.node.clone(), fence.epoch);
-        Ok(guard)
+    /// Refuses a stale epoch, also one another process recorded; records a
+    /// newer one durably. The guard holds the fence lock until the caller's
+    /// mutation is done. Taken on the blocking pool and before the state lock,
+    /// so waiting for another daemon's lock stalls neither the runtime nor
+    /// this provider's other calls.
+    async fn check_fence(&self, fence: &Fence) -> Result<vkd_provider::fence::FenceGuard> {
+        self.inner.fences.check_async(fence).await
     }
 
     fn behaviour(spec: &InstanceSpec) -> Result<Behaviour> {
@@ -440,7 +521,7 @@ impl SimProvider {
             .open(&path)
             .and_then(|mut f| writeln!(f, "{line}"));
         if let Err(e) = written {
-            eprintln!("sim: writing {}: {e}", path.display());
+            tracing::warn!(path = %path.display(), error = %e, "sim: writing the journal");
         }
     }
 
@@ -520,14 +601,14 @@ impl Provider for SimProvider {
     }
 
     async fn takeover(&self, fence: &Fence) -> Result<()> {
-        {
-            let mut st = self.state();
-            let _fenced = self.check_fence(&mut st, fence)?;
-        }
+        let fenced = self.check_fence(fence).await?;
         // Another daemon may have created or deleted instances since this one
         // last read the state directory.
-        self.reload()
-            .map_err(|e| ProviderError::transient(e.to_string()))?;
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.reload())
+            .await
+            .map_err(|e| ProviderError::transient(format!("sim: reloading the state: {e}")))??;
+        drop(fenced);
         let uids: Vec<String> = self.state().records.keys().cloned().collect();
         for uid in uids {
             self.watch(&uid);
@@ -563,9 +644,9 @@ impl Provider for SimProvider {
             ));
         }
         let uid = spec.pod.uid.clone();
+        let fenced = self.check_fence(fence).await?;
         let instance = {
             let mut st = self.state();
-            let _fenced = self.check_fence(&mut st, fence)?;
             let now = SystemTime::now();
             if let Some(rec) = st.records.get(&uid) {
                 self.observe(rec, now).0
@@ -625,6 +706,7 @@ impl Provider for SimProvider {
                 instance
             }
         };
+        drop(fenced);
         self.watch(&uid);
         let _ = self.inner.events.send(InstanceEvent::Changed { uid });
         Ok(instance)
@@ -646,9 +728,9 @@ impl Provider for SimProvider {
                 "injected delete fault (faults.delete_error_rate)",
             ));
         }
+        let fenced = self.check_fence(fence).await?;
         {
             let mut st = self.state();
-            let _fenced = self.check_fence(&mut st, fence)?;
             let now = SystemTime::now();
             let Some(rec) = st.records.get(uid) else {
                 return Ok(());
@@ -656,7 +738,8 @@ impl Provider for SimProvider {
             let delay = Self::behaviour(&rec.spec)
                 .map(|b| b.stop_delay)
                 .unwrap_or_default();
-            let stop_at = now + delay.min(grace);
+            // A stop past what the clock holds would never come: stop now.
+            let stop_at = now.checked_add(delay.min(grace)).unwrap_or(now);
             if rec.stop_at.is_none_or(|t| t > stop_at) {
                 let mut rec = rec.clone();
                 rec.stop_at = Some(stop_at);
@@ -667,6 +750,7 @@ impl Provider for SimProvider {
             }
             self.reap(&mut st, uid, now)?;
         }
+        drop(fenced);
         self.watch(uid);
         let _ = self.inner.events.send(InstanceEvent::Changed {
             uid: uid.to_owned(),

@@ -56,6 +56,20 @@ fn line(spec: &InstanceSpec, container: &str, n: u64, time: SystemTime) -> LogLi
     }
 }
 
+/// How many lines a run writes in `span` (one at its start).
+fn lines_in(span: Duration, every: Duration) -> u64 {
+    u64::try_from(span.as_nanos() / every.as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+/// When line `n` of a run is written; `None` past what the clock holds.
+fn line_time(start: SystemTime, every: Duration, n: u64) -> Option<SystemTime> {
+    let nanos = every.as_nanos().checked_mul(u128::from(n))?;
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    start.checked_add(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
 /// Lines of `run` from index `from` written before `until`.
 fn lines_between(
     spec: &InstanceSpec,
@@ -69,13 +83,10 @@ fn lines_between(
     let Ok(span) = stop.duration_since(run.start) else {
         return Vec::new();
     };
-    let count = (span.as_nanos() / every.as_nanos()) as u64 + 1;
+    let count = lines_in(span, every);
     let first = from.max(count.saturating_sub(MAX_HISTORY));
     (first..count)
-        .map(|n| {
-            let at = run.start + every * u32::try_from(n).unwrap_or(u32::MAX);
-            line(spec, container, n, at)
-        })
+        .filter_map(|n| Some(line(spec, container, n, line_time(run.start, every, n)?)))
         .filter(|l| l.time < stop || (run.end.is_none() && l.time <= stop))
         .collect()
 }
@@ -195,7 +206,7 @@ impl SimProvider {
                 if ended {
                     return None;
                 }
-                let at = run.start + every * u32::try_from(n).unwrap_or(u32::MAX);
+                let at = line_time(run.start, every, n)?;
                 loop {
                     if let Some(end) = run.end
                         && at >= end
@@ -319,12 +330,12 @@ impl SimProvider {
                 ContainerStats {
                     name: c.name.clone(),
                     start_time: start,
-                    cpu_usage_nano_cores: cpu_millis * 1_000_000,
+                    cpu_usage_nano_cores: cpu_millis.saturating_mul(1_000_000),
                     cpu_usage_core_nanoseconds: (up.as_nanos() as u64 / 1000)
                         .saturating_mul(cpu_millis)
                         .max(1),
                     memory_working_set_bytes: memory,
-                    memory_rss_bytes: memory * 3 / 4,
+                    memory_rss_bytes: memory - memory / 4,
                 }
             })
             .collect();
@@ -343,7 +354,7 @@ fn lines_skipped(spec: &InstanceSpec, run: Run, now: SystemTime) -> u64 {
     let stop = run.end.map_or(now, |e| e.min(now));
     let count = stop
         .duration_since(run.start)
-        .map_or(0, |d| (d.as_nanos() / every.as_nanos()) as u64 + 1);
+        .map_or(0, |d| lines_in(d, every));
     count.saturating_sub(MAX_HISTORY)
 }
 

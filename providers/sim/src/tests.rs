@@ -168,3 +168,161 @@ async fn graceful_stop_takes_the_stop_delay() {
     assert!(read_records(&dir).unwrap().is_empty());
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Rewrites a stored record, as a bad value that reached the disk would be.
+fn edit_record(dir: &Path, uid: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("instances").join(format!("{uid}.json"));
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[tokio::test]
+async fn a_huge_duration_annotation_is_refused_at_create() {
+    let dir = tempdir();
+    let p = provider(&dir);
+    let mut spec = sample_spec("n", "huge-1");
+    spec.annotations
+        .insert(behaviour::CRASH_AFTER.into(), "18000000000000000000".into());
+    match p.create(&fence(1), &spec).await {
+        Err(ProviderError::Invalid { message, .. }) => {
+            assert!(message.contains(behaviour::CRASH_AFTER), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(read_records(&dir).unwrap().is_empty());
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn bad_times_already_stored_cannot_panic() {
+    let dir = tempdir();
+    let first = provider(&dir);
+    for uid in ["huge-run", "huge-crash", "end-of-time"] {
+        first
+            .create(&fence(1), &sample_spec("n", uid))
+            .await
+            .unwrap();
+    }
+    drop(first);
+    // Written before durations were bounded, or by hand.
+    edit_record(&dir, "huge-run", |v| {
+        v["spec"]["annotations"][behaviour::BEHAVIOR] = "exit".into();
+        v["spec"]["annotations"][behaviour::RUN_FOR] = "18000000000000000000".into();
+    });
+    edit_record(&dir, "huge-crash", |v| {
+        v["spec"]["annotations"][behaviour::CRASH_AFTER] = "18000000000000000000".into();
+    });
+    edit_record(&dir, "end-of-time", |v| {
+        v["created_at"] = serde_json::json!({
+            "secs_since_epoch": i64::MAX,
+            "nanos_since_epoch": 999_999_999,
+        });
+    });
+    let p = provider(&dir);
+    assert_eq!(p.list("n").await.unwrap().len(), 3);
+    for uid in ["huge-run", "huge-crash", "end-of-time"] {
+        assert!(p.get(uid).await.unwrap().is_some());
+        let _ = p.stats(uid).await;
+        p.delete(&fence(1), uid, Duration::from_secs(u64::MAX))
+            .await
+            .unwrap();
+    }
+    p.takeover(&fence(2)).await.unwrap();
+    assert!(p.list("n").await.unwrap().is_empty());
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_corrupt_record_affects_only_its_own_pod() {
+    let dir = tempdir();
+    let first = provider(&dir);
+    for uid in ["pod-ok", "pod-bad"] {
+        first
+            .create(&fence(1), &sample_spec("n", uid))
+            .await
+            .unwrap();
+    }
+    drop(first);
+    let bad = dir.join("instances").join("pod-bad.json");
+    let text = std::fs::read(&bad).unwrap();
+    std::fs::write(&bad, &text[..text.len() / 2]).unwrap();
+    let p = provider(&dir);
+    let listed = p.list("n").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].owner.uid, "pod-ok");
+    assert!(p.get("pod-bad").await.unwrap().is_none());
+    // Moved aside, kept for a look, and counted.
+    assert!(!bad.exists());
+    let aside: Vec<_> = std::fs::read_dir(dir.join("instances"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("pod-bad.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(p.corrupt_records(), 1);
+    // The rest keeps working, the lost Pod's UID too.
+    p.create(&fence(1), &sample_spec("n", "pod-bad"))
+        .await
+        .unwrap();
+    assert_eq!(read_records(&dir).unwrap().len(), 2);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_garbage_fence_file_refuses_mutations_by_name() {
+    let dir = tempdir();
+    provider(&dir);
+    let file = dir.join("fences").join("n");
+    std::fs::write(&file, "garbage").unwrap();
+    let p = provider(&dir);
+    let named = |e: ProviderError| e.to_string().contains(&file.display().to_string());
+    assert!(named(p.takeover(&fence(5)).await.unwrap_err()));
+    assert!(named(
+        p.create(&fence(5), &sample_spec("n", "pod-1"))
+            .await
+            .unwrap_err()
+    ));
+    assert!(named(
+        p.delete(&fence(5), "pod-1", Duration::ZERO)
+            .await
+            .unwrap_err()
+    ));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "garbage");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_held_fence_lock_does_not_stall_the_runtime() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let dir = tempdir();
+    let p = provider(&dir);
+    // Another daemon holds the node's fence lock through a mutation.
+    let book = vkd_provider::fence::FenceBook::new(&dir.join("fences")).unwrap();
+    let held = book.check(&fence(1)).unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(held);
+    });
+    let ticks = Arc::new(AtomicU32::new(0));
+    let ticker = tokio::spawn({
+        let ticks = Arc::clone(&ticks);
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ticks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    p.create(&fence(1), &sample_spec("n", "pod-1"))
+        .await
+        .unwrap();
+    ticker.abort();
+    holder.join().unwrap();
+    let n = ticks.load(Ordering::Relaxed);
+    assert!(
+        n >= 3,
+        "the runtime ran {n} ticks while create waited for the lock"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
