@@ -110,11 +110,10 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
         for (phase, n) in p.phases() {
             *phases.entry(phase).or_default() += n;
         }
-        // What the backend itself reports: the other side of "Ready" Pods.
-        if let Ok(list) = s.provider.list(p.node()).await {
-            for i in list {
-                *instances.entry(format!("{:?}", i.phase)).or_default() += 1;
-            }
+        // The backend's side of "Ready" Pods, from what the controller already
+        // knows: a scrape never calls the backend.
+        for (phase, n) in p.backend_phases() {
+            *instances.entry(phase).or_default() += n;
         }
     }
     let phases: Vec<(String, i64)> = phases.into_iter().collect();
@@ -148,4 +147,68 @@ pub async fn serve(
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::response::IntoResponse;
+
+    use super::*;
+    use crate::testing::{FakeProvider, fake_api, status};
+
+    fn controller(provider: Arc<dyn Provider>, metrics: Arc<Metrics>) -> Arc<PodController> {
+        let (client, _) = fake_api(|_| status(404, "NotFound"));
+        crate::pods::PodController::new(
+            crate::pods::Settings {
+                node: "vk".into(),
+                host_ip: "10.0.0.1".into(),
+                epoch: 1,
+                concurrency: 1,
+                create_concurrency: 1,
+                qps: 10,
+                burst: 10,
+                policy: crate::pods::spec::Policy::default(),
+                host: None,
+                queue_timeout: Duration::from_secs(600),
+                gc_interval: Duration::from_secs(60),
+                brake: crate::fencing::Brake::default(),
+                partition_fence_after: Duration::from_secs(30),
+                lifecycle_events: false,
+            },
+            client.clone(),
+            client,
+            provider,
+            crate::pods::Shared {
+                metrics,
+                term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
+                last_lease_renewal: Arc::default(),
+                partition_fenced: Arc::default(),
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn a_scrape_makes_no_provider_call() {
+        let fake = FakeProvider::new(usize::MAX);
+        let provider: Arc<dyn Provider> = fake.clone();
+        let metrics = Arc::new(Metrics::default());
+        let state = AdminState::new(Arc::clone(&provider), Arc::clone(&metrics));
+        let nodes = vec![
+            controller(Arc::clone(&provider), Arc::clone(&metrics)),
+            controller(Arc::clone(&provider), Arc::clone(&metrics)),
+        ];
+        state.set_active(Vec::new(), nodes);
+        for _ in 0..3 {
+            let response = super::metrics(State(state.clone())).await.into_response();
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+        assert_eq!(fake.calls(None), 0, "a scrape called the provider");
+        let text = metrics.render();
+        assert!(
+            text.contains("vkd_backend_instances{phase=\"Running\"} 0"),
+            "{text}"
+        );
+    }
 }

@@ -104,9 +104,27 @@ pub struct RunArgs {
     /// Port of the kubelet API, advertised in the Node's daemonEndpoints.
     #[arg(long, env = "VKD_KUBELET_PORT")]
     pub kubelet_port: Option<u16>,
-    /// Address the kubelet API binds to.
+    /// Address the kubelet API binds to. Default 0.0.0.0 (all interfaces), as
+    /// the kubelet's --address: the API server connects to the Node's
+    /// InternalIP (--node-address) on the kubelet port, whichever interface
+    /// carries it, and every request is authenticated and authorized. Give the
+    /// node address to listen on it alone.
     #[arg(long, env = "VKD_KUBELET_BIND")]
     pub kubelet_bind: Option<IpAddr>,
+    /// Most kubelet API connections open at once (TLS handshakes and exec,
+    /// attach and port-forward streams included); past it new connections are
+    /// closed at once. Keep it under the descriptor limit (`ulimit -n`). Default 512.
+    #[arg(long, env = "VKD_KUBELET_API_MAX_CONNECTIONS")]
+    pub kubelet_api_max_connections: Option<usize>,
+    /// How long a kubelet API client may take to send a request's headers,
+    /// counted from the TLS handshake or the request's first byte (`30s`).
+    #[arg(long, env = "VKD_KUBELET_API_HEADER_TIMEOUT")]
+    pub kubelet_api_header_timeout: Option<String>,
+    /// How long a kubelet API connection with no request in flight may wait
+    /// for the next one (`90s`, the kubelet's). Responses being sent (`logs -f`)
+    /// and exec, attach and port-forward streams are never cut.
+    #[arg(long, env = "VKD_KUBELET_API_IDLE_TIMEOUT")]
+    pub kubelet_api_idle_timeout: Option<String>,
     /// Serving certificate (PEM) of the kubelet API; reloaded when it changes.
     /// Without it, a self-signed certificate for the node name and address is made at start.
     #[arg(long, env = "VKD_TLS_CERT_FILE")]
@@ -223,6 +241,11 @@ pub struct RunArgs {
     /// one. Default true.
     #[arg(long, env = "VKD_LIFECYCLE_EVENTS")]
     pub lifecycle_events: Option<bool>,
+    /// How long one provider call may take before it fails as a transient
+    /// error (`2m`, the kubelet's --runtime-request-timeout); a deletion also
+    /// gets its grace period. Streaming calls are bounded only while starting.
+    #[arg(long, env = "VKD_PROVIDER_TIMEOUT")]
+    pub provider_timeout: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -244,6 +267,9 @@ struct FileConfig {
     state_dir: Option<PathBuf>,
     kubelet_port: Option<u16>,
     kubelet_bind: Option<IpAddr>,
+    kubelet_api_max_connections: Option<usize>,
+    kubelet_api_header_timeout: Option<String>,
+    kubelet_api_idle_timeout: Option<String>,
     tls_cert_file: Option<PathBuf>,
     tls_private_key_file: Option<PathBuf>,
     client_ca_file: Option<PathBuf>,
@@ -277,6 +303,7 @@ struct FileConfig {
     gc_allow_mass_delete: Option<bool>,
     partition_fence_after: Option<String>,
     lifecycle_events: Option<bool>,
+    provider_timeout: Option<String>,
 }
 
 /// A configuration problem, naming the field.
@@ -327,6 +354,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub kubelet_port: u16,
     pub kubelet_bind: IpAddr,
+    /// Connection cap and timeouts of the kubelet API.
+    pub kubelet_api: crate::kubelet_api::Limits,
     pub tls: crate::kubelet_api::tls::TlsSettings,
     pub anonymous_auth: bool,
     pub admin_port: u16,
@@ -351,6 +380,8 @@ pub struct Config {
     pub brake: crate::fencing::Brake,
     pub partition_fence_after: Duration,
     pub lifecycle_events: bool,
+    /// The deadline of one provider call (`--provider-timeout`).
+    pub provider_timeout: Duration,
     /// How often the node lease is renewed (the kubelet's 10 s).
     pub lease_renew_interval: Duration,
     /// The lease duration (the kubelet's 40 s).
@@ -565,6 +596,34 @@ impl Config {
             args.kube_idle_timeout.or(file.kube_idle_timeout),
             10,
         )?;
+        let kubelet_api = crate::kubelet_api::Limits {
+            max_connections: match args
+                .kubelet_api_max_connections
+                .or(file.kubelet_api_max_connections)
+            {
+                None => crate::kubelet_api::DEFAULT_MAX_CONNECTIONS,
+                Some(0) => return Err(bad("kubelet-api-max-connections", "must be at least 1")),
+                Some(n) => n,
+            },
+            header_timeout: duration(
+                "kubelet-api-header-timeout",
+                args.kubelet_api_header_timeout
+                    .or(file.kubelet_api_header_timeout),
+                crate::kubelet_api::DEFAULT_HEADER_TIMEOUT.as_secs(),
+            )?,
+            idle_timeout: duration(
+                "kubelet-api-idle-timeout",
+                args.kubelet_api_idle_timeout
+                    .or(file.kubelet_api_idle_timeout),
+                crate::kubelet_api::DEFAULT_IDLE_TIMEOUT.as_secs(),
+            )?,
+            ..Default::default()
+        };
+        let provider_timeout = duration(
+            "provider-timeout",
+            args.provider_timeout.or(file.provider_timeout),
+            120,
+        )?;
         let partition_fence_after = duration(
             "partition-fence-after",
             args.partition_fence_after.or(file.partition_fence_after),
@@ -651,6 +710,7 @@ impl Config {
                 .kubelet_bind
                 .or(file.kubelet_bind)
                 .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+            kubelet_api,
             tls,
             anonymous_auth: args.anonymous_auth.or(file.anonymous_auth).unwrap_or(false),
             admin_port,
@@ -680,6 +740,7 @@ impl Config {
                 .lifecycle_events
                 .or(file.lifecycle_events)
                 .unwrap_or(true),
+            provider_timeout,
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),
             status_report_interval: Duration::from_secs(300),
@@ -783,6 +844,33 @@ mod tests {
     }
 
     #[test]
+    fn kubelet_api_limits_are_read() {
+        let c = Config::from_args(args("vk")).unwrap();
+        assert_eq!(c.kubelet_api, crate::kubelet_api::Limits::default());
+        assert_eq!(c.kubelet_bind, IpAddr::from([0, 0, 0, 0]));
+        let mut a = args("vk");
+        a.kubelet_api_max_connections = Some(8);
+        a.kubelet_api_header_timeout = Some("5s".into());
+        a.kubelet_api_idle_timeout = Some("2m".into());
+        let c = Config::from_args(a).unwrap().kubelet_api;
+        assert_eq!(c.max_connections, 8);
+        assert_eq!(c.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.idle_timeout, Duration::from_secs(120));
+        let mut a = args("vk");
+        a.kubelet_api_max_connections = Some(0);
+        assert_eq!(
+            Config::from_args(a).unwrap_err().field,
+            "kubelet-api-max-connections"
+        );
+        let mut a = args("vk");
+        a.kubelet_api_idle_timeout = Some("0s".into());
+        assert_eq!(
+            Config::from_args(a).unwrap_err().field,
+            "kubelet-api-idle-timeout"
+        );
+    }
+
+    #[test]
     fn file_is_merged_under_flags() {
         let dir = std::env::temp_dir().join(format!("vkd-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -819,5 +907,20 @@ mod tests {
         );
         assert_eq!(parse_taint("gpu:NoExecute").unwrap().value, None);
         assert!(parse_taint("=v:NoSchedule").is_err());
+    }
+
+    #[test]
+    fn provider_timeout_is_read() {
+        let c = Config::from_args(args("vk")).unwrap();
+        assert_eq!(c.provider_timeout, Duration::from_secs(120));
+        let mut a = args("vk");
+        a.provider_timeout = Some("30s".into());
+        assert_eq!(
+            Config::from_args(a).unwrap().provider_timeout,
+            Duration::from_secs(30)
+        );
+        let mut a = args("vk");
+        a.provider_timeout = Some("0s".into());
+        assert_eq!(Config::from_args(a).unwrap_err().field, "provider-timeout");
     }
 }

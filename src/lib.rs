@@ -45,6 +45,9 @@ pub enum Error {
     Node(#[from] node::NodeError),
     #[error(transparent)]
     KubeletApi(#[from] kubelet_api::ApiError),
+    /// A critical task stopped while the daemon ran.
+    #[error(transparent)]
+    Task(#[from] tasks::TaskError),
     /// Another replica holds the lease now, or a backend refused our epoch; this
     /// replica stopped acting. The supervisor restarts it as a standby.
     #[error("leadership lost: {0}")]
@@ -80,6 +83,7 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
                     })?;
             info!(
                 limits = provider.limits_mode(),
+                tracking = provider.tracking_mode(),
                 run_as = ?provider.run_as(),
                 "process provider ready"
             );
@@ -198,7 +202,8 @@ async fn nodes(
 /// Runs the daemon until `shutdown` is cancelled. With leader election, it waits
 /// as a standby until it holds the leader lease, acts while it holds it, and
 /// goes back to standby when it loses it (another replica took it, it could not
-/// be renewed, or a backend refused the epoch): it never acts without it.
+/// be renewed, or a backend refused the epoch): it never acts without it. A
+/// critical task that stops ends the daemon with an error naming it.
 pub async fn run(
     cfg: Config,
     provider: Arc<dyn Provider>,
@@ -206,7 +211,8 @@ pub async fn run(
 ) -> Result<(), Error> {
     let metrics = Arc::new(metrics::Metrics::default());
     let clients = ApiClients::new(&cfg, &metrics).await?;
-    let provider = metrics::Instrumented::wrap(provider, Arc::clone(&metrics));
+    let provider =
+        metrics::Instrumented::wrap(provider, Arc::clone(&metrics), cfg.provider_timeout);
     let admin_state = admin::AdminState::new(Arc::clone(&provider), Arc::clone(&metrics));
     let admin = admin::serve(
         (cfg.admin_bind, cfg.admin_port).into(),
@@ -215,91 +221,50 @@ pub async fn run(
     )
     .await
     .map_err(Error::Admin)?;
+    // The admin server outlives terms: if it stops, everything stops.
+    let mut daemon = tasks::Critical::new(shutdown.clone());
+    daemon.adopt("admin server", admin);
     let elector = cfg
         .leader
         .clone()
-        .map(|s| fencing::leader::LeaderElector::new(clients.node.clone(), s));
+        .map(|s| Arc::new(fencing::leader::LeaderElector::new(clients.node.clone(), s)));
     let partition_fenced: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
     let result = loop {
-        let epoch = match &elector {
-            Some(e) => match e.acquire(&shutdown).await {
-                Ok(epoch) => epoch,
+        let leadership = match &elector {
+            Some(e) => match e.lead(&shutdown).await {
+                Ok(l) => l,
                 Err(_) => break Ok(()),
             },
-            None => STATIC_EPOCH,
+            None => fencing::leader::Leadership::fixed(STATIC_EPOCH, &shutdown),
         };
+        let term = leadership.term.clone();
         metrics.leader.set(1);
-        metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
-        // Everything the term does stops at once when leadership goes.
-        let work = shutdown.child_token();
+        metrics
+            .epoch
+            .set(i64::try_from(term.epoch()).unwrap_or(i64::MAX));
         let shared = pods::Shared {
             metrics: Arc::clone(&metrics),
-            superseded: CancellationToken::new(),
+            term: term.clone(),
             last_lease_renewal: Arc::default(),
             partition_fenced: Arc::clone(&partition_fenced),
-            unrenewed: Arc::default(),
         };
-        let holder = {
-            let (work, shared, outer) = (work.clone(), shared.clone(), shutdown.clone());
-            let elector = elector.as_ref().map(|e| {
-                fencing::leader::LeaderElector::new(clients.node.clone(), e.settings().clone())
-            });
-            tokio::spawn(async move {
-                let refused = || fencing::leader::Held::Taken("a backend refused our epoch".into());
-                let held = match &elector {
-                    Some(e) => tokio::select! {
-                        h = e.hold(epoch, &work) => h,
-                        () = shared.superseded.cancelled() => refused(),
-                    },
-                    None => tokio::select! {
-                        () = work.cancelled() => fencing::leader::Held::Shutdown,
-                        () = shared.superseded.cancelled() => refused(),
-                    },
-                };
-                match &held {
-                    fencing::leader::Held::Shutdown => {
-                        if let Some(e) = &elector
-                            && outer.is_cancelled()
-                        {
-                            // A clean stop hands the lease over at once.
-                            e.release(epoch).await;
-                        }
-                    }
-                    fencing::leader::Held::Unrenewed(why) => {
-                        *shared.unrenewed.lock().unwrap_or_else(|p| p.into_inner()) =
-                            Some(why.clone());
-                    }
-                    fencing::leader::Held::Taken(_) => {}
-                }
-                work.cancel();
-                held
-            })
-        };
-        let acted = act(
-            &cfg,
-            &provider,
-            epoch,
-            &clients,
-            &shared,
-            &admin_state,
-            work.clone(),
-        )
-        .await;
-        work.cancel();
+        let acted = act(&cfg, &provider, &clients, &shared, &admin_state).await;
         admin_state.set_standby();
         metrics.leader.set(0);
-        let held = holder.await.unwrap_or(fencing::leader::Held::Shutdown);
+        let ended = leadership.finish().await;
         if shutdown.is_cancelled() {
             break acted;
         }
-        match held {
-            fencing::leader::Held::Taken(why) | fencing::leader::Held::Unrenewed(why) => {
-                tracing::error!(reason = %why, epoch, "leadership lost; stopped all work, back to standby");
+        match ended {
+            fencing::term::Ended::Taken(why) | fencing::term::Ended::Unrenewed(why) => {
+                tracing::error!(reason = %why, epoch = term.epoch(), "leadership lost; stopped all work, back to standby");
                 if elector.is_none() {
                     break Err(Error::LostLeadership(why));
                 }
             }
-            fencing::leader::Held::Shutdown => {
+            // A bug in the holder: restart rather than guess.
+            fencing::term::Ended::Abandoned(why) => break Err(Error::LostLeadership(why)),
+            fencing::term::Ended::Shutdown => {
                 if let Err(e) = acted {
                     break Err(e);
                 }
@@ -307,23 +272,22 @@ pub async fn run(
         }
     };
     shutdown.cancel();
-    let _ = admin.await;
-    result
+    let stopped = daemon.join().await;
+    result.and(stopped.map_err(Error::from))
 }
 
-/// The leader's work: the Nodes, their Pods and kubelet APIs, until `shutdown`.
+/// The leader's work: the Nodes, their Pods and kubelet APIs, until the term ends.
 async fn act(
     cfg: &Config,
     provider: &Arc<dyn Provider>,
-    epoch: u64,
     clients: &ApiClients,
     shared: &pods::Shared,
     admin_state: &admin::AdminState,
-    shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let term = &shared.term;
+    let (epoch, work) = (term.epoch(), term.work());
+    let mut tasks = tasks::Critical::new(work.clone());
     let mut controllers = Vec::new();
-    let mut agents = Vec::new();
-    let mut servers = Vec::new();
     let mut registered = Vec::new();
     for (name, host, port) in nodes(cfg, provider.as_ref()).await? {
         let fence = vkd_provider::Fence {
@@ -332,7 +296,7 @@ async fn act(
         };
         if let Err(e) = provider.takeover(&fence).await {
             if let vkd_provider::ProviderError::Fenced { .. } = e {
-                shared.superseded.cancel();
+                term.supersede(format!("a backend refused epoch {epoch}: {e}"));
             }
             return Err(Error::Provider {
                 provider: "takeover",
@@ -363,15 +327,19 @@ async fn act(
         );
         let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
             .map_err(kubelet_api::ApiError::from)?;
-        servers.push(
-            kubelet_api::KubeletApi::new(
-                Arc::clone(&pods),
-                clients.pods.clone(),
-                cfg.anonymous_auth,
-            )
-            .serve((cfg.kubelet_bind, port).into(), tls, shutdown.clone())
-            .await?,
-        );
+        let server = kubelet_api::KubeletApi::new(
+            Arc::clone(&pods),
+            clients.pods.clone(),
+            cfg.anonymous_auth,
+        )
+        .serve_with(
+            (cfg.kubelet_bind, port).into(),
+            tls,
+            cfg.kubelet_api,
+            work.clone(),
+        )
+        .await?;
+        tasks.adopt(format!("kubelet API of node {name}"), server);
         let agent = node::NodeAgent::new(
             node::Settings {
                 name: name.clone(),
@@ -392,7 +360,14 @@ async fn act(
         );
         let (tx, rx) = watch::channel(false);
         registered.push(rx);
-        agents.push((agent, tx));
+        tasks.spawn(
+            format!("node agent of node {name}"),
+            agent.run(work.clone(), tx),
+        );
+        tasks.spawn(
+            format!("pod controller of node {name}"),
+            Arc::clone(&pods).run(work.clone()),
+        );
         controllers.push(pods);
         info!(node = %name, port, "virtual node configured");
     }
@@ -403,31 +378,353 @@ async fn act(
         epoch,
         "vkd starting"
     );
-    let pod_tasks: Vec<_> = controllers
-        .iter()
-        .map(|p| tokio::spawn(Arc::clone(p).run(shutdown.clone())))
-        .collect();
-    let node_tasks: Vec<_> = agents
-        .into_iter()
-        .map(|(agent, tx)| {
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move { agent.run(shutdown, tx).await })
-        })
-        .collect();
-    let mut node_result = Ok(());
-    for t in node_tasks {
-        if let Ok(Err(e)) = t.await
-            && node_result.is_ok()
-        {
-            node_result = Err(e);
+    tasks.join().await.map_err(Error::from)
+}
+
+pub mod tasks {
+    //! The daemon's long-lived tasks (pod controllers and their workers, node
+    //! agents, kubelet APIs). Each is critical: one that ends while the others
+    //! still run (it returned, failed or panicked) stops them all and is
+    //! reported by name, and the daemon exits non-zero for its supervisor to
+    //! restart. A Node must never stay Ready behind a controller that is gone.
+
+    use std::collections::HashMap;
+    use std::future::Future;
+
+    use tokio::task::{Id, JoinError, JoinHandle, JoinSet};
+    use tokio_util::sync::CancellationToken;
+    use tracing::{Instrument, error};
+
+    pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    #[derive(Debug, thiserror::Error)]
+    pub enum TaskError {
+        #[error("task {task} panicked: {message}")]
+        Panicked { task: String, message: String },
+        #[error("task {task} ended while the daemon was running")]
+        Ended { task: String },
+        #[error("task {task} failed: {source}")]
+        Failed {
+            task: String,
+            #[source]
+            source: BoxError,
+        },
+    }
+
+    struct Outcome {
+        /// It ended before `stop` was cancelled: nobody asked it to.
+        early: bool,
+        result: Result<(), BoxError>,
+    }
+
+    /// A set of critical tasks that stop together on `stop`.
+    #[derive(Debug)]
+    pub struct Critical {
+        set: JoinSet<Outcome>,
+        names: HashMap<Id, String>,
+        stop: CancellationToken,
+    }
+
+    impl std::fmt::Debug for Outcome {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Outcome")
+                .field("early", &self.early)
+                .finish_non_exhaustive()
         }
     }
-    shutdown.cancel();
-    for t in pod_tasks {
-        let _ = t.await;
+
+    impl Critical {
+        /// Tasks that stop on `stop`, and cancel it when one of them ends.
+        pub fn new(stop: CancellationToken) -> Self {
+            Self {
+                set: JoinSet::new(),
+                names: HashMap::new(),
+                stop,
+            }
+        }
+
+        pub fn spawn<F, E>(&mut self, name: impl Into<String>, task: F)
+        where
+            F: Future<Output = Result<(), E>> + Send + 'static,
+            E: Into<BoxError>,
+        {
+            let stop = self.stop.clone();
+            let handle = self.set.spawn(
+                async move {
+                    // However it ends (returns, fails or unwinds), the rest stop too.
+                    let _stop_all = stop.clone().drop_guard();
+                    let result = task.await.map_err(Into::into);
+                    Outcome {
+                        early: !stop.is_cancelled(),
+                        result,
+                    }
+                }
+                .in_current_span(),
+            );
+            self.names.insert(handle.id(), name.into());
+        }
+
+        /// Supervises a task spawned elsewhere, such as a server's accept loop.
+        pub fn adopt(&mut self, name: impl Into<String>, handle: JoinHandle<()>) {
+            self.spawn(name, async move {
+                handle
+                    .await
+                    .map_err(|e| BoxError::from(format!("panicked: {}", panic_message(e))))
+            });
+        }
+
+        /// Waits for every task; the first failure, if any, is the answer: a
+        /// task that panicked, failed, or ended before `stop` was cancelled.
+        pub async fn join(mut self) -> Result<(), TaskError> {
+            let mut first = None;
+            while let Some(joined) = self.set.join_next_with_id().await {
+                let id = match &joined {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                let task = self.names.remove(&id).unwrap_or_else(|| format!("{id}"));
+                let failure = match joined.map(|(_, outcome)| outcome) {
+                    Ok(Outcome {
+                        result: Err(source),
+                        ..
+                    }) => Some(TaskError::Failed { task, source }),
+                    Ok(Outcome { early: true, .. }) => Some(TaskError::Ended { task }),
+                    Ok(_) => None,
+                    Err(e) if e.is_panic() => Some(TaskError::Panicked {
+                        task,
+                        message: panic_message(e),
+                    }),
+                    // Aborted: only when the set itself is dropped.
+                    Err(_) => None,
+                };
+                if let Some(f) = failure {
+                    self.stop.cancel();
+                    error!(error = %f, "a critical task stopped; stopping the rest");
+                    first.get_or_insert(f);
+                }
+            }
+            first.map_or(Ok(()), Err)
+        }
     }
-    for k in servers {
-        let _ = k.await;
+
+    fn panic_message(e: JoinError) -> String {
+        if !e.is_panic() {
+            return e.to_string();
+        }
+        let payload = e.into_panic();
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic".into())
     }
-    node_result.map_err(Error::from)
+
+    #[cfg(test)]
+    mod tests {
+        use std::time::Duration;
+
+        use super::*;
+
+        async fn until_stopped(stop: CancellationToken) -> Result<(), std::io::Error> {
+            stop.cancelled().await;
+            Ok(())
+        }
+
+        #[tokio::test]
+        async fn a_panicking_task_stops_the_rest_and_is_named() {
+            let stop = CancellationToken::new();
+            let mut tasks = Critical::new(stop.clone());
+            tasks.spawn("node agent vk", until_stopped(stop.clone()));
+            tasks.spawn("pod worker 3", async {
+                tokio::task::yield_now().await;
+                if true {
+                    panic!("index out of bounds");
+                }
+                Ok::<(), std::io::Error>(())
+            });
+            let joined = tokio::time::timeout(Duration::from_secs(2), tasks.join()).await;
+            let err = joined.expect("the other tasks were stopped").unwrap_err();
+            assert!(stop.is_cancelled());
+            assert_eq!(
+                err.to_string(),
+                "task pod worker 3 panicked: index out of bounds"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_task_that_returns_early_is_a_failure() {
+            let stop = CancellationToken::new();
+            let mut tasks = Critical::new(stop.clone());
+            tasks.spawn("pod watch vk", until_stopped(stop.clone()));
+            tasks.adopt("kubelet API vk", tokio::spawn(async {}));
+            let err = tokio::time::timeout(Duration::from_secs(2), tasks.join())
+                .await
+                .expect("stopped")
+                .unwrap_err();
+            assert!(matches!(&err, TaskError::Ended { task } if task == "kubelet API vk"));
+        }
+
+        #[tokio::test]
+        async fn ending_on_stop_is_no_failure() {
+            let stop = CancellationToken::new();
+            let mut tasks = Critical::new(stop.clone());
+            tasks.spawn("a", until_stopped(stop.clone()));
+            tasks.spawn("b", until_stopped(stop.clone()));
+            stop.cancel();
+            assert!(tasks.join().await.is_ok());
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Fakes for unit tests: an in-process API server and a provider.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, SystemTime};
+
+    use async_trait::async_trait;
+    use futures::StreamExt;
+    use futures::stream::BoxStream;
+    use http_body_util::BodyExt;
+    use hyper::http;
+    use serde_json::{Value, json};
+    use vkd_provider::{
+        Admission, Capacity, CapacityKind, Fence, Health, Instance, InstanceEvent, InstanceSpec,
+        Provider, ProviderError, Result,
+    };
+
+    /// One request the fake API server received.
+    #[derive(Clone, Debug)]
+    pub(crate) struct Seen {
+        pub method: String,
+        pub path: String,
+        pub body: Value,
+    }
+
+    pub(crate) type Log = Arc<Mutex<Vec<Seen>>>;
+
+    /// A `kube::Client` answered in-process by `answer` (status code, JSON body);
+    /// every request is recorded in the returned log.
+    pub(crate) fn fake_api(
+        answer: impl Fn(&Seen) -> (u16, Value) + Send + Sync + 'static,
+    ) -> (kube::Client, Log) {
+        let log: Log = Arc::default();
+        let answer = Arc::new(answer);
+        let seen = Arc::clone(&log);
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let (answer, seen) = (Arc::clone(&answer), Arc::clone(&seen));
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let request = Seen {
+                    method: parts.method.to_string(),
+                    path: parts.uri.path().to_owned(),
+                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                };
+                let (code, reply) = answer(&request);
+                seen.lock().unwrap().push(request);
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(
+                        reply.to_string(),
+                    )))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        (kube::Client::new(service, "default"), log)
+    }
+
+    /// A Kubernetes Status body for an error answer.
+    pub(crate) fn status(code: u16, reason: &str) -> (u16, Value) {
+        (
+            code,
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                   "message": reason, "reason": reason, "code": code}),
+        )
+    }
+
+    /// A provider that counts its calls; `capacity()` answers the first
+    /// `capacity_answers` calls and never returns after that.
+    #[derive(Debug)]
+    pub(crate) struct FakeProvider {
+        calls: Mutex<Vec<&'static str>>,
+        capacity_answers: usize,
+        capacity_asked: AtomicUsize,
+    }
+
+    impl FakeProvider {
+        pub(crate) fn new(capacity_answers: usize) -> Arc<Self> {
+            Arc::new(Self {
+                calls: Mutex::default(),
+                capacity_answers,
+                capacity_asked: AtomicUsize::new(0),
+            })
+        }
+
+        /// Calls made so far: of `op`, or of every operation with `None`.
+        pub(crate) fn calls(&self, op: Option<&str>) -> usize {
+            let calls = self.calls.lock().unwrap();
+            calls.iter().filter(|c| op.is_none_or(|o| o == **c)).count()
+        }
+
+        fn called(&self, op: &'static str) {
+            self.calls.lock().unwrap().push(op);
+        }
+    }
+
+    #[async_trait]
+    impl Provider for FakeProvider {
+        fn name(&self) -> &str {
+            "fake"
+        }
+        async fn health(&self) -> Health {
+            self.called("health");
+            Health::Healthy
+        }
+        async fn capacity(&self) -> Result<Capacity> {
+            self.called("capacity");
+            if self.capacity_asked.fetch_add(1, Ordering::SeqCst) >= self.capacity_answers {
+                std::future::pending::<()>().await;
+            }
+            Ok(Capacity {
+                hosts: Vec::new(),
+                kind: CapacityKind::Live,
+                observed_at: SystemTime::now(),
+                refresh_interval: Duration::from_secs(10),
+            })
+        }
+        async fn admit(&self, _spec: &InstanceSpec) -> Result<Admission> {
+            self.called("admit");
+            Ok(Admission::Queued {
+                reason: "fake".into(),
+            })
+        }
+        async fn create(&self, _fence: &Fence, _spec: &InstanceSpec) -> Result<Instance> {
+            self.called("create");
+            Err(ProviderError::transient("fake"))
+        }
+        async fn get(&self, _uid: &str) -> Result<Option<Instance>> {
+            self.called("get");
+            Ok(None)
+        }
+        async fn delete(&self, _fence: &Fence, _uid: &str, _grace: Duration) -> Result<()> {
+            self.called("delete");
+            Ok(())
+        }
+        async fn list(&self, _node: &str) -> Result<Vec<Instance>> {
+            self.called("list");
+            Ok(Vec::new())
+        }
+        fn events(&self) -> BoxStream<'static, InstanceEvent> {
+            futures::stream::pending().boxed()
+        }
+    }
 }

@@ -186,7 +186,8 @@ fn process_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> 
     };
     let rows: Vec<_> = rows
         .into_iter()
-        .filter(|r| node.is_none_or(|n| r.node == n))
+        // An unreadable sandbox is shown whatever the node: its node is unknown.
+        .filter(|r| r.error.is_some() || node.is_none_or(|n| r.node == n))
         .collect();
     if json {
         match serde_json::to_string(&rows) {
@@ -223,6 +224,9 @@ fn process_list(state_dir: &std::path::Path, node: Option<&str>, json: bool) -> 
             shim,
             procs.join(" ")
         );
+        if let Some(e) = &r.error {
+            println!("  unreadable: {e}");
+        }
     }
     ExitCode::SUCCESS
 }

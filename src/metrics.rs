@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use vkd_provider::{
     Admission, Capabilities, Capacity, Duplex, Fence, Health, Instance, InstanceEvent,
-    InstanceSpec, LogRequest, Logs, PodStats, Provider, Result, StreamIo,
+    InstanceSpec, LogRequest, Logs, PodStats, Provider, ProviderError, Result, StreamIo,
 };
 
 type Labels = Vec<(String, String)>;
@@ -119,7 +119,7 @@ impl Default for Metrics {
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
             provider_errors: reg!("provider_errors", "Failed provider calls by operation and kind", Family::default()),
             pods: reg!("pods", "Pods on this replica's nodes by the phase the API server holds", Family::default()),
-            instances: reg!("backend_instances", "Instances the backend reports for this replica's nodes, by phase", Family::default()),
+            instances: reg!("backend_instances", "Instances the backend holds for this replica's nodes, by phase: each Pod's as last reported, those without a Pod as the last collection pass found them", Family::default()),
             startup: reg!("startup_stage_seconds", "Seconds from binding to each startup stage (observed, admitted, accepted, started, ready)", hist()),
             heap: reg!("heap_bytes", "Bytes the daemon holds on its heap (backend state of embedded providers included)", Gauge::default()),
             registry: r,
@@ -256,20 +256,83 @@ impl Metrics {
     }
 }
 
-/// A provider whose every call is timed and counted.
+/// A provider whose every call is timed, counted and given a deadline.
+///
+/// The deadline (`--provider-timeout`, as the kubelet's
+/// `--runtime-request-timeout`) keeps a backend that stops answering from
+/// stalling whoever waits on it: such a call fails as a transient error that
+/// names the call, and is retried as any transient error is. A deletion also
+/// gets the grace period it was given. Streaming calls are bounded only while
+/// they start: `logs` hands back its follow stream within the deadline and the
+/// stream then lives as long as the client reads it; `exec`, `attach` and
+/// `port_forward` last as long as the session itself, so they get none (the
+/// client's connection and the kubelet API's idle timeout bound them).
+/// A provider that blocks its thread instead of awaiting cannot be cut short.
 #[derive(Debug)]
 pub struct Instrumented {
     inner: Arc<dyn Provider>,
     metrics: Arc<Metrics>,
+    deadline: Duration,
 }
 
 impl Instrumented {
-    pub fn wrap(inner: Arc<dyn Provider>, metrics: Arc<Metrics>) -> Arc<dyn Provider> {
-        Arc::new(Self { inner, metrics })
+    pub fn wrap(
+        inner: Arc<dyn Provider>,
+        metrics: Arc<Metrics>,
+        deadline: Duration,
+    ) -> Arc<dyn Provider> {
+        Arc::new(Self {
+            inner,
+            metrics,
+            deadline,
+        })
+    }
+
+    /// Runs `call` within `deadline`; past it, a transient error naming the call.
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        deadline: Duration,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(deadline, call).await {
+            Ok(result) => result,
+            Err(_) => Err(ProviderError::transient(format!(
+                "provider {}: {op} did not answer within {}",
+                self.inner.name(),
+                human(deadline)
+            ))),
+        }
     }
 }
 
+/// `2m`, `90s`, `1.5s`, `250ms`: how a deadline is written in a message.
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() == 0 && secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else if d >= Duration::from_secs(1) {
+        format!("{}s", d.as_secs_f64())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// Times and counts a call, within the standard deadline or a given one.
 macro_rules! timed {
+    ($self:ident, $op:literal, $call:expr) => {
+        timed!($self, $op, $self.deadline, $call)
+    };
+    ($self:ident, $op:literal, $deadline:expr, $call:expr) => {{
+        let started = Instant::now();
+        let result = $self.bounded($op, $deadline, $call).await;
+        $self.metrics.provider_call($op, started, &result);
+        result
+    }};
+}
+
+/// Times and counts a streaming call, which has no deadline (see [`Instrumented`]).
+macro_rules! unbounded {
     ($self:ident, $op:literal, $call:expr) => {{
         let started = Instant::now();
         let result = $call.await;
@@ -287,7 +350,14 @@ impl Provider for Instrumented {
         self.inner.capabilities()
     }
     async fn health(&self) -> Health {
-        self.inner.health().await
+        // A backend too slow to say whether it is healthy is not.
+        match tokio::time::timeout(self.deadline, self.inner.health()).await {
+            Ok(h) => h,
+            Err(_) => Health::Unhealthy {
+                reason: "ProviderTimeout".into(),
+                message: format!("health did not answer within {}", human(self.deadline)),
+            },
+        }
     }
     async fn capacity(&self) -> Result<Capacity> {
         timed!(self, "capacity", self.inner.capacity())
@@ -302,7 +372,12 @@ impl Provider for Instrumented {
         timed!(self, "get", self.inner.get(uid))
     }
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
-        timed!(self, "delete", self.inner.delete(fence, uid, grace))
+        timed!(
+            self,
+            "delete",
+            self.deadline.saturating_add(grace),
+            self.inner.delete(fence, uid, grace)
+        )
     }
     async fn takeover(&self, fence: &Fence) -> Result<()> {
         timed!(self, "takeover", self.inner.takeover(fence))
@@ -311,6 +386,7 @@ impl Provider for Instrumented {
         timed!(
             self,
             "delete_instance",
+            self.deadline.saturating_add(grace),
             self.inner.delete_instance(fence, id, grace)
         )
     }
@@ -321,6 +397,8 @@ impl Provider for Instrumented {
         self.inner.events()
     }
     async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
+        // The deadline covers reading the history and starting the follow
+        // stream; the stream itself is not cut.
         timed!(self, "logs", self.inner.logs(uid, container, request))
     }
     async fn exec(
@@ -330,13 +408,13 @@ impl Provider for Instrumented {
         command: Vec<String>,
         io: StreamIo,
     ) -> Result<i32> {
-        timed!(self, "exec", self.inner.exec(uid, container, command, io))
+        unbounded!(self, "exec", self.inner.exec(uid, container, command, io))
     }
     async fn attach(&self, uid: &str, container: &str, io: StreamIo) -> Result<()> {
-        timed!(self, "attach", self.inner.attach(uid, container, io))
+        unbounded!(self, "attach", self.inner.attach(uid, container, io))
     }
     async fn port_forward(&self, uid: &str, port: u16, stream: Box<dyn Duplex>) -> Result<()> {
-        timed!(
+        unbounded!(
             self,
             "port_forward",
             self.inner.port_forward(uid, port, stream)
@@ -344,5 +422,45 @@ impl Provider for Instrumented {
     }
     async fn stats(&self, uid: &str) -> Result<PodStats> {
         timed!(self, "stats", self.inner.stats(uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FakeProvider;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_never_answers_fails_transiently_at_its_deadline() {
+        let metrics = Arc::new(Metrics::default());
+        let provider = Instrumented::wrap(
+            FakeProvider::new(0),
+            Arc::clone(&metrics),
+            Duration::from_secs(120),
+        );
+        let started = tokio::time::Instant::now();
+        let err = provider.capacity().await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(120));
+        assert_eq!(err.kind(), "transient");
+        assert_eq!(
+            err.to_string(),
+            "transient backend error: provider fake: capacity did not answer within 2m"
+        );
+        assert!(
+            metrics
+                .render()
+                .contains("vkd_provider_errors_total{operation=\"capacity\",kind=\"transient\"} 1"),
+            "the timeout is counted as a provider error"
+        );
+        // Calls that answer are untouched.
+        assert_eq!(provider.list("vk").await.unwrap().len(), 0);
+    }
+
+    #[test]
+    fn deadlines_read_as_written() {
+        assert_eq!(human(Duration::from_secs(120)), "2m");
+        assert_eq!(human(Duration::from_secs(90)), "90s");
+        assert_eq!(human(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(human(Duration::from_millis(250)), "250ms");
     }
 }

@@ -3,6 +3,7 @@
 //! partition policy, and one audit line for every instance vkd deletes.
 
 pub mod leader;
+pub mod term;
 
 use std::collections::HashMap;
 

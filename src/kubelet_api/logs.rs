@@ -67,6 +67,28 @@ pub fn query_pairs(query: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// An RFC 3339 time. jiff's Timestamp ends on 9999-12-30 (so that any civil
+/// time with any offset fits in it) but RFC 3339, Go and so the kubelet go on
+/// to 9999-12-31T23:59:59Z and beyond with a negative offset: those are read
+/// from their civil parts.
+fn parse_time(v: &str) -> Option<SystemTime> {
+    if let Ok(t) = v.parse::<jiff::Timestamp>() {
+        return Some(SystemTime::from(t));
+    }
+    let pieces = jiff::fmt::temporal::Pieces::parse(v).ok()?;
+    let civil = pieces.date().to_datetime(pieces.time()?);
+    let offset = pieces.offset()?.to_numeric_offset();
+    let since_epoch = civil
+        .duration_since(jiff::civil::DateTime::constant(1970, 1, 1, 0, 0, 0, 0))
+        .checked_sub(jiff::SignedDuration::from_secs(i64::from(offset.seconds())))?;
+    let magnitude = since_epoch.unsigned_abs();
+    if since_epoch.is_negative() {
+        SystemTime::UNIX_EPOCH.checked_sub(magnitude)
+    } else {
+        SystemTime::UNIX_EPOCH.checked_add(magnitude)
+    }
+}
+
 /// Parses and validates the query; an error is the 422 message.
 pub fn parse_query(query: &str) -> Result<LogQuery, String> {
     let mut q = LogQuery::default();
@@ -78,10 +100,10 @@ pub fn parse_query(query: &str) -> Result<LogQuery, String> {
             "timestamps" => q.timestamps = parse_bool(&k, &v)?,
             "sinceSeconds" => q.since_seconds = Some(parse_int(&k, &v)?),
             "sinceTime" => {
-                let t: jiff::Timestamp = v
-                    .parse()
-                    .map_err(|_| format!("sinceTime: invalid value {v:?}: must be RFC 3339"))?;
-                q.since_time = Some(SystemTime::from(t));
+                q.since_time =
+                    Some(parse_time(&v).ok_or_else(|| {
+                        format!("sinceTime: invalid value {v:?}: must be RFC 3339")
+                    })?);
             }
             "tailLines" => q.tail_lines = Some(parse_int(&k, &v)?),
             "limitBytes" => q.limit_bytes = Some(parse_int(&k, &v)?),
@@ -125,8 +147,9 @@ fn timestamp(t: SystemTime) -> String {
 /// Applies since, tail, timestamps and limitBytes to the provider's lines.
 pub fn shape(logs: Logs, q: &LogQuery, now: SystemTime) -> BoxStream<'static, Bytes> {
     let since = [
+        // Past the start of time (checked: the number is the client's): no bound.
         q.since_seconds
-            .map(|s| now - Duration::from_secs(s.unsigned_abs())),
+            .and_then(|s| now.checked_sub(Duration::from_secs(s.unsigned_abs()))),
         q.since_time,
     ]
     .into_iter()
@@ -216,6 +239,44 @@ mod tests {
         assert!(q.timestamps && q.since_time.is_some());
         assert!(parse_query("sinceTime=yesterday").is_err());
         assert_eq!(parse_query("unknown=1&%zz=%").unwrap(), LogQuery::default());
+    }
+
+    #[tokio::test]
+    async fn far_future_since_time_is_valid_and_empties_the_log() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        // 9999-12-31T23:59:59Z, as Go's time.Unix would give it.
+        let last = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799);
+        for (v, want) in [
+            ("9999-12-31T23:59:59Z", last),
+            ("9999-12-31T23:59:59.5Z", last + Duration::from_millis(500)),
+            (
+                "9999-12-31T23:59:59%2B01:00",
+                last - Duration::from_secs(3600),
+            ),
+            // Year 9999 locally, 10000 in UTC: still RFC 3339.
+            (
+                "9999-12-31T23:59:59-01:00",
+                last + Duration::from_secs(3600),
+            ),
+            ("9999-12-30T23:00:00Z", last - Duration::from_secs(89_999)),
+        ] {
+            let q = parse_query(&format!("sinceTime={v}"))
+                .unwrap_or_else(|e| panic!("sinceTime={v}: {e}"));
+            assert_eq!(q.since_time, Some(want), "sinceTime={v}");
+            assert_eq!(collect(shape(lines(3, t0), &q, t0)).await, "", "{v}");
+        }
+        assert!(parse_query("sinceTime=9999-12-31T23:59:59").is_err());
+        assert!(parse_query("sinceTime=9999-12-32T00:00:00Z").is_err());
+    }
+
+    #[tokio::test]
+    async fn huge_since_seconds_keeps_everything_without_panicking() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let q = parse_query(&format!("sinceSeconds={}", i64::MAX)).unwrap();
+        assert_eq!(
+            collect(shape(lines(2, t0), &q, t0)).await,
+            "line 0\nline 1\n"
+        );
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+mod conn;
 pub mod logs;
 pub mod stats;
 pub mod tls;
@@ -40,6 +41,10 @@ use crate::streaming::remotecommand::{
 use crate::streaming::spdy::session::Session;
 use crate::streaming::websocket;
 use auth::{AuthError, Authenticator, User};
+pub use conn::{
+    DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT,
+    Limits,
+};
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
@@ -129,76 +134,51 @@ impl KubeletApi {
         Arc::new(Self { pods, auth, client })
     }
 
-    /// Binds now, serves until shutdown.
+    /// Binds now, serves with the default [`Limits`] until shutdown.
     pub async fn serve(
         self: Arc<Self>,
         addr: SocketAddr,
         config: rustls::ServerConfig,
         shutdown: CancellationToken,
     ) -> Result<tokio::task::JoinHandle<()>, ApiError> {
+        self.serve_with(addr, config, Limits::default(), shutdown)
+            .await
+    }
+
+    /// Binds now, serves until shutdown, within `limits`.
+    pub async fn serve_with(
+        self: Arc<Self>,
+        addr: SocketAddr,
+        config: rustls::ServerConfig,
+        limits: Limits,
+        shutdown: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, ApiError> {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ApiError::Bind { addr, source })?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
-        Ok(tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    a = listener.accept() => match a {
-                        Ok(a) => a,
-                        Err(e) => { warn!(error = %e, "kubelet API accept failed"); continue; }
-                    },
-                };
+        let token = shutdown.clone();
+        Ok(tokio::spawn(conn::accept_loop(
+            listener,
+            limits.max_connections,
+            shutdown,
+            move |tcp, peer, slot| {
                 let this = Arc::clone(&self);
-                let acceptor = acceptor.clone();
-                let token = shutdown.clone();
-                tokio::spawn(async move { this.connection(acceptor, tcp, peer, token).await });
-            }
-        }))
-    }
-
-    async fn connection(
-        self: Arc<Self>,
-        acceptor: TlsAcceptor,
-        tcp: tokio::net::TcpStream,
-        peer: SocketAddr,
-        shutdown: CancellationToken,
-    ) {
-        let tls =
-            match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp))
-                .await
-            {
-                Ok(Ok(t)) => t,
-                Ok(Err(e)) => {
-                    debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
-        let cert_user = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .and_then(tls::identity_of)
-            .map(|(name, groups)| User {
-                name,
-                groups,
-                uid: None,
-            });
-        let this = Arc::clone(&self);
-        let service = hyper::service::service_fn(move |req| {
-            let this = Arc::clone(&this);
-            let user = cert_user.clone();
-            async move { Ok::<_, Infallible>(this.handle(req, user).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(tls), service)
-            .with_upgrades();
-        tokio::select! {
-            r = conn => if let Err(e) = r { debug!(%peer, error = %e, "kubelet API connection ended"); },
-            _ = shutdown.cancelled() => {}
-        }
+                let service = move |tls: &rustls::ServerConnection| {
+                    let cert_user = cert_user(tls);
+                    move |req| Arc::clone(&this).handle(req, cert_user.clone())
+                };
+                tokio::spawn(conn::serve_tls(
+                    acceptor.clone(),
+                    tcp,
+                    peer,
+                    slot,
+                    limits,
+                    token.clone(),
+                    service,
+                ));
+            },
+        )))
     }
 
     async fn handle(
@@ -597,6 +577,18 @@ fn websocket_accept(
         h.insert("sec-websocket-accept", v);
     }
     Ok(r)
+}
+
+/// The user a verified client certificate names, if the client sent one.
+fn cert_user(tls: &rustls::ServerConnection) -> Option<User> {
+    tls.peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(tls::identity_of)
+        .map(|(name, groups)| User {
+            name,
+            groups,
+            uid: None,
+        })
 }
 
 fn auth_response(e: &AuthError) -> Response<Body> {

@@ -1,21 +1,22 @@
-//! The node agent: registers the virtual Node, renews its Lease every 10 s, and
-//! posts its status when it changes and at least every 5 minutes, as the kubelet
-//! does. When the provider is unhealthy the Node says Ready=False with a reason
-//! rather than going silent.
+//! The node agent: registers the virtual Node, renews its Lease every 10 s (on
+//! its own task, [`lease`]), and posts its status when it changes and at least
+//! every 5 minutes, as the kubelet does. When the provider is unhealthy or does
+//! not answer, the Node says Ready=False with a reason rather than going silent.
+
+mod lease;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 use vkd_provider::{Capacity, Health, Provider};
 
 use crate::config::Taint;
@@ -24,8 +25,6 @@ use crate::pods::status::time;
 const FIELD_MANAGER: &str = "vkd";
 /// After a provider change, wait this long for more before looking at capacity.
 const CHANGE_SETTLE: Duration = Duration::from_millis(500);
-/// A renewal this close to due is done now rather than a tick late.
-const RENEW_SLACK: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -35,6 +34,10 @@ pub enum NodeError {
         #[source]
         source: kube::Error,
     },
+    /// The lease task stopped while the agent ran: the Node would go NotReady
+    /// with nobody saying why, so the agent stops too.
+    #[error("node {node}: the lease task stopped: {reason}")]
+    LeaseStopped { node: String, reason: String },
 }
 
 #[derive(Clone, Debug)]
@@ -162,33 +165,6 @@ impl NodeAgent {
         Ok(node.metadata.uid.unwrap_or_default())
     }
 
-    async fn renew_lease(&self, node_uid: &str) -> Result<(), kube::Error> {
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
-        let lease = json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.settings.name,
-                "ownerReferences": [{
-                    "apiVersion": "v1", "kind": "Node",
-                    "name": self.settings.name, "uid": node_uid,
-                }],
-            },
-            "spec": {
-                "holderIdentity": self.settings.name,
-                "leaseDurationSeconds": self.settings.lease_duration.as_secs(),
-                "renewTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
-            },
-        });
-        api.patch(
-            &self.settings.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(lease),
-        )
-        .await
-        .map(drop)
-    }
-
     /// What the capacity means, as labels and annotations.
     fn topology(
         &self,
@@ -312,6 +288,40 @@ impl NodeAgent {
         shutdown: CancellationToken,
         registered: watch::Sender<bool>,
     ) -> Result<(), NodeError> {
+        let (owner, node_uid) = watch::channel(None);
+        let lease_stop = shutdown.child_token();
+        let _stop_lease = lease_stop.clone().drop_guard();
+        let mut lease = tokio::spawn(
+            lease::NodeLease {
+                client: self.client.clone(),
+                node: self.settings.name.clone(),
+                duration: self.settings.lease_duration,
+                interval: self.settings.lease_renew_interval,
+                renewed: Arc::clone(&self.last_renewal),
+            }
+            .run(node_uid, lease_stop)
+            .in_current_span(),
+        );
+        // Provider calls may take up to their deadline: shutdown does not wait for them.
+        tokio::select! {
+            () = shutdown.cancelled() => Ok(()),
+            joined = &mut lease => Err(NodeError::LeaseStopped {
+                node: self.settings.name.clone(),
+                reason: match joined {
+                    Ok(()) => "it ended".into(),
+                    Err(e) => e.to_string(),
+                },
+            }),
+            never = self.report(&owner, &registered) => match never {},
+        }
+    }
+
+    /// Registers the Node, then keeps its status current; never returns.
+    async fn report(
+        &self,
+        owner: &watch::Sender<Option<String>>,
+        registered: &watch::Sender<bool>,
+    ) -> std::convert::Infallible {
         let initial = self.capacity().await.ok();
         let mut last_meta = self.topology(initial.as_ref());
         let node_uid = loop {
@@ -319,14 +329,12 @@ impl NodeAgent {
                 Ok(uid) => break uid,
                 Err(e) => {
                     warn!(error = %e, "node registration failed; retrying in 2s");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return Err(e),
-                        _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             }
         };
         info!(node = %self.settings.name, "node registered");
+        owner.send_replace(Some(node_uid));
         let _ = registered.send(true);
         let api: Api<Node> = Api::all(self.client.clone());
         let mut posted: Vec<(&'static str, Posted)> = Vec::new();
@@ -336,29 +344,12 @@ impl NodeAgent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Instances starting and stopping change what is free: look again soon after.
         let mut changes = self.provider.events();
-        let mut last_renew: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
                 _ = tick.tick() => {}
                 Some(_) = changes.next() => {
                     tokio::time::sleep(CHANGE_SETTLE).await;
                     while let Some(Some(_)) = changes.next().now_or_never() {}
-                }
-            }
-            let renew_due = last_renew
-                .is_none_or(|t| t.elapsed() + RENEW_SLACK >= self.settings.lease_renew_interval);
-            if renew_due {
-                match self.renew_lease(&node_uid).await {
-                    Ok(()) => {
-                        last_renew = Some(tokio::time::Instant::now());
-                        let ms = SystemTime::now()
-                            .duration_since(SystemTime::UNIX_EPOCH)
-                            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-                        self.last_renewal
-                            .store(ms, std::sync::atomic::Ordering::Release);
-                    }
-                    Err(e) => warn!(error = %e, "renewing the node lease failed"),
                 }
             }
             let now = SystemTime::now();
@@ -450,3 +441,122 @@ const ARCH: &str = match std::env::consts::ARCH.as_bytes() {
     b"aarch64" => "arm64",
     _ => std::env::consts::ARCH,
 };
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::testing::{FakeProvider, Log, Seen, fake_api, status};
+
+    const RENEW: Duration = Duration::from_millis(50);
+
+    fn settings() -> Settings {
+        Settings {
+            name: "vk".into(),
+            address: "10.0.0.1".into(),
+            kubelet_port: 10250,
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            max_pods: None,
+            lease_renew_interval: RENEW,
+            lease_duration: Duration::from_secs(40),
+            status_report_interval: Duration::from_secs(300),
+            policy: String::new(),
+            host: None,
+        }
+    }
+
+    /// The API server's side: the Node, its status and its Lease.
+    fn answer(req: &Seen) -> (u16, serde_json::Value) {
+        match (req.method.as_str(), req.path.as_str()) {
+            ("PATCH", "/api/v1/nodes/vk" | "/api/v1/nodes/vk/status") => (
+                200,
+                json!({"apiVersion": "v1", "kind": "Node",
+                       "metadata": {"name": "vk", "uid": "node-uid"}}),
+            ),
+            ("PATCH", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/vk") => (
+                200,
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                       "metadata": {"name": "vk", "resourceVersion": "1"}}),
+            ),
+            _ => status(404, "NotFound"),
+        }
+    }
+
+    fn lease_writes(log: &Log) -> Vec<serde_json::Value> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path.ends_with("/leases/vk"))
+            .map(|s| s.body.clone())
+            .collect()
+    }
+
+    fn age_ms(renewed: &AtomicU64) -> u64 {
+        let now = u64::try_from(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap();
+        now.saturating_sub(renewed.load(Ordering::Acquire))
+    }
+
+    /// Runs the agent for a while against a provider whose `capacity()` answers
+    /// `answers` times and then hangs: the lease writes seen, how long ago the
+    /// last renewal was, and whether the agent then stopped on shutdown.
+    async fn run_with_hanging_capacity(answers: usize) -> (Vec<serde_json::Value>, u64, bool) {
+        let (client, log) = fake_api(answer);
+        let provider = FakeProvider::new(answers);
+        let renewed = Arc::new(AtomicU64::new(0));
+        let agent = NodeAgent::new(settings(), client, provider.clone(), Arc::clone(&renewed));
+        let shutdown = CancellationToken::new();
+        let (tx, _rx) = watch::channel(false);
+        let task = tokio::spawn(agent.run(shutdown.clone(), tx));
+        tokio::time::sleep(RENEW * 8).await;
+        assert!(
+            provider.calls(Some("capacity")) > answers,
+            "capacity() was asked again and hangs"
+        );
+        let leases = lease_writes(&log);
+        let age = age_ms(&renewed);
+        shutdown.cancel();
+        // A provider call that never returns does not hold up the shutdown either.
+        let stopped = tokio::time::timeout(Duration::from_secs(2), task).await;
+        (leases, age, stopped.is_ok())
+    }
+
+    // Paused time: the intervals pass as soon as every task waits, so the
+    // counts do not depend on how busy the machine is.
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_is_renewed_while_capacity_hangs_at_start() {
+        let (leases, age, stopped) = run_with_hanging_capacity(0).await;
+        assert!(leases.len() >= 4, "lease renewed {} times", leases.len());
+        // What the partition watch reads stays fresh, so no Pod is fenced.
+        assert!(
+            age < 10 * RENEW.as_millis() as u64,
+            "last renewal {age} ms ago"
+        );
+        assert!(stopped, "the agent stopped on shutdown");
+    }
+
+    // Paused time: the intervals pass as soon as every task waits, so the
+    // counts do not depend on how busy the machine is.
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_is_renewed_while_capacity_hangs_later() {
+        let (leases, age, stopped) = run_with_hanging_capacity(2).await;
+        assert!(leases.len() >= 4, "lease renewed {} times", leases.len());
+        assert!(
+            age < 10 * RENEW.as_millis() as u64,
+            "last renewal {age} ms ago"
+        );
+        assert!(stopped, "the agent stopped on shutdown");
+        // Once the Node exists, the lease names it as its owner.
+        let last = leases.last().unwrap();
+        assert_eq!(last["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+    }
+}

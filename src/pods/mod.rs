@@ -114,17 +114,14 @@ pub struct Settings {
 #[derive(Clone, Debug)]
 pub struct Shared {
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Cancelled when a backend says a newer epoch acts for the node: this
-    /// replica must stop at once.
-    pub superseded: CancellationToken,
+    /// The leadership term they act in: a backend refusing its epoch ends it,
+    /// and when it ends unrenewed they apply the partition policy first.
+    pub term: crate::fencing::term::Term,
     /// Unix milliseconds of the last successful node lease renewal (0: none yet).
     pub last_lease_renewal: Arc<std::sync::atomic::AtomicU64>,
     /// Pod UIDs whose instance the partition policy stopped (kept across
     /// leadership terms, so the Pod later fails with the right reason).
     pub partition_fenced: Arc<Mutex<HashSet<String>>>,
-    /// Set (with the reason) when leadership ends because the lease could not be
-    /// renewed: before they stop, the controllers apply the partition policy.
-    pub unrenewed: Arc<Mutex<Option<String>>>,
 }
 
 pub struct PodController {
@@ -151,6 +148,10 @@ pub struct PodController {
     gc_wake: tokio::sync::Notify,
     /// Orphans a collection pass decided to delete.
     approved_orphans: Mutex<HashSet<String>>,
+    /// Instances without a Pod of their own (orphans and duplicates) by phase,
+    /// as the last collection pass found them; with the Pods' own instances
+    /// this is `vkd_backend_instances`, so a scrape never lists the backend.
+    unowned_phases: Mutex<Vec<(String, i64)>>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -189,6 +190,7 @@ impl PodController {
             shared,
             gc_wake: tokio::sync::Notify::new(),
             approved_orphans: Mutex::default(),
+            unowned_phases: Mutex::default(),
             settings,
             client,
             watch_client,
@@ -245,41 +247,43 @@ impl PodController {
         }
     }
 
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..self.settings.concurrency {
-            let this = Arc::clone(&self);
-            let token = shutdown.clone();
-            tasks.spawn(async move { this.worker(token, Lane::Any).await });
+    /// Runs until shutdown. A worker, the watch or the collector that stops
+    /// before then stops the rest, and the error names it.
+    pub async fn run(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+    ) -> Result<(), crate::tasks::TaskError> {
+        let mut tasks = crate::tasks::Critical::new(shutdown.clone());
+        let node = &self.settings.node;
+        let lanes = std::iter::repeat_n(Lane::Any, self.settings.concurrency).chain(
+            std::iter::repeat_n(Lane::Create, self.settings.create_concurrency),
+        );
+        for (i, lane) in lanes.enumerate() {
+            let (this, token) = (Arc::clone(&self), shutdown.clone());
+            tasks.spawn(format!("pod worker {i} of node {node}"), async move {
+                this.worker(token, lane).await;
+                Ok::<(), std::convert::Infallible>(())
+            });
         }
-        for _ in 0..self.settings.create_concurrency {
-            let this = Arc::clone(&self);
-            let token = shutdown.clone();
-            tasks.spawn(async move { this.worker(token, Lane::Create).await });
+        macro_rules! task {
+            ($name:literal, $method:ident) => {{
+                let (this, token) = (Arc::clone(&self), shutdown.clone());
+                tasks.spawn(format!("{} of node {node}", $name), async move {
+                    this.$method(token).await;
+                    Ok::<(), std::convert::Infallible>(())
+                });
+            }};
         }
-        let this = Arc::clone(&self);
-        let token = shutdown.clone();
-        tasks.spawn(async move { this.provider_events(token).await });
-        let this = Arc::clone(&self);
-        let token = shutdown.clone();
-        tasks.spawn(async move { this.resync(token).await });
-        let this = Arc::clone(&self);
-        let token = shutdown.clone();
-        tasks.spawn(async move { this.collect(token).await });
-        let this = Arc::clone(&self);
-        let token = shutdown.clone();
-        tasks.spawn(async move { this.partition_watch(token).await });
-        self.watch(shutdown).await;
-        while tasks.join_next().await.is_some() {}
-        let unrenewed = self
-            .shared
-            .unrenewed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(why) = unrenewed {
+        task!("pod watch", watch);
+        task!("provider events", provider_events);
+        task!("resync", resync);
+        task!("collector", collect);
+        task!("partition watch", partition_watch);
+        let result = tasks.join().await;
+        if let Some(why) = self.shared.term.unrenewed() {
             self.fence_for_partition(&why).await;
         }
+        result
     }
 
     async fn watch(&self, shutdown: CancellationToken) {
@@ -381,6 +385,14 @@ impl PodController {
                 self.settings.brake,
             )
         };
+        let mut unowned: std::collections::BTreeMap<String, i64> = Default::default();
+        for i in plan.orphans.iter().chain(&plan.duplicates) {
+            *unowned.entry(format!("{:?}", i.phase)).or_default() += 1;
+        }
+        *self
+            .unowned_phases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = unowned.into_iter().collect();
         for d in &plan.duplicates {
             self.shared.metrics.duplicates_found.inc();
             crate::fencing::audit(
@@ -542,6 +554,27 @@ impl PodController {
         by.into_iter().collect()
     }
 
+    /// The backend's instances by phase, from what the controller knows: each
+    /// Pod's instance in the phase last written from it (until its deletion is
+    /// confirmed), and the instances without a Pod from the last collection pass.
+    pub fn backend_phases(&self) -> Vec<(String, i64)> {
+        let mut by: std::collections::BTreeMap<String, i64> = Default::default();
+        for r in self.records().values() {
+            if r.instance_id.is_some() && !r.delete_sent {
+                *by.entry(r.phase.as_str().to_owned()).or_default() += 1;
+            }
+        }
+        let unowned = self
+            .unowned_phases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (phase, n) in unowned {
+            *by.entry(phase).or_default() += n;
+        }
+        by.into_iter().collect()
+    }
+
     /// Pods being deleted whose instance is not yet confirmed gone.
     pub fn deletions_pending(&self) -> usize {
         self.records()
@@ -643,7 +676,9 @@ impl PodController {
                             "the backend refused our epoch: a newer replica acts for this node; stopping"
                         )
                     });
-                    self.shared.superseded.cancel();
+                    self.shared.term.supersede(format!(
+                        "a backend refused epoch {got}: node {node} is at epoch {current}"
+                    ));
                 }
                 Err(e) => {
                     let retry_in = self.queue.retry(&uid);

@@ -343,8 +343,9 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
                 .map_err(|e| invalid("limits.cpu", e))?,
             memory_bytes: limits
                 .and_then(|l| l.get("memory"))
-                .map(|q| quantity::bytes(&q.0))
+                .map(|q| quantity::memory_limit(&q.0))
                 .transpose()
+                .map(Option::flatten)
                 .map_err(|e| invalid("limits.memory", e))?,
         },
         startup_probe: probe("startupProbe", c.startup_probe.as_ref())?.map(Box::new),
@@ -513,11 +514,19 @@ fn resources(spec: &PodSpec) -> Result<Resources, SpecError> {
         })
     };
     let mut total = Resources::default();
+    let too_much = |what: &str| {
+        spec_error(
+            "InvalidResources",
+            format!("the Pod's {what} requests add up past what any node holds"),
+        )
+    };
     for c in &spec.containers {
         let r = one(c)?;
-        total.cpu_millis += r.cpu_millis;
-        total.memory_bytes += r.memory_bytes;
-        total.gpus += r.gpus;
+        total.cpu_millis =
+            (total.cpu_millis.checked_add(r.cpu_millis)).ok_or_else(|| too_much("cpu"))?;
+        total.memory_bytes =
+            (total.memory_bytes.checked_add(r.memory_bytes)).ok_or_else(|| too_much("memory"))?;
+        total.gpus = (total.gpus.checked_add(r.gpus)).ok_or_else(|| too_much("nvidia.com/gpu"))?;
     }
     for c in spec.init_containers.iter().flatten() {
         let r = one(c)?;

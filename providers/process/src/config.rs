@@ -163,7 +163,9 @@ impl ProcessConfig {
 
     /// Where Pod cgroups go: `none`, detected (`auto`), or the configured directory,
     /// which must be a cgroup v2 directory with the memory, cpu and pids controllers.
-    pub fn cgroup_parent(&self) -> Result<Option<crate::cgroup::CgroupParent>, crate::cgroup::CgroupError> {
+    pub fn cgroup_parent(
+        &self,
+    ) -> Result<Option<crate::cgroup::CgroupParent>, crate::cgroup::CgroupError> {
         match self.cgroup_parent.as_str() {
             "none" => Ok(None),
             "auto" => Ok(crate::cgroup::detect()),
@@ -221,7 +223,10 @@ mod tests {
         std::fs::write(plain.join("cgroup.procs"), "").unwrap();
         std::fs::write(&p, format!("cgroupParent: {}\n", plain.display())).unwrap();
         let e = ProcessConfig::load(&p).unwrap_err().to_string();
-        assert!(e.contains("cgroupParent") && e.contains("not a cgroup v2"), "{e}");
+        assert!(
+            e.contains("cgroupParent") && e.contains("not a cgroup v2"),
+            "{e}"
+        );
         std::fs::write(&p, "podPidsLimit: 0\n").unwrap();
         assert_eq!(ProcessConfig::load(&p).unwrap().pids_limit(), None);
         let _ = std::fs::remove_dir_all(&dir);

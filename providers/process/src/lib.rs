@@ -147,6 +147,11 @@ impl ProcessProvider {
     /// Opens (or creates) the state under `dir`. `shim_exe` is the program that
     /// answers `process-shim` and `process-launch` (the vkd binary itself).
     pub fn open(config: ProcessConfig, dir: &Path, shim_exe: PathBuf) -> Result<Self, OpenError> {
+        let Some((uid, gid)) = config.run_as() else {
+            return Err(OpenError::RunsAsDaemon {
+                uid: rustix::process::geteuid().as_raw(),
+            });
+        };
         if !shim_exe.is_file() {
             return Err(OpenError::Shim(shim_exe));
         }
@@ -161,11 +166,6 @@ impl ProcessProvider {
             path: dir.to_owned(),
             source,
         })?;
-        let Some((uid, gid)) = config.run_as() else {
-            return Err(OpenError::RunsAsDaemon {
-                uid: rustix::process::geteuid().as_raw(),
-            });
-        };
         let cgroup = config.cgroup_parent()?;
         if let Some((blocker, mode)) = blocker(&dir.join("pods"), uid, gid) {
             return Err(OpenError::Unreachable {
@@ -210,7 +210,12 @@ impl ProcessProvider {
     /// memory, cpu and pids controllers, else `rlimit` (memory as RLIMIT_DATA,
     /// processes as RLIMIT_NPROC of the run-as user, no CPU limit).
     pub fn limits_mode(&self) -> &'static str {
-        if self.inner.cgroup.as_ref().is_some_and(|c| c.enforces_limits()) {
+        if self
+            .inner
+            .cgroup
+            .as_ref()
+            .is_some_and(|c| c.enforces_limits())
+        {
             "cgroup-v2"
         } else {
             "rlimit"
@@ -289,10 +294,7 @@ impl ProcessProvider {
                 .process_group(0);
         }
         let pid = spawn_reaped(cmd)?;
-        if let Some(id) = i32::try_from(pid)
-            .ok()
-            .and_then(procfs::ProcessId::of)
-        {
+        if let Some(id) = i32::try_from(pid).ok().and_then(procfs::ProcessId::of) {
             // Written here as well as by the shim, so nothing sees a sandbox without one.
             if sb.shim_process().is_none() {
                 sandbox::write_atomic(&sb.shim_pid(), id.render().as_bytes(), 0o644)?;
@@ -334,13 +336,18 @@ impl ProcessProvider {
                 Some(wd) => {
                     // Inside the Pod's root, as mountPath: `..` would leave it.
                     let rel = Path::new(wd.trim_start_matches('/'));
-                    if rel
-                        .components()
-                        .any(|p| !matches!(p, std::path::Component::Normal(_) | std::path::Component::CurDir))
-                    {
+                    if rel.components().any(|p| {
+                        !matches!(
+                            p,
+                            std::path::Component::Normal(_) | std::path::Component::CurDir
+                        )
+                    }) {
                         return Err(ProviderError::invalid(
                             "InvalidSpec",
-                            format!("container {}: workingDir {wd:?} leaves the Pod's root", c.name),
+                            format!(
+                                "container {}: workingDir {wd:?} leaves the Pod's root",
+                                c.name
+                            ),
                         ));
                     }
                     root.join(rel)
@@ -732,7 +739,8 @@ impl ProcessProvider {
         let built = (|| -> Result<InstanceRecord> {
             self.materialize(&sb, spec, &launches)?;
             for l in &launches {
-                sb.ensure_env_file(l).map_err(io_err(&sb.env_file(&l.name)))?;
+                sb.ensure_env_file(l)
+                    .map_err(io_err(&sb.env_file(&l.name)))?;
             }
             let shim_spec = ShimSpec {
                 spec: spec.clone(),

@@ -121,6 +121,40 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// The direct children of `pid`, from every thread's `children` list (orphans
+/// re-parented to a subreaper may hang below any of its threads).
+pub fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Every process below `pid`, children first.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        for c in children(p) {
+            if !out.contains(&c) {
+                out.push(c);
+                next.push(c);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,35 +181,4 @@ mod tests {
         };
         assert!(!other.alive());
     }
-}
-
-/// The direct children of `pid`, from every thread's `children` list (orphans
-/// re-parented to a subreaper may hang below any of its threads).
-pub fn children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-/// Every process below `pid`, children first.
-pub fn descendants(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut next = vec![pid];
-    while let Some(p) = next.pop() {
-        for c in children(p) {
-            if !out.contains(&c) {
-                out.push(c);
-                next.push(c);
-            }
-        }
-    }
-    out
 }

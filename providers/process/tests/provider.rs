@@ -462,8 +462,11 @@ fn processes_with(marker: &str) -> Vec<i32> {
         };
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(e.path().join("stat"))
-            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')));
+        let zombie = std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        });
         if cmd.starts_with(marker) && !zombie {
             out.push(pid);
         }
@@ -491,7 +494,10 @@ async fn the_pods_environment_never_reaches_a_root_process() {
     s.containers[0].env = vec![
         ("GREETING".into(), "hi".into()),
         ("LD_DEBUG".into(), "libs".into()),
-        ("LD_DEBUG_OUTPUT".into(), out.join("dbg").display().to_string()),
+        (
+            "LD_DEBUG_OUTPUT".into(),
+            out.join("dbg").display().to_string(),
+        ),
     ];
     p.create(&fence(), &s).await.unwrap();
     running(&p, "u-ldenv").await;
@@ -632,7 +638,10 @@ async fn a_working_dir_outside_the_pod_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_huge_grace_period_does_not_panic_the_shim() {
     let (p, dir) = provider();
-    let mut s = spec("u-grace", &["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]);
+    let mut s = spec(
+        "u-grace",
+        &["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+    );
     s.termination_grace = Duration::from_secs(i64::MAX as u64);
     s.containers[0].liveness_probe = Some(Box::new(vkd_provider::Probe {
         handler: vkd_provider::Handler::Exec {
@@ -659,8 +668,12 @@ async fn a_huge_grace_period_does_not_panic_the_shim() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_truncated_record_affects_only_its_own_pod() {
     let (p, dir) = provider();
-    p.create(&fence(), &spec("u-ok", &["sleep", "60"])).await.unwrap();
-    p.create(&fence(), &spec("u-torn", &["sleep", "60"])).await.unwrap();
+    p.create(&fence(), &spec("u-ok", &["sleep", "60"]))
+        .await
+        .unwrap();
+    p.create(&fence(), &spec("u-torn", &["sleep", "60"]))
+        .await
+        .unwrap();
     running(&p, "u-ok").await;
     running(&p, "u-torn").await;
     let record = dir.join("pods/u-torn/instance.json");
@@ -668,7 +681,10 @@ async fn a_truncated_record_affects_only_its_own_pod() {
     std::fs::write(&record, &text[..text.len() / 2]).unwrap();
     let listed = p.list("node-p").await.unwrap();
     assert_eq!(
-        listed.iter().map(|i| i.owner.uid.as_str()).collect::<Vec<_>>(),
+        listed
+            .iter()
+            .map(|i| i.owner.uid.as_str())
+            .collect::<Vec<_>>(),
         ["u-ok"]
     );
     let err = p.get("u-torn").await.unwrap_err().to_string();
@@ -676,7 +692,9 @@ async fn a_truncated_record_affects_only_its_own_pod() {
     let rows = vkd_process::read_listings(&dir).unwrap();
     let torn = rows.iter().find(|r| r.pod_uid == "u-torn").unwrap();
     assert!(
-        torn.error.as_deref().is_some_and(|e| e.contains("instance.json")),
+        torn.error
+            .as_deref()
+            .is_some_and(|e| e.contains("instance.json")),
         "{torn:?}"
     );
     remove(&p, "u-ok").await;
@@ -692,7 +710,9 @@ async fn a_truncated_record_affects_only_its_own_pod() {
 async fn get_never_kills_or_removes() {
     use std::os::unix::process::CommandExt;
     let (p, dir) = provider();
-    p.create(&fence(), &spec("u-read", &["sleep", "60"])).await.unwrap();
+    p.create(&fence(), &spec("u-read", &["sleep", "60"]))
+        .await
+        .unwrap();
     running(&p, "u-read").await;
     let rows = vkd_process::read_listings(&dir).unwrap();
     let row = rows.iter().find(|r| r.pod_uid == "u-read").unwrap();
@@ -720,7 +740,10 @@ async fn get_never_kills_or_removes() {
     assert!(p.list("node-p").await.unwrap().len() == 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = own.try_wait().unwrap();
-    assert!(early.is_none(), "a read killed a recorded process: {early:?}");
+    assert!(
+        early.is_none(),
+        "a read killed a recorded process: {early:?}"
+    );
     assert!(dir.join("pods/u-read").exists());
     remove(&p, "u-read").await;
     assert!(own.wait().unwrap().code().is_none(), "the delete kills it");
