@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: builds the control plane (from cache when warm), then runs
-# every unit, conformance and end-to-end test in the workspace.
+# The whole test suite: builds the control plane (from cache when warm), then the
+# gates (format, clippy with the workspace lints as errors, the dependency audit)
+# and every unit, conformance and end-to-end test in the workspace.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 e2e/cluster build >/dev/null
 cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+scripts/deny.sh
 cargo test --workspace --locked "$@"

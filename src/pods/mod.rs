@@ -747,7 +747,17 @@ impl PodController {
                         .pending
                         .as_ref()
                         .and_then(|p| p.spec.annotations.get(QUEUE_TIMEOUT_ANNOTATION))
-                        .and_then(|t| vkd_provider::parse_duration(t))
+                        .map(|t| match vkd_provider::duration::parse(t) {
+                            Ok(d) => d,
+                            // Longer than a year reads as "wait as long as vkd can".
+                            Err(vkd_provider::duration::DurationError::TooLong { .. }) => {
+                                vkd_provider::duration::MAX_DURATION
+                            }
+                            Err(e) => {
+                                warn!(annotation = QUEUE_TIMEOUT_ANNOTATION, error = %e, "using --queue-timeout");
+                                self.settings.queue_timeout
+                            }
+                        })
                         .unwrap_or(self.settings.queue_timeout);
                     let waited = since.elapsed().unwrap_or_default();
                     if waited >= timeout {
