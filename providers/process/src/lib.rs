@@ -15,10 +15,13 @@
 pub mod cgroup;
 pub mod config;
 pub mod launch;
+mod listing;
 pub mod logs;
+mod prepare;
 pub mod procfs;
 pub mod sandbox;
 pub mod shim;
+mod stream;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,17 +32,19 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use rustix::process::Signal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 use vkd_provider::{
     Admission, Capabilities, Capacity, CapacityKind, ContainerState, ContainerStats,
     ContainerStatus, Duplex, Fence, Health, HostSlice, Instance, InstanceEvent, InstancePhase,
     InstanceSpec, LogRequest, Logs, Placement, PodStats, Provider, ProviderError, Result, StreamIo,
-    Support, VolumeSource,
+    Support,
 };
 
 pub use config::ProcessConfig;
+pub use listing::{Listing, read_listings};
 use sandbox::{InstanceRecord, Launch, Sandbox, ShimSpec, StatusFile};
+use stream::{copy_out, exec_tty};
 
 /// Runs the shim or launcher part when `args` (the whole argv) asks for one;
 /// `None` when it is a normal invocation.
@@ -298,229 +303,6 @@ impl ProcessProvider {
             // Written here as well as by the shim, so nothing sees a sandbox without one.
             if sb.shim_process().is_none() {
                 sandbox::write_atomic(&sb.shim_pid(), id.render().as_bytes(), 0o644)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Resolves what each container runs: argv, environment, working directory.
-    fn launches(&self, spec: &InstanceSpec, root: &Path) -> Result<Vec<Launch>> {
-        let mut out = Vec::new();
-        for c in spec.init_containers.iter().chain(&spec.containers) {
-            let image = self.inner.config.image(&c.image).ok_or_else(|| {
-                ProviderError::invalid(
-                    "ImageNotRunnable",
-                    format!(
-                        "container {}: image {:?} is not mapped to anything runnable on this host; \
-                         add it to images in the process provider config",
-                        c.name, c.image
-                    ),
-                )
-            })?;
-            let mut argv: Vec<String> = if c.command.is_empty() {
-                image.entrypoint.clone()
-            } else {
-                c.command.clone()
-            };
-            argv.extend(c.args.iter().cloned());
-            if argv.is_empty() {
-                return Err(ProviderError::invalid(
-                    "ImageNotRunnable",
-                    format!(
-                        "container {}: no command, and image {:?} has no entrypoint in the process provider config",
-                        c.name, c.image
-                    ),
-                ));
-            }
-            let cwd = match &c.working_dir {
-                Some(wd) => {
-                    // Inside the Pod's root, as mountPath: `..` would leave it.
-                    let rel = Path::new(wd.trim_start_matches('/'));
-                    if rel.components().any(|p| {
-                        !matches!(
-                            p,
-                            std::path::Component::Normal(_) | std::path::Component::CurDir
-                        )
-                    }) {
-                        return Err(ProviderError::invalid(
-                            "InvalidSpec",
-                            format!(
-                                "container {}: workingDir {wd:?} leaves the Pod's root",
-                                c.name
-                            ),
-                        ));
-                    }
-                    root.join(rel)
-                }
-                None => root.to_owned(),
-            };
-            let mut env: Vec<(String, String)> = vec![
-                ("PATH".into(), image.search_path().to_owned()),
-                ("HOME".into(), root.display().to_string()),
-                ("HOSTNAME".into(), spec.pod.name.clone()),
-            ];
-            for (k, v) in &c.env {
-                env.retain(|(n, _)| n != k);
-                env.push((k.clone(), v.clone()));
-            }
-            env.push(("VKD_POD_ROOT".into(), root.display().to_string()));
-            let own = [("VKD_POD_ROOT".to_owned(), root.display().to_string())];
-            let argv: Vec<String> = argv.iter().map(|a| expand_own(a, &own)).collect();
-            let program = &argv[0];
-            let path = env
-                .iter()
-                .rev()
-                .find(|(k, _)| k == "PATH")
-                .map_or(image.search_path(), |(_, v)| v.as_str());
-            let resolved = if program.contains('/') {
-                let p = if Path::new(program).is_absolute() {
-                    PathBuf::from(program)
-                } else {
-                    cwd.join(program)
-                };
-                // A relative program may come from a volume that exists only once materialized.
-                if Path::new(program).is_absolute() && !is_executable(&p) {
-                    return Err(not_found(&c.name, program, path, &c.image));
-                }
-                p
-            } else {
-                path.split(':')
-                    .map(|d| Path::new(d).join(program))
-                    .find(|p| is_executable(p))
-                    .ok_or_else(|| not_found(&c.name, program, path, &c.image))?
-            };
-            let mut argv = argv;
-            argv[0] = resolved.display().to_string();
-            for h in [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
-                .into_iter()
-                .flatten()
-                .map(|p| &p.handler)
-                .chain(c.post_start.as_deref())
-                .chain(c.pre_stop.as_deref())
-            {
-                if matches!(h, vkd_provider::Handler::HttpGet { https: true, .. }) {
-                    return Err(ProviderError::invalid(
-                        "InvalidProbe",
-                        format!(
-                            "container {}: HTTPS probes and hooks are not supported by the process provider",
-                            c.name
-                        ),
-                    ));
-                }
-            }
-            out.push(Launch {
-                name: c.name.clone(),
-                argv,
-                env,
-                cwd,
-            });
-        }
-        Ok(out)
-    }
-
-    fn chown(&self, path: &Path) -> std::io::Result<()> {
-        let (u, g) = self.inner.run_as;
-        std::os::unix::fs::lchown(path, Some(u), Some(g))
-    }
-
-    fn mkdirs(&self, base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
-        let mut p = base.to_owned();
-        for part in rel.components() {
-            if let std::path::Component::Normal(s) = part {
-                p.push(s);
-                if !p.exists() {
-                    std::fs::create_dir(&p)?;
-                    self.chown(&p)?;
-                }
-            }
-        }
-        Ok(p)
-    }
-
-    /// Writes volumes and mount links into a fresh sandbox.
-    fn materialize(&self, sb: &Sandbox, spec: &InstanceSpec, launches: &[Launch]) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
-        let e = |e: std::io::Error| ProviderError::transient(format!("building the sandbox: {e}"));
-        for d in [sb.root(), sb.volumes()] {
-            std::fs::create_dir_all(&d).map_err(e)?;
-            self.chown(&d).map_err(e)?;
-        }
-        for v in &spec.volumes {
-            let vdir = sb.volumes().join(&v.name);
-            match &v.source {
-                VolumeSource::HostPath { path } => {
-                    std::os::unix::fs::symlink(path, &vdir).map_err(e)?;
-                }
-                VolumeSource::EmptyDir { .. } => {
-                    std::fs::create_dir_all(&vdir).map_err(e)?;
-                    self.chown(&vdir).map_err(e)?;
-                }
-                VolumeSource::Files { files } => {
-                    std::fs::create_dir_all(&vdir).map_err(e)?;
-                    self.chown(&vdir).map_err(e)?;
-                    for f in files {
-                        let rel = Path::new(&f.path);
-                        let parent = rel.parent().unwrap_or(Path::new(""));
-                        let dir = self.mkdirs(&vdir, parent).map_err(e)?;
-                        let target = dir.join(rel.file_name().unwrap_or_default());
-                        sandbox::write_atomic(&target, &f.data, f.mode).map_err(e)?;
-                        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(f.mode))
-                            .map_err(e)?;
-                        self.chown(&target).map_err(e)?;
-                    }
-                }
-            }
-        }
-        for c in spec.init_containers.iter().chain(&spec.containers) {
-            for m in &c.mounts {
-                let mut target = sb.volumes().join(&m.volume);
-                if let Some(sub) = &m.sub_path {
-                    if sub.split('/').any(|s| s == "..") || sub.starts_with('/') {
-                        return Err(ProviderError::invalid(
-                            "InvalidSpec",
-                            format!("container {}: subPath {sub:?} leaves the volume", c.name),
-                        ));
-                    }
-                    target = target.join(sub);
-                    if !target.exists() {
-                        self.mkdirs(&sb.volumes().join(&m.volume), Path::new(sub))
-                            .map_err(e)?;
-                    }
-                }
-                let rel = Path::new(m.path.trim_start_matches('/'));
-                if rel
-                    .components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir))
-                    || rel.as_os_str().is_empty()
-                {
-                    return Err(ProviderError::invalid(
-                        "InvalidSpec",
-                        format!("container {}: mountPath {:?}", c.name, m.path),
-                    ));
-                }
-                let parent = rel.parent().unwrap_or(Path::new(""));
-                let dir = self.mkdirs(&sb.root(), parent).map_err(e)?;
-                let link = dir.join(rel.file_name().unwrap_or_default());
-                match std::fs::read_link(&link) {
-                    Ok(existing) if existing == target => continue,
-                    Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
-                        return Err(ProviderError::invalid(
-                            "InvalidSpec",
-                            format!(
-                                "container {}: mountPath {} is taken by another mount",
-                                c.name, m.path
-                            ),
-                        ));
-                    }
-                    _ => {}
-                }
-                std::os::unix::fs::symlink(&target, &link).map_err(e)?;
-                self.chown(&link).map_err(e)?;
-            }
-        }
-        for l in launches {
-            if let Ok(rel) = l.cwd.strip_prefix(sb.root()) {
-                self.mkdirs(&sb.root(), rel).map_err(e)?;
             }
         }
         Ok(())
@@ -851,104 +633,6 @@ impl ProcessProvider {
     }
 }
 
-/// One sandbox as `vkd process list` shows it: read from the state directory alone,
-/// so it works with the daemon stopped.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Listing {
-    pub instance: String,
-    #[serde(rename = "podUID")]
-    pub pod_uid: String,
-    pub namespace: String,
-    pub name: String,
-    pub node: String,
-    pub epoch: u64,
-    pub shim_pid: Option<i32>,
-    pub shim_alive: bool,
-    pub stopping: bool,
-    /// `(container, pid)` of every running container process, then
-    /// `("other", pid)` for each other live process below the shim: children,
-    /// and what detached from its container (re-parented to the shim).
-    pub processes: Vec<(String, i32)>,
-    /// Why this sandbox's records could not be read (the file is named).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// Every instance in the state directory `dir` (the provider's own, `<state>/process`).
-pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir.join("pods"))?.flatten() {
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let sb = Sandbox::new(e.path());
-        let unreadable = |path: PathBuf, err: std::io::Error| Listing {
-            instance: "?".into(),
-            pod_uid: e.file_name().to_string_lossy().into_owned(),
-            namespace: "?".into(),
-            name: "?".into(),
-            node: "?".into(),
-            epoch: 0,
-            shim_pid: None,
-            shim_alive: false,
-            stopping: false,
-            processes: Vec::new(),
-            error: Some(format!("{}: {err}", path.display())),
-        };
-        let rec = match sb.read_instance() {
-            Ok(Some(rec)) => rec,
-            Ok(None) => continue,
-            Err(err) => {
-                out.push(unreadable(sb.instance(), err));
-                continue;
-            }
-        };
-        let status = match sb.read_status() {
-            Ok(st) => st,
-            Err(err) => {
-                out.push(unreadable(sb.status(), err));
-                continue;
-            }
-        };
-        let shim = sb.shim_process();
-        let mut processes: Vec<(String, i32)> = status
-            .map(|st| {
-                st.init
-                    .iter()
-                    .chain(&st.containers)
-                    .filter_map(|c| {
-                        let p = c.process.filter(|p| p.alive())?;
-                        Some((c.status.name.clone(), p.pid))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(s) = shim.filter(|p| p.alive()) {
-            for pid in procfs::descendants(s.pid) {
-                let launcher_or_known = processes.iter().any(|(_, p)| *p == pid);
-                if !launcher_or_known && procfs::stat(pid).is_some_and(|st| st.state != 'Z') {
-                    processes.push(("other".into(), pid));
-                }
-            }
-        }
-        out.push(Listing {
-            instance: rec.id,
-            pod_uid: rec.owner.uid,
-            namespace: rec.owner.namespace,
-            name: rec.owner.name,
-            node: rec.node,
-            epoch: rec.epoch,
-            shim_pid: shim.map(|p| p.pid),
-            shim_alive: shim.is_some_and(|p| p.alive()),
-            stopping: sb.stop_requested().is_some(),
-            processes,
-            error: None,
-        });
-    }
-    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    Ok(out)
-}
-
 /// Starts `cmd` and leaves its reaping to the runtime's SIGCHLD handling (a
 /// dropped tokio child is reaped in the background), so no thread waits per Pod.
 /// Without a runtime (a provider opened outside one) a waiter thread does it.
@@ -969,28 +653,6 @@ fn spawn_reaped(cmd: std::process::Command) -> std::io::Result<u32> {
         let _ = child.wait();
     });
     Ok(pid)
-}
-
-fn expand_own(text: &str, vars: &[(String, String)]) -> String {
-    let mut out = text.to_owned();
-    for (k, v) in vars {
-        out = out.replace(&format!("$({k})"), v);
-    }
-    out
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-fn not_found(container: &str, program: &str, path: &str, image: &str) -> ProviderError {
-    ProviderError::invalid(
-        "ExecutableNotFound",
-        format!(
-            "container {container}: executable {program:?} not found in PATH {path} (image {image:?})"
-        ),
-    )
 }
 
 /// Polls the sandboxes and announces changes; stops when the provider is dropped.
@@ -1389,96 +1051,4 @@ impl Provider for ProcessProvider {
             containers,
         })
     }
-}
-
-async fn copy_out(
-    from: Option<impl tokio::io::AsyncRead + Unpin>,
-    to: Option<vkd_provider::BoxWrite>,
-) {
-    let Some(mut from) = from else { return };
-    match to {
-        Some(mut to) => {
-            let _ = tokio::io::copy(&mut from, &mut to).await;
-            let _ = to.flush().await;
-        }
-        None => {
-            let _ = tokio::io::copy(&mut from, &mut tokio::io::sink()).await;
-        }
-    }
-}
-
-async fn exec_tty(cmd: std::process::Command, io: StreamIo) -> Result<i32> {
-    let e = |e: pty_process::Error| ProviderError::transient(format!("exec with a tty: {e}"));
-    let (pty, pts) = pty_process::open().map_err(e)?;
-    let mut pcmd = pty_process::Command::new(cmd.get_program()).args(cmd.get_args());
-    pcmd = pcmd.env_clear();
-    for (k, v) in cmd.get_envs() {
-        if let Some(v) = v {
-            pcmd = pcmd.env(k, v);
-        }
-    }
-    if let Some(d) = cmd.get_current_dir() {
-        pcmd = pcmd.current_dir(d);
-    }
-    let mut rx = io.resize;
-    if let Some(rx) = rx.as_mut()
-        && let Ok(Some(size)) = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await
-    {
-        let _ = pty.resize(pty_process::Size::new(size.height, size.width));
-    }
-    let mut child = pcmd.spawn(pts).map_err(e)?;
-    let (mut read, mut write) = pty.into_split();
-    let mut stdin = io.stdin;
-    let feed = tokio::spawn(async move {
-        let mut buf = vec![0u8; 8192];
-        while stdin.is_some() || rx.is_some() {
-            tokio::select! {
-                n = async {
-                    match stdin.as_mut() {
-                        Some(s) => s.read(&mut buf).await,
-                        None => std::future::pending().await,
-                    }
-                } => match n {
-                    Ok(0) | Err(_) => stdin = None,
-                    Ok(n) => {
-                        if write.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                },
-                size = async {
-                    match rx.as_mut() {
-                        Some(r) => r.recv().await,
-                        None => std::future::pending().await,
-                    }
-                } => match size {
-                    Some(s) => {
-                        let _ = write.resize(pty_process::Size::new(s.height, s.width));
-                    }
-                    None => rx = None,
-                },
-            }
-        }
-    });
-    let out = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut stdout = io.stdout;
-        loop {
-            match read.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if let Some(o) = stdout.as_mut() {
-                        if o.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                        let _ = o.flush().await;
-                    }
-                }
-            }
-        }
-    };
-    let (_, status) = tokio::join!(out, child.wait());
-    feed.abort();
-    let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
-    Ok(shim::exit_code(status))
 }

@@ -1,0 +1,262 @@
+//! Admission-time resolution of what each container runs (argv, environment,
+//! working directory) and the building of a fresh sandbox: volumes and the
+//! mount links under the Pod's root.
+
+use std::path::{Path, PathBuf};
+
+use vkd_provider::{InstanceSpec, ProviderError, Result, VolumeSource};
+
+use crate::ProcessProvider;
+use crate::sandbox::{self, Launch, Sandbox};
+
+impl ProcessProvider {
+    /// Resolves what each container runs: argv, environment, working directory.
+    pub(crate) fn launches(&self, spec: &InstanceSpec, root: &Path) -> Result<Vec<Launch>> {
+        let mut out = Vec::new();
+        for c in spec.init_containers.iter().chain(&spec.containers) {
+            let image = self.inner.config.image(&c.image).ok_or_else(|| {
+                ProviderError::invalid(
+                    "ImageNotRunnable",
+                    format!(
+                        "container {}: image {:?} is not mapped to anything runnable on this host; \
+                         add it to images in the process provider config",
+                        c.name, c.image
+                    ),
+                )
+            })?;
+            let mut argv: Vec<String> = if c.command.is_empty() {
+                image.entrypoint.clone()
+            } else {
+                c.command.clone()
+            };
+            argv.extend(c.args.iter().cloned());
+            if argv.is_empty() {
+                return Err(ProviderError::invalid(
+                    "ImageNotRunnable",
+                    format!(
+                        "container {}: no command, and image {:?} has no entrypoint in the process provider config",
+                        c.name, c.image
+                    ),
+                ));
+            }
+            let cwd = match &c.working_dir {
+                Some(wd) => {
+                    // Inside the Pod's root, as mountPath: `..` would leave it.
+                    let rel = Path::new(wd.trim_start_matches('/'));
+                    if rel.components().any(|p| {
+                        !matches!(
+                            p,
+                            std::path::Component::Normal(_) | std::path::Component::CurDir
+                        )
+                    }) {
+                        return Err(ProviderError::invalid(
+                            "InvalidSpec",
+                            format!(
+                                "container {}: workingDir {wd:?} leaves the Pod's root",
+                                c.name
+                            ),
+                        ));
+                    }
+                    root.join(rel)
+                }
+                None => root.to_owned(),
+            };
+            let mut env: Vec<(String, String)> = vec![
+                ("PATH".into(), image.search_path().to_owned()),
+                ("HOME".into(), root.display().to_string()),
+                ("HOSTNAME".into(), spec.pod.name.clone()),
+            ];
+            for (k, v) in &c.env {
+                env.retain(|(n, _)| n != k);
+                env.push((k.clone(), v.clone()));
+            }
+            env.push(("VKD_POD_ROOT".into(), root.display().to_string()));
+            let own = [("VKD_POD_ROOT".to_owned(), root.display().to_string())];
+            let argv: Vec<String> = argv.iter().map(|a| expand_own(a, &own)).collect();
+            let program = &argv[0];
+            let path = env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "PATH")
+                .map_or(image.search_path(), |(_, v)| v.as_str());
+            let resolved = if program.contains('/') {
+                let p = if Path::new(program).is_absolute() {
+                    PathBuf::from(program)
+                } else {
+                    cwd.join(program)
+                };
+                // A relative program may come from a volume that exists only once materialized.
+                if Path::new(program).is_absolute() && !is_executable(&p) {
+                    return Err(not_found(&c.name, program, path, &c.image));
+                }
+                p
+            } else {
+                path.split(':')
+                    .map(|d| Path::new(d).join(program))
+                    .find(|p| is_executable(p))
+                    .ok_or_else(|| not_found(&c.name, program, path, &c.image))?
+            };
+            let mut argv = argv;
+            argv[0] = resolved.display().to_string();
+            for h in [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
+                .into_iter()
+                .flatten()
+                .map(|p| &p.handler)
+                .chain(c.post_start.as_deref())
+                .chain(c.pre_stop.as_deref())
+            {
+                if matches!(h, vkd_provider::Handler::HttpGet { https: true, .. }) {
+                    return Err(ProviderError::invalid(
+                        "InvalidProbe",
+                        format!(
+                            "container {}: HTTPS probes and hooks are not supported by the process provider",
+                            c.name
+                        ),
+                    ));
+                }
+            }
+            out.push(Launch {
+                name: c.name.clone(),
+                argv,
+                env,
+                cwd,
+            });
+        }
+        Ok(out)
+    }
+
+    fn chown(&self, path: &Path) -> std::io::Result<()> {
+        let (u, g) = self.inner.run_as;
+        std::os::unix::fs::lchown(path, Some(u), Some(g))
+    }
+
+    fn mkdirs(&self, base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
+        let mut p = base.to_owned();
+        for part in rel.components() {
+            if let std::path::Component::Normal(s) = part {
+                p.push(s);
+                if !p.exists() {
+                    std::fs::create_dir(&p)?;
+                    self.chown(&p)?;
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Writes volumes and mount links into a fresh sandbox.
+    pub(crate) fn materialize(
+        &self,
+        sb: &Sandbox,
+        spec: &InstanceSpec,
+        launches: &[Launch],
+    ) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let e = |e: std::io::Error| ProviderError::transient(format!("building the sandbox: {e}"));
+        for d in [sb.root(), sb.volumes()] {
+            std::fs::create_dir_all(&d).map_err(e)?;
+            self.chown(&d).map_err(e)?;
+        }
+        for v in &spec.volumes {
+            let vdir = sb.volumes().join(&v.name);
+            match &v.source {
+                VolumeSource::HostPath { path } => {
+                    std::os::unix::fs::symlink(path, &vdir).map_err(e)?;
+                }
+                VolumeSource::EmptyDir { .. } => {
+                    std::fs::create_dir_all(&vdir).map_err(e)?;
+                    self.chown(&vdir).map_err(e)?;
+                }
+                VolumeSource::Files { files } => {
+                    std::fs::create_dir_all(&vdir).map_err(e)?;
+                    self.chown(&vdir).map_err(e)?;
+                    for f in files {
+                        let rel = Path::new(&f.path);
+                        let parent = rel.parent().unwrap_or(Path::new(""));
+                        let dir = self.mkdirs(&vdir, parent).map_err(e)?;
+                        let target = dir.join(rel.file_name().unwrap_or_default());
+                        sandbox::write_atomic(&target, &f.data, f.mode).map_err(e)?;
+                        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(f.mode))
+                            .map_err(e)?;
+                        self.chown(&target).map_err(e)?;
+                    }
+                }
+            }
+        }
+        for c in spec.init_containers.iter().chain(&spec.containers) {
+            for m in &c.mounts {
+                let mut target = sb.volumes().join(&m.volume);
+                if let Some(sub) = &m.sub_path {
+                    if sub.split('/').any(|s| s == "..") || sub.starts_with('/') {
+                        return Err(ProviderError::invalid(
+                            "InvalidSpec",
+                            format!("container {}: subPath {sub:?} leaves the volume", c.name),
+                        ));
+                    }
+                    target = target.join(sub);
+                    if !target.exists() {
+                        self.mkdirs(&sb.volumes().join(&m.volume), Path::new(sub))
+                            .map_err(e)?;
+                    }
+                }
+                let rel = Path::new(m.path.trim_start_matches('/'));
+                if rel
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+                    || rel.as_os_str().is_empty()
+                {
+                    return Err(ProviderError::invalid(
+                        "InvalidSpec",
+                        format!("container {}: mountPath {:?}", c.name, m.path),
+                    ));
+                }
+                let parent = rel.parent().unwrap_or(Path::new(""));
+                let dir = self.mkdirs(&sb.root(), parent).map_err(e)?;
+                let link = dir.join(rel.file_name().unwrap_or_default());
+                match std::fs::read_link(&link) {
+                    Ok(existing) if existing == target => continue,
+                    Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
+                        return Err(ProviderError::invalid(
+                            "InvalidSpec",
+                            format!(
+                                "container {}: mountPath {} is taken by another mount",
+                                c.name, m.path
+                            ),
+                        ));
+                    }
+                    _ => {}
+                }
+                std::os::unix::fs::symlink(&target, &link).map_err(e)?;
+                self.chown(&link).map_err(e)?;
+            }
+        }
+        for l in launches {
+            if let Ok(rel) = l.cwd.strip_prefix(sb.root()) {
+                self.mkdirs(&sb.root(), rel).map_err(e)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn expand_own(text: &str, vars: &[(String, String)]) -> String {
+    let mut out = text.to_owned();
+    for (k, v) in vars {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    out
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn not_found(container: &str, program: &str, path: &str, image: &str) -> ProviderError {
+    ProviderError::invalid(
+        "ExecutableNotFound",
+        format!(
+            "container {container}: executable {program:?} not found in PATH {path} (image {image:?})"
+        ),
+    )
+}
