@@ -9,7 +9,8 @@
 //! runAsGroup: 65534
 //! logMaxBytes: 10485760         # per container log file, before rotation
 //! maxPods: 110
-//! podPidsLimit: 1024            # processes per Pod (the kubelet's podPidsLimit); 0: no limit
+//! podPidsLimit: 1024            # processes per Pod (the kubelet's podPidsLimit); 0: no limit;
+//!                               # set here, also RLIMIT_NPROC where the cgroup has no pids controller
 //! cgroupParent: auto            # auto | none | a cgroup v2 directory vkd may create children in
 //! ```
 
@@ -58,8 +59,12 @@ pub struct ProcessConfig {
     pub max_pods: u32,
     #[serde(default = "default_cgroup")]
     pub cgroup_parent: String,
-    #[serde(default = "default_pids")]
-    pub pod_pids_limit: u64,
+    /// Processes per Pod: `pids.max` of the Pod's cgroup (default 1024). Set
+    /// explicitly, it also applies as RLIMIT_NPROC where there is no pids
+    /// controller; that counts every task of the run-as user on the host, so it
+    /// is never applied by default.
+    #[serde(default)]
+    pub pod_pids_limit: Option<u64>,
 }
 
 fn default_log_max() -> u64 {
@@ -71,9 +76,7 @@ fn default_max_pods() -> u32 {
 fn default_cgroup() -> String {
     "auto".into()
 }
-fn default_pids() -> u64 {
-    1024
-}
+const DEFAULT_POD_PIDS: u64 = 1024;
 
 impl Default for ProcessConfig {
     fn default() -> Self {
@@ -84,7 +87,7 @@ impl Default for ProcessConfig {
             log_max_bytes: default_log_max(),
             max_pods: default_max_pods(),
             cgroup_parent: default_cgroup(),
-            pod_pids_limit: default_pids(),
+            pod_pids_limit: None,
         }
     }
 }
@@ -122,10 +125,10 @@ impl ProcessConfig {
             path: path.to_owned(),
             message,
         };
-        if cfg.run_as_user == Some(0) {
+        if cfg.run_as_user == Some(0) || cfg.run_as_group == Some(0) {
             return Err(invalid(
-                "runAsUser: 0 would run Pods as root, the user vkd runs as; Pods must never \
-                 share vkd's uid (they could read its credentials and state)"
+                "runAsUser or runAsGroup 0 would run Pods as root, whom vkd runs as; Pods must \
+                 never share vkd's identity (they could read its credentials and state)"
                     .into(),
             ));
         }
@@ -158,7 +161,13 @@ impl ProcessConfig {
 
     /// The per-Pod process limit, if any.
     pub fn pids_limit(&self) -> Option<u64> {
-        (self.pod_pids_limit > 0).then_some(self.pod_pids_limit)
+        Some(self.pod_pids_limit.unwrap_or(DEFAULT_POD_PIDS)).filter(|n| *n > 0)
+    }
+
+    /// The per-Pod process limit as an rlimit where the cgroup cannot hold it:
+    /// only when the config sets `podPidsLimit` itself.
+    pub fn pids_rlimit(&self) -> Option<u64> {
+        self.pod_pids_limit.filter(|n| *n > 0)
     }
 
     /// Where Pod cgroups go: `none`, detected (`auto`), or the configured directory,
@@ -207,7 +216,7 @@ mod tests {
         let c = ProcessConfig::load(&p).unwrap();
         assert_eq!(c.max_pods, 5);
         assert!(c.image("busybox").is_some());
-        assert_eq!(c.pids_limit(), Some(1024));
+        assert_eq!((c.pids_limit(), c.pids_rlimit()), (Some(1024), None));
     }
 
     #[test]
@@ -217,7 +226,7 @@ mod tests {
         let p = dir.join("c.yaml");
         std::fs::write(&p, "runAsUser: 0\n").unwrap();
         let e = ProcessConfig::load(&p).unwrap_err().to_string();
-        assert!(e.contains("runAsUser: 0"), "{e}");
+        assert!(e.contains("runAsUser or runAsGroup 0"), "{e}");
         let plain = dir.join("not-a-cgroup");
         std::fs::create_dir_all(&plain).unwrap();
         std::fs::write(plain.join("cgroup.procs"), "").unwrap();

@@ -140,8 +140,14 @@ pub fn main(args: &[String]) -> i32 {
             return 125;
         }
     };
+    if r.user.is_none() && rustix::process::geteuid().is_root() {
+        eprintln!("process-launch: refusing to run a Pod's program as root (no --user)");
+        return 126;
+    }
     let env = match r.env_file.as_deref().map(read_env).transpose() {
-        Ok(env) => env.unwrap_or_default(),
+        // A shim from before an upgrade passes the environment itself; it has no file.
+        Ok(None) => std::env::vars_os().collect(),
+        Ok(Some(env)) => env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
         Err(e) => {
             eprintln!("process-launch: {e}");
             return 126;
@@ -188,6 +194,7 @@ pub fn main(args: &[String]) -> i32 {
     let Some((program, rest)) = r.argv.split_first() else {
         return 125;
     };
+    let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = env;
     let err = std::process::Command::new(program)
         .args(rest)
         .env_clear()

@@ -72,8 +72,20 @@ pub enum OpenError {
          runAsUser, default 65534), or use a provider that runs no host processes (--provider sim)"
     )]
     RunsAsDaemon { uid: u32 },
+    #[error("runAsUser and runAsGroup must not be 0: Pods would run as root, whom vkd runs as")]
+    RootPods,
     #[error("process provider config: cgroupParent: {0}")]
     Cgroup(#[from] cgroup::CgroupError),
+    #[error(
+        "{path} (owner uid {owner}, mode {mode:o}) could be replaced by a Pod's user: every \
+         directory above the state must be root's and not writable by others (or sticky, as \
+         /tmp is), since vkd runs as root what the state describes"
+    )]
+    Insecure {
+        path: PathBuf,
+        owner: u32,
+        mode: u32,
+    },
     #[error(
         "{path} is not reachable by uid {uid} ({blocker} has mode {mode:o}), so Pods could not \
          use their own sandbox: put --state-dir under a world-traversable directory \
@@ -85,6 +97,47 @@ pub enum OpenError {
         blocker: PathBuf,
         mode: u32,
     },
+}
+
+/// Makes the state directories root's alone to write, and checks every directory
+/// above them: one a Pod's user could rename or fill would let it plant a sandbox
+/// that root then runs.
+fn secure_state(dir: &Path) -> Result<(), OpenError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let me = rustix::process::geteuid().as_raw();
+    let state_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| OpenError::State { path, source }
+    };
+    let ours = [
+        dir.parent(),
+        Some(dir),
+        Some(&dir.join("pods")),
+        Some(&dir.join("fences")),
+    ];
+    for p in ours.into_iter().flatten() {
+        let m = std::fs::metadata(p).map_err(state_err(p))?;
+        if m.uid() == me && m.mode() & 0o022 != 0 {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m.mode() & 0o7755))
+                .map_err(state_err(p))?;
+        }
+    }
+    let mut p = PathBuf::new();
+    for c in dir.join("pods").components() {
+        p.push(c);
+        let m = std::fs::metadata(&p).map_err(state_err(&p))?;
+        let mode = m.mode() & 0o7777;
+        let sticky = mode & 0o1000 != 0;
+        let others_write = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != 0);
+        if (m.uid() != 0 && m.uid() != me) || (others_write && !sticky) {
+            return Err(OpenError::Insecure {
+                path: p,
+                owner: m.uid(),
+                mode,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The first directory on the way to `path` that `uid`/`gid` may not traverse.
@@ -152,11 +205,34 @@ impl ProcessProvider {
     /// Opens (or creates) the state under `dir`. `shim_exe` is the program that
     /// answers `process-shim` and `process-launch` (the vkd binary itself).
     pub fn open(config: ProcessConfig, dir: &Path, shim_exe: PathBuf) -> Result<Self, OpenError> {
+        let provider = Self::open_unwatched(config, dir, shim_exe)?;
+        provider.recover();
+        let weak = Arc::downgrade(&provider.inner);
+        std::thread::Builder::new()
+            .name("process-watch".into())
+            .spawn(move || watch(weak))
+            .map_err(|source| OpenError::State {
+                path: provider.inner.dir.clone(),
+                source,
+            })?;
+        Ok(provider)
+    }
+
+    /// The provider without its background watch (which finishes deletes and
+    /// ends what dead shims left): for tests of the calls alone.
+    fn open_unwatched(
+        config: ProcessConfig,
+        dir: &Path,
+        shim_exe: PathBuf,
+    ) -> Result<Self, OpenError> {
         let Some((uid, gid)) = config.run_as() else {
             return Err(OpenError::RunsAsDaemon {
                 uid: rustix::process::geteuid().as_raw(),
             });
         };
+        if uid == 0 || gid == 0 {
+            return Err(OpenError::RootPods);
+        }
         if !shim_exe.is_file() {
             return Err(OpenError::Shim(shim_exe));
         }
@@ -171,6 +247,7 @@ impl ProcessProvider {
             path: dir.to_owned(),
             source,
         })?;
+        secure_state(dir)?;
         let cgroup = config.cgroup_parent()?;
         if let Some((blocker, mode)) = blocker(&dir.join("pods"), uid, gid) {
             return Err(OpenError::Unreachable {
@@ -199,15 +276,6 @@ impl ProcessProvider {
                 cpu_samples: Mutex::default(),
             }),
         };
-        provider.recover();
-        let weak = Arc::downgrade(&provider.inner);
-        std::thread::Builder::new()
-            .name("process-watch".into())
-            .spawn(move || watch(weak))
-            .map_err(|source| OpenError::State {
-                path: dir.to_owned(),
-                source,
-            })?;
         Ok(provider)
     }
 
@@ -347,20 +415,16 @@ impl ProcessProvider {
 
     /// Kills what a dead shim left behind (checked by identity) and removes the sandbox.
     fn remove(&self, sb: &Sandbox) -> Result<()> {
-        if let Ok(Some(st)) = sb.read_status() {
-            for c in st.init.iter().chain(&st.containers) {
-                if let Some(p) = c.process {
-                    p.signal_group(Signal::KILL);
-                }
-                if let Some(cg) = &c.cgroup {
-                    let _ = std::fs::remove_dir(cg);
-                }
-            }
-        }
-        // Whatever the Pod started, however it detached, ends with it.
+        self.kill_leftovers(sb);
+        // Whatever the Pod started, however it detached, ends with it: in the
+        // cgroup the shim made (recorded in spec.json), else where the config says.
         let pod_uid = sb.dir.file_name().unwrap_or_default().to_string_lossy();
-        if let Some(cg) = &self.inner.cgroup
-            && !cgroup::remove(&cgroup::pod_dir(&cg.dir, &pod_uid), Duration::from_secs(5))
+        let parent = match sb.read_spec() {
+            Ok(Some(spec)) => spec.cgroup.map(|c| c.dir),
+            _ => self.inner.cgroup.as_ref().map(|c| c.dir.clone()),
+        };
+        if let Some(parent) = parent
+            && !cgroup::remove(&cgroup::pod_dir(&parent, &pod_uid), Duration::from_secs(5))
         {
             return Err(ProviderError::transient(format!(
                 "the cgroup of Pod {pod_uid} still holds processes after SIGKILL"
@@ -384,6 +448,24 @@ impl ProcessProvider {
         std::fs::remove_dir_all(&grave).map_err(io_err(&grave))?;
         let _ = self.inner.events.send(InstanceEvent::Changed { uid });
         Ok(())
+    }
+
+    /// Kills what a dead shim left: the recorded process groups (checked by
+    /// identity) and the Pod's cgroup.
+    fn kill_leftovers(&self, sb: &Sandbox) {
+        if let Ok(Some(st)) = sb.read_status() {
+            for c in st.init.iter().chain(&st.containers) {
+                if let Some(p) = c.process {
+                    p.signal_group(Signal::KILL);
+                }
+            }
+        }
+        let pod_uid = sb.dir.file_name().unwrap_or_default().to_string_lossy();
+        if let Ok(Some(spec)) = sb.read_spec()
+            && let Some(cg) = spec.cgroup
+        {
+            cgroup::kill(&cgroup::pod_dir(&cg.dir, &pod_uid));
+        }
     }
 
     fn read(&self, uid: &str) -> Result<Option<(Sandbox, InstanceRecord, Option<StatusFile>)>> {
@@ -444,7 +526,7 @@ impl ProcessProvider {
             .chain(&spec.spec.containers)
             .find(|c| c.name == container)
             .and_then(|c| c.limits.memory_bytes);
-        let pids_limit = spec.pids_limit;
+        let pids_limit = spec.pids_rlimit;
         Ok(RunningContainer {
             launch,
             cgroup: run.cgroup.clone(),
@@ -532,6 +614,7 @@ impl ProcessProvider {
                 launcher: self.inner.shim_exe.clone(),
                 cgroup: self.inner.cgroup.clone(),
                 pids_limit: self.inner.config.pids_limit(),
+                pids_rlimit: self.inner.config.pids_rlimit(),
             };
             sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
             let rec = InstanceRecord {
@@ -585,9 +668,15 @@ impl ProcessProvider {
 
     fn delete_blocking(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
         let _fenced = self.check_fence(fence)?;
-        let Some((sb, _, _)) = self.read(uid)? else {
+        if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
             return Ok(());
-        };
+        }
+        // Only the directory, the stop file and the shim's identity are needed:
+        // a torn record must not keep its Pod from being deleted.
+        let sb = self.sandbox(uid);
+        if !sb.dir.exists() {
+            return Ok(());
+        }
         if sb.stop_requested().is_none() {
             sandbox::write_atomic(&sb.stop(), grace.as_secs().to_string().as_bytes(), 0o644)
                 .map_err(io_err(&sb.stop()))?;
@@ -658,6 +747,8 @@ fn spawn_reaped(cmd: std::process::Command) -> std::io::Result<u32> {
 /// Polls the sandboxes and announces changes; stops when the provider is dropped.
 fn watch(inner: std::sync::Weak<Inner>) {
     let mut seen: HashMap<String, (Option<SystemTime>, bool)> = HashMap::new();
+    // Sandboxes whose dead shim's leftovers were killed already.
+    let mut ended: std::collections::HashSet<String> = std::collections::HashSet::new();
     loop {
         std::thread::sleep(Duration::from_millis(250));
         let Some(inner) = inner.upgrade() else {
@@ -674,16 +765,23 @@ fn watch(inner: std::sync::Weak<Inner>) {
                 let mtime = std::fs::metadata(sb.status())
                     .and_then(|m| m.modified())
                     .ok();
-                let alive = sb.shim_process().is_some_and(|p| p.alive());
+                let shim = sb.shim_process();
+                let alive = shim.is_some_and(|p| p.alive());
+                let provider = ProcessProvider {
+                    inner: Arc::clone(&inner),
+                };
                 if !alive && sb.stop_requested().is_some() {
                     // Finishes a delete: the stop file is written only under a valid fence.
-                    let provider = ProcessProvider {
-                        inner: Arc::clone(&inner),
-                    };
                     if let Err(e) = provider.remove(&sb) {
                         eprintln!("process provider: removing sandbox {uid}: {e}");
                     }
                     continue;
+                }
+                let done = sb.read_status().ok().flatten().is_some_and(|s| s.done);
+                if shim.is_some() && !alive && !done && ended.insert(uid.clone()) {
+                    // The supervisor died without ending the Pod (reported Failed):
+                    // nothing may keep running for it.
+                    provider.kill_leftovers(&sb);
                 }
                 now_seen.insert(uid, (mtime, alive));
             }
@@ -702,6 +800,7 @@ fn watch(inner: std::sync::Weak<Inner>) {
                     .send(InstanceEvent::Changed { uid: uid.clone() });
             }
         }
+        ended.retain(|uid| now_seen.contains_key(uid));
         seen = now_seen;
     }
 }
@@ -1050,5 +1149,92 @@ impl Provider for ProcessProvider {
             time: now,
             containers,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    /// Reads have no side effects: a stopped sandbox whose shim is gone is still
+    /// there after `get` and `list`, and the process it records is not signalled.
+    #[test]
+    fn reads_never_kill_or_remove() {
+        use std::os::unix::process::CommandExt;
+        let dir = std::env::temp_dir().join(format!("vkd-reads-{}", uuid::Uuid::new_v4().simple()));
+        let config = ProcessConfig {
+            cgroup_parent: "none".into(),
+            ..Default::default()
+        };
+        let exe = std::env::current_exe().unwrap();
+        let p = ProcessProvider::open_unwatched(config, &dir, exe).unwrap();
+        let sb = p.sandbox("u-read");
+        std::fs::create_dir_all(&sb.dir).unwrap();
+        let rec = InstanceRecord {
+            id: "proc-1".into(),
+            owner: vkd_provider::PodRef {
+                namespace: "ns".into(),
+                name: "pod".into(),
+                uid: "u-read".into(),
+            },
+            node: "node-p".into(),
+            epoch: 1,
+            host: "h".into(),
+            created_at: SystemTime::now(),
+            cpu_millis: 0,
+            memory_bytes: 0,
+        };
+        sandbox::write_json(&sb.instance(), &rec, 0o644).unwrap();
+        let mut own = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let id = procfs::ProcessId::of(own.id() as i32).unwrap();
+        let mut run = shim::run_of(
+            "main",
+            ContainerState::Running {
+                started_at: SystemTime::now(),
+            },
+        );
+        run.process = Some(id);
+        let status = StatusFile {
+            phase: InstancePhase::Running,
+            init: Vec::new(),
+            containers: vec![run],
+            started_at: None,
+            message: None,
+            done: false,
+        };
+        sandbox::write_json(&sb.status(), &status, 0o644).unwrap();
+        // A shim identity that is no longer alive, and a stop that was asked for.
+        let dead = procfs::ProcessId {
+            pid: id.pid,
+            start_ticks: id.start_ticks + 1,
+        };
+        sandbox::write_atomic(&sb.shim_pid(), dead.render().as_bytes(), 0o644).unwrap();
+        sandbox::write_atomic(&sb.stop(), b"0", 0o644).unwrap();
+        let inst = p.get_blocking("u-read").unwrap().unwrap();
+        assert_eq!(inst.phase, InstancePhase::Failed);
+        assert_eq!(p.list_blocking("node-p").unwrap().len(), 1);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            own.try_wait().unwrap().is_none(),
+            "a read killed a recorded process"
+        );
+        assert!(sb.dir.exists(), "a read removed the sandbox");
+        p.delete_blocking(
+            &Fence {
+                node: "node-p".into(),
+                epoch: 1,
+            },
+            "u-read",
+            Duration::ZERO,
+        )
+        .unwrap();
+        assert!(own.wait().unwrap().code().is_none(), "the delete kills it");
+        assert!(!sb.dir.exists());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

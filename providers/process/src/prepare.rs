@@ -125,9 +125,18 @@ impl ProcessProvider {
         Ok(out)
     }
 
-    fn chown(&self, path: &Path) -> std::io::Result<()> {
+    /// Gives the finished Pod root and volumes to the run-as user, depth first,
+    /// never through a link. Until then the tree is root's alone, so nothing a
+    /// Pod of the same user plants can redirect what root writes while building it.
+    fn hand_over(&self, dir: &Path) -> std::io::Result<()> {
         let (u, g) = self.inner.run_as;
-        std::os::unix::fs::lchown(path, Some(u), Some(g))
+        let meta = dir.symlink_metadata()?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(dir)? {
+                self.hand_over(&entry?.path())?;
+            }
+        }
+        std::os::unix::fs::lchown(dir, Some(u), Some(g))
     }
 
     fn mkdirs(&self, base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
@@ -137,7 +146,6 @@ impl ProcessProvider {
                 p.push(s);
                 if !p.exists() {
                     std::fs::create_dir(&p)?;
-                    self.chown(&p)?;
                 }
             }
         }
@@ -155,7 +163,6 @@ impl ProcessProvider {
         let e = |e: std::io::Error| ProviderError::transient(format!("building the sandbox: {e}"));
         for d in [sb.root(), sb.volumes()] {
             std::fs::create_dir_all(&d).map_err(e)?;
-            self.chown(&d).map_err(e)?;
         }
         for v in &spec.volumes {
             let vdir = sb.volumes().join(&v.name);
@@ -165,11 +172,9 @@ impl ProcessProvider {
                 }
                 VolumeSource::EmptyDir { .. } => {
                     std::fs::create_dir_all(&vdir).map_err(e)?;
-                    self.chown(&vdir).map_err(e)?;
                 }
                 VolumeSource::Files { files } => {
                     std::fs::create_dir_all(&vdir).map_err(e)?;
-                    self.chown(&vdir).map_err(e)?;
                     for f in files {
                         let rel = Path::new(&f.path);
                         let parent = rel.parent().unwrap_or(Path::new(""));
@@ -178,7 +183,6 @@ impl ProcessProvider {
                         sandbox::write_atomic(&target, &f.data, f.mode).map_err(e)?;
                         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(f.mode))
                             .map_err(e)?;
-                        self.chown(&target).map_err(e)?;
                     }
                 }
             }
@@ -227,7 +231,6 @@ impl ProcessProvider {
                     _ => {}
                 }
                 std::os::unix::fs::symlink(&target, &link).map_err(e)?;
-                self.chown(&link).map_err(e)?;
             }
         }
         for l in launches {
@@ -235,6 +238,8 @@ impl ProcessProvider {
                 self.mkdirs(&sb.root(), rel).map_err(e)?;
             }
         }
+        self.hand_over(&sb.root()).map_err(e)?;
+        self.hand_over(&sb.volumes()).map_err(e)?;
         Ok(())
     }
 }

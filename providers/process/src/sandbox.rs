@@ -51,9 +51,13 @@ pub struct ShimSpec {
     /// Where the shim makes the Pod's cgroup, when there is a cgroup v2 hierarchy.
     #[serde(default)]
     pub cgroup: Option<crate::cgroup::CgroupParent>,
-    /// The most processes the Pod may have (`podPidsLimit`).
+    /// The most processes the Pod may have (`podPidsLimit`), in its cgroup.
     #[serde(default)]
     pub pids_limit: Option<u64>,
+    /// The same as RLIMIT_NPROC where the cgroup cannot hold it (set only when
+    /// the config names `podPidsLimit` itself).
+    #[serde(default)]
+    pub pids_rlimit: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

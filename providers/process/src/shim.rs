@@ -91,7 +91,7 @@ fn waiting(reason: &str, message: Option<String>) -> ContainerState {
     }
 }
 
-fn run_of(name: &str, state: ContainerState) -> ContainerRun {
+pub(crate) fn run_of(name: &str, state: ContainerState) -> ContainerRun {
     ContainerRun {
         status: ContainerStatus {
             name: name.into(),
@@ -128,6 +128,13 @@ impl Shim {
                     "spec.json names {} launches for {wanted} containers",
                     spec.containers.len()
                 ),
+            ));
+        }
+        // Root runs what spec.json says: it must name a user that is not root.
+        if !spec.run_as.is_some_and(|(u, g)| u != 0 && g != 0) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "spec.json names no run-as user other than root",
             ));
         }
         let me = ProcessId::of(std::process::id() as i32)
@@ -500,14 +507,15 @@ impl Shim {
                 .filter(|_| !(cgroup.is_some() && on.memory)),
             nproc_limit: self
                 .spec
-                .pids_limit
+                .pids_rlimit
                 .filter(|_| !(cgroup.is_some() && on.pids)),
             user: self.spec.run_as,
             env_file: &env_file,
             cwd: &launch.cwd,
             argv,
         };
-        let mut cmd = tokio::process::Command::from(args.command(&self.spec.launcher));
+        // The launcher is this very program, never a path a file names.
+        let mut cmd = tokio::process::Command::from(args.command(Path::new("/proc/self/exe")));
         cmd.process_group(0)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false);
