@@ -200,9 +200,11 @@ pub fn remove(dir: &Path, patience: std::time::Duration) -> bool {
     if !dir.exists() {
         return true;
     }
-    kill(dir);
     let until = std::time::Instant::now() + patience;
     loop {
+        // Again each time: without cgroup.kill, a process may fork between the
+        // reading of cgroup.procs and its SIGKILL.
+        kill(dir);
         if remove_tree(dir) {
             return true;
         }

@@ -638,9 +638,14 @@ impl ProcessProvider {
                 return Err(e);
             }
         };
-        self.spawn_shim(&sb).map_err(|e| {
-            ProviderError::transient(format!("starting the shim for {}: {e}", spec.pod))
-        })?;
+        if let Err(e) = self.spawn_shim(&sb) {
+            // Nothing runs yet: gone, so a retried create starts afresh.
+            let _ = std::fs::remove_dir_all(&sb.dir);
+            return Err(ProviderError::transient(format!(
+                "starting the shim for {}: {e}",
+                spec.pod
+            )));
+        }
         let _ = self
             .inner
             .events
@@ -708,6 +713,58 @@ impl ProcessProvider {
             }
         }
         Ok(out)
+    }
+
+    /// Per-container usage from /proc (a scan per container): off the runtime.
+    fn stats_blocking(&self, uid: &str) -> Result<PodStats> {
+        let not_found = || ProviderError::NotFound {
+            uid: uid.to_owned(),
+        };
+        let (_, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let now = SystemTime::now();
+        let page = procfs::page_size();
+        let mut containers = Vec::new();
+        for c in st.iter().flat_map(|s| &s.containers) {
+            let Some(p) = c.process.filter(|p| p.alive()) else {
+                continue;
+            };
+            let (mut ticks, mut rss) = (0, 0);
+            for pid in procfs::group_members(p.pid) {
+                if let Some(s) = procfs::stat(pid) {
+                    ticks += s.utime_ticks + s.stime_ticks;
+                    rss += s.rss_pages * page;
+                }
+            }
+            let usage = ticks * (1_000_000_000 / procfs::TICKS_PER_SECOND);
+            let key = (uid.to_owned(), c.status.name.clone());
+            let rate = {
+                let mut samples = self
+                    .inner
+                    .cpu_samples
+                    .lock()
+                    .map_err(|_| ProviderError::transient("cpu samples poisoned"))?;
+                let rate = samples.get(&key).and_then(|(t, u)| {
+                    let dt = now.duration_since(*t).ok()?.as_nanos() as u64;
+                    (dt > 0).then(|| usage.saturating_sub(*u).saturating_mul(1_000_000_000) / dt)
+                });
+                samples.insert(key, (now, usage));
+                rate.unwrap_or(0)
+            };
+            containers.push(ContainerStats {
+                name: c.status.name.clone(),
+                start_time: c.started_at.unwrap_or(rec.created_at),
+                cpu_usage_core_nanoseconds: usage,
+                cpu_usage_nano_cores: rate,
+                memory_working_set_bytes: rss,
+                memory_rss_bytes: rss,
+            });
+        }
+        Ok(PodStats {
+            pod: rec.owner,
+            start_time: st.and_then(|s| s.started_at).unwrap_or(rec.created_at),
+            time: now,
+            containers,
+        })
     }
 
     /// Runs filesystem and process work off the async runtime's threads.
@@ -1045,7 +1102,11 @@ impl Provider for ProcessProvider {
                 "exec needs a command",
             ));
         }
-        let run = self.running_process(uid, container)?;
+        let run = {
+            let (uid, container) = (uid.to_owned(), container.to_owned());
+            self.blocking(move |p| p.running_process(&uid, &container))
+                .await?
+        };
         let std_cmd = self.exec_command(&run, &command);
         if io.tty {
             return exec_tty(std_cmd, io).await;
@@ -1101,54 +1162,8 @@ impl Provider for ProcessProvider {
     }
 
     async fn stats(&self, uid: &str) -> Result<PodStats> {
-        let not_found = || ProviderError::NotFound {
-            uid: uid.to_owned(),
-        };
-        let (_, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
-        let now = SystemTime::now();
-        let page = procfs::page_size();
-        let mut containers = Vec::new();
-        for c in st.iter().flat_map(|s| &s.containers) {
-            let Some(p) = c.process.filter(|p| p.alive()) else {
-                continue;
-            };
-            let (mut ticks, mut rss) = (0, 0);
-            for pid in procfs::group_members(p.pid) {
-                if let Some(s) = procfs::stat(pid) {
-                    ticks += s.utime_ticks + s.stime_ticks;
-                    rss += s.rss_pages * page;
-                }
-            }
-            let usage = ticks * (1_000_000_000 / procfs::TICKS_PER_SECOND);
-            let key = (uid.to_owned(), c.status.name.clone());
-            let rate = {
-                let mut samples = self
-                    .inner
-                    .cpu_samples
-                    .lock()
-                    .map_err(|_| ProviderError::transient("cpu samples poisoned"))?;
-                let rate = samples.get(&key).and_then(|(t, u)| {
-                    let dt = now.duration_since(*t).ok()?.as_nanos() as u64;
-                    (dt > 0).then(|| usage.saturating_sub(*u).saturating_mul(1_000_000_000) / dt)
-                });
-                samples.insert(key, (now, usage));
-                rate.unwrap_or(0)
-            };
-            containers.push(ContainerStats {
-                name: c.status.name.clone(),
-                start_time: c.started_at.unwrap_or(rec.created_at),
-                cpu_usage_core_nanoseconds: usage,
-                cpu_usage_nano_cores: rate,
-                memory_working_set_bytes: rss,
-                memory_rss_bytes: rss,
-            });
-        }
-        Ok(PodStats {
-            pod: rec.owner,
-            start_time: st.and_then(|s| s.started_at).unwrap_or(rec.created_at),
-            time: now,
-            containers,
-        })
+        let uid = uid.to_owned();
+        self.blocking(move |p| p.stats_blocking(&uid)).await
     }
 }
 
@@ -1156,6 +1171,43 @@ impl Provider for ProcessProvider {
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
+
+    /// A directory above the state that the Pods' user could write (and so rename
+    /// and replace) is refused; the state directory itself is made root's alone.
+    #[test]
+    fn the_state_tree_must_be_roots_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("vkd-tree-{}", uuid::Uuid::new_v4().simple()));
+        let open = |dir: &Path| {
+            let config = ProcessConfig {
+                cgroup_parent: "none".into(),
+                ..Default::default()
+            };
+            ProcessProvider::open_unwatched(config, dir, std::env::current_exe().unwrap())
+        };
+        std::fs::create_dir_all(base.join("shared")).unwrap();
+        std::fs::set_permissions(base.join("shared"), std::fs::Permissions::from_mode(0o777))
+            .unwrap();
+        let err = open(&base.join("shared/state/process")).unwrap_err();
+        assert!(
+            matches!(&err, OpenError::Insecure { path, .. } if path.ends_with("shared")),
+            "{err}"
+        );
+        // An emptyDir-like state directory (0777, ours) is tightened, not refused.
+        std::fs::create_dir_all(base.join("own/state")).unwrap();
+        std::fs::set_permissions(
+            base.join("own/state"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        open(&base.join("own/state/process")).unwrap();
+        let mode = std::fs::metadata(base.join("own/state"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        let _ = std::fs::remove_dir_all(base);
+    }
 
     /// Reads have no side effects: a stopped sandbox whose shim is gone is still
     /// there after `get` and `list`, and the process it records is not signalled.

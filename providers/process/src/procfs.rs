@@ -125,9 +125,11 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
 /// re-parented to a subreaper may hang below any of its threads).
 pub fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
+    let mut listed = false;
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                listed = true;
                 out.extend(
                     text.split_whitespace()
                         .filter_map(|p| p.parse::<i32>().ok()),
@@ -135,9 +137,31 @@ pub fn children(pid: i32) -> Vec<i32> {
             }
         }
     }
+    if !listed {
+        // A kernel without CONFIG_PROC_CHILDREN: every process's parent, from stat.
+        out = children_by_scan(pid);
+    }
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// The children of `pid`, found by reading every /proc/PID/stat (field 4 is the parent).
+fn children_by_scan(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|text| {
+                text.rfind(')')
+                    .and_then(|i| text[i + 1..].split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
 }
 
 /// Every process below `pid`, children first.
@@ -158,6 +182,20 @@ pub fn descendants(pid: i32) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_ways_of_finding_children_agree() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let pid = child.id() as i32;
+        assert!(children(me).contains(&pid));
+        assert!(children_by_scan(me).contains(&pid));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 
     #[test]
     fn stat_survives_odd_command_names() {

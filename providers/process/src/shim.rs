@@ -202,13 +202,14 @@ impl Shim {
         }
     }
 
-    /// Reaps orphans that exited; with `kill`, kills every child that is not the
-    /// shim's own first. Returns how many children other than its own remain.
+    /// Reaps orphans that exited; with `kill` (the Pod is over, nothing of its
+    /// own is waited for any more), kills every child first. Returns how many
+    /// children remain.
     fn reap_orphans(&self, kill: bool) -> usize {
         let own = lock(&self.own).clone();
         let mut left = 0;
         for pid in crate::procfs::children(std::process::id() as i32) {
-            if own.contains(&pid) {
+            if own.contains(&pid) && !kill {
                 continue;
             }
             let Some(p) = rustix::process::Pid::from_raw(pid) else {
@@ -470,22 +471,30 @@ impl Shim {
 
     /// The container's group inside the Pod's, made with the limits the
     /// controllers enforce.
-    fn cgroup(&self, spec: &ContainerSpec) -> Option<std::path::PathBuf> {
-        let dir = self.pod_cgroup.as_ref()?.join(&spec.name);
+    /// Fails when the Pod has a cgroup but the container's cannot be made: the
+    /// container would run outside its Pod's tracking and limits.
+    fn cgroup(&self, spec: &ContainerSpec) -> Result<Option<std::path::PathBuf>, String> {
+        let Some(pod) = self.pod_cgroup.as_ref() else {
+            return Ok(None);
+        };
+        let dir = pod.join(&spec.name);
         if let Err(e) = std::fs::create_dir_all(&dir) {
-            self.note(&format!("creating the cgroup of {}: {e}", spec.name));
-            return None;
+            return Err(format!("creating the cgroup {}: {e}", dir.display()));
         }
         let on = self.spec.cgroup.clone().unwrap_or_default();
+        let write = |file: &str, value: String| {
+            std::fs::write(dir.join(file), value)
+                .map_err(|e| format!("setting {file} of {}: {e}", dir.display()))
+        };
         if let (true, Some(m)) = (on.memory, spec.limits.memory_bytes) {
-            let _ = std::fs::write(dir.join("memory.max"), m.to_string());
+            write("memory.max", m.to_string())?;
             let _ = std::fs::write(dir.join("memory.swap.max"), "0");
         }
         if let (true, Some(c)) = (on.cpu, spec.limits.cpu_millis) {
             let quota = c.max(1).saturating_mul(100);
-            let _ = std::fs::write(dir.join("cpu.max"), format!("{quota} 100000"));
+            write("cpu.max", format!("{quota} 100000"))?;
         }
-        Some(dir)
+        Ok(Some(dir))
     }
 
     /// The launcher for `argv` in `launch`'s container: as the run-as user, in the
@@ -552,7 +561,10 @@ impl Shim {
                 None,
             );
         }
-        let cgroup = self.cgroup(spec);
+        let cgroup = match self.cgroup(spec) {
+            Ok(cg) => cg,
+            Err(e) => return (Ended::StartFailed(e), false, None),
+        };
         let oom_before = cgroup.as_deref().map_or(0, oom_kills);
         let program = launch.argv.first().map_or("", String::as_str);
         let spawned = self
@@ -689,7 +701,9 @@ impl Shim {
         let grace = self.grace();
         let deadline = after(grace);
         if let Some(h) = pre_stop {
-            let _ = tokio::time::timeout(grace, self.handle(h, launch, spec, grace)).await;
+            // The hook bounds itself by `grace`; an outer timeout would drop it
+            // half way and leave its process unreaped.
+            let _ = self.handle(h, launch, spec, grace).await;
         }
         if let Some(g) = group {
             g.signal_group(Signal::TERM);
@@ -745,10 +759,11 @@ impl Shim {
                         if let Some(p) = pid.and_then(rustix::process::Pid::from_raw) {
                             let _ = rustix::process::kill_process_group(p, Signal::KILL);
                         }
+                        // Reaped here, so its PID is never left for another to wait on.
+                        let _ = child.wait().await;
                         false
                     }
                 };
-                // Waited for, or killed and left to the runtime (or the orphan reaper).
                 self.forget(own);
                 ok
             }
