@@ -1026,3 +1026,55 @@ impl Probes {
         ProbeOutcome::Nothing
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    /// A working directory that is not there ends the container `StartError`
+    /// with a message that names the directory, not the program.
+    #[tokio::test]
+    async fn a_missing_working_dir_is_named() {
+        let dir = std::env::temp_dir().join(format!("vkd-shim-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut spec = vkd_provider::conformance::sample_spec("node-s", "u-wd");
+        spec.restart_policy = RestartPolicy::Never;
+        spec.containers = vec![ContainerSpec {
+            name: "main".into(),
+            image: "busybox".into(),
+            ..Default::default()
+        }];
+        let launch = Launch {
+            name: "main".into(),
+            argv: vec!["/bin/true".into()],
+            env: Vec::new(),
+            cwd: dir.join("root/no-such-dir"),
+        };
+        let shim_spec = ShimSpec {
+            spec,
+            containers: vec![launch],
+            run_as: Some((65534, 65534)),
+            log_max_bytes: 1 << 20,
+            launcher: "/nonexistent".into(),
+            cgroup: None,
+            pids_limit: None,
+            pids_rlimit: None,
+        };
+        write_json(&dir.join("spec.json"), &shim_spec, 0o600).unwrap();
+        let shim = Arc::new(Shim::open(&dir).unwrap());
+        Arc::clone(&shim).run().await;
+        let st = Sandbox::new(dir.clone()).read_status().unwrap().unwrap();
+        let ContainerState::Terminated(t) = &st.containers[0].status.state else {
+            panic!("{:?}", st.containers[0].status.state);
+        };
+        assert_eq!(t.reason, "StartError");
+        let message = t.message.clone().unwrap_or_default();
+        assert!(
+            message.contains("workingDir") && message.contains("no-such-dir"),
+            "{message}"
+        );
+        assert!(st.done);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
