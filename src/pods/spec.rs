@@ -1191,6 +1191,46 @@ mod tests {
         assert!(e.message.contains("container a"), "{e}");
     }
 
+    /// Every quantity form the apiserver admits is read; what no process could
+    /// run in (a memory limit of half a byte) and sums past u64 are refused by name.
+    #[test]
+    fn quantities_read_as_the_apiserver_does() {
+        let with = |resources: serde_json::Value| {
+            pending(
+                &pod(json!({
+                    "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                    "spec": {"containers": [{"name": "a", "image": "x", "resources": resources}]}
+                })),
+                "vk",
+            )
+        };
+        let s =
+            with(json!({"requests": {"cpu": "1e0", "memory": "1Ei"}, "limits": {"memory": "2Ei"}}))
+                .unwrap()
+                .spec;
+        assert_eq!(s.resources.cpu_millis, 1000);
+        assert_eq!(s.resources.memory_bytes, 1 << 60);
+        assert_eq!(s.containers[0].limits.memory_bytes, Some(2 << 60));
+        let e = with(json!({"limits": {"memory": "500m"}})).unwrap_err();
+        assert_eq!(e.reason, "InvalidResources");
+        assert!(
+            e.message.contains("limits.memory") && e.message.contains("500m"),
+            "{e}"
+        );
+        let huge = pending(
+            &pod(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                "spec": {"containers": [
+                    {"name": "a", "image": "x", "resources": {"requests": {"memory": "10E"}}},
+                    {"name": "b", "image": "x", "resources": {"requests": {"memory": "10E"}}}
+                ]}
+            })),
+            "vk",
+        )
+        .unwrap_err();
+        assert_eq!(huge.reason, "InvalidResources");
+    }
+
     #[test]
     fn probes_get_kubelet_defaults_and_named_ports() {
         let p = pod(json!({
