@@ -111,9 +111,10 @@ pub struct RunArgs {
     /// node address to listen on it alone.
     #[arg(long, env = "VKD_KUBELET_BIND")]
     pub kubelet_bind: Option<IpAddr>,
-    /// Most kubelet API connections open at once (TLS handshakes and exec,
-    /// attach and port-forward streams included); past it new connections are
-    /// closed at once. Keep it under the descriptor limit (`ulimit -n`). Default 512.
+    /// Most kubelet API connections open at once per node listener (TLS
+    /// handshakes and exec, attach and port-forward streams included); past it
+    /// new connections are closed at once. Keep it, times the listeners, under
+    /// the descriptor limit (`ulimit -n`). Default 512.
     #[arg(long, env = "VKD_KUBELET_API_MAX_CONNECTIONS")]
     pub kubelet_api_max_connections: Option<usize>,
     /// How long a kubelet API client may take to send a request's headers,

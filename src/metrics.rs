@@ -119,7 +119,7 @@ impl Default for Metrics {
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
             provider_errors: reg!("provider_errors", "Failed provider calls by operation and kind", Family::default()),
             pods: reg!("pods", "Pods on this replica's nodes by the phase the API server holds", Family::default()),
-            instances: reg!("backend_instances", "Instances the backend holds for this replica's nodes, by phase: each Pod's as last reported, those without a Pod as the last collection pass found them", Family::default()),
+            instances: reg!("backend_instances", "Instances for this replica's nodes, by phase, as vkd last saw them: each Pod's from the status vkd last wrote for it, those without a Pod as the last collection pass found them (no backend call per scrape)", Family::default()),
             startup: reg!("startup_stage_seconds", "Seconds from binding to each startup stage (observed, admitted, accepted, started, ready)", hist()),
             heap: reg!("heap_bytes", "Bytes the daemon holds on its heap (backend state of embedded providers included)", Gauge::default()),
             registry: r,
@@ -265,8 +265,8 @@ impl Metrics {
 /// gets the grace period it was given. Streaming calls are bounded only while
 /// they start: `logs` hands back its follow stream within the deadline and the
 /// stream then lives as long as the client reads it; `exec`, `attach` and
-/// `port_forward` last as long as the session itself, so they get none (the
-/// client's connection and the kubelet API's idle timeout bound them).
+/// `port_forward` last as long as the session itself, so they get none (they
+/// end with the client's connection or the process).
 /// A provider that blocks its thread instead of awaiting cannot be cut short.
 #[derive(Debug)]
 pub struct Instrumented {

@@ -9,7 +9,7 @@ use std::future::Future;
 
 use tokio::task::{Id, JoinError, JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error};
+use tracing::{Instrument, error, warn};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -102,8 +102,17 @@ impl Critical {
             let failure = match joined.map(|(_, outcome)| outcome) {
                 Ok(Outcome {
                     result: Err(source),
-                    ..
+                    early: true,
                 }) => Some(TaskError::Failed { task, source }),
+                // An error while everything stops (a lease that could not be
+                // released, a cut connection) is no reason to exit non-zero.
+                Ok(Outcome {
+                    result: Err(source),
+                    early: false,
+                }) => {
+                    warn!(task, error = %source, "a task failed while stopping");
+                    None
+                }
                 Ok(Outcome { early: true, .. }) => Some(TaskError::Ended { task }),
                 Ok(_) => None,
                 Err(e) if e.is_panic() => Some(TaskError::Panicked {
@@ -186,6 +195,21 @@ mod tests {
         let mut tasks = Critical::new(stop.clone());
         tasks.spawn("a", until_stopped(stop.clone()));
         tasks.spawn("b", until_stopped(stop.clone()));
+        stop.cancel();
+        assert!(tasks.join().await.is_ok());
+    }
+
+    /// A task that reports an error because everything is stopping (its lease
+    /// task cut off, say) does not make a clean shutdown exit non-zero.
+    #[tokio::test]
+    async fn an_error_while_stopping_is_no_failure() {
+        let stop = CancellationToken::new();
+        let mut tasks = Critical::new(stop.clone());
+        let s = stop.clone();
+        tasks.spawn("node agent", async move {
+            s.cancelled().await;
+            Err::<(), BoxError>("the lease task ended".into())
+        });
         stop.cancel();
         assert!(tasks.join().await.is_ok());
     }

@@ -129,6 +129,14 @@ impl Admitter {
         }
     }
 
+    /// Where a Pod's held reservation places it, if it holds one.
+    pub fn held_placement(&self, uid: &str) -> Option<Placement> {
+        self.reserved().get(uid).map(|r| Placement {
+            host: r.host.clone(),
+            gpu_ids: r.gpu_ids.clone(),
+        })
+    }
+
     /// The instance runs, ended, or will not be made: nothing more to hold.
     pub fn release(&self, uid: &str) {
         self.reserved().remove(uid);
@@ -403,7 +411,12 @@ mod tests {
         let a = Admitter::new(Arc::new(Fixed), None);
         let mut big = four_gpus("big");
         big.resources.cpu_millis = 30_000;
-        assert!(matches!(a.admit(&big).await.unwrap(), Admission::Fits(_)));
+        let Admission::Fits(placed) = a.admit(&big).await.unwrap() else {
+            panic!("big does not fit");
+        };
+        // What a retried create reuses: the same host and the same GPUs.
+        assert_eq!(a.held_placement("big"), Some(placed));
+        assert_eq!(a.held_placement("nobody"), None);
         // host-a (tightest after the first) cannot take 4 GPUs; host-b can, but not 30 cpu twice.
         let mut cpu = sample_spec("vk", "cpu");
         cpu.resources.cpu_millis = 20_000;

@@ -304,6 +304,8 @@ impl NodeAgent {
         );
         // Provider calls may take up to their deadline: shutdown does not wait for them.
         tokio::select! {
+            // Shutdown first: it also stops the lease task, which is then no failure.
+            biased;
             () = shutdown.cancelled() => Ok(()),
             joined = &mut lease => Err(NodeError::LeaseStopped {
                 node: self.settings.name.clone(),

@@ -608,7 +608,13 @@ impl PodController {
                 e = events.next() => e,
             };
             match ev {
-                None => return,
+                None => {
+                    // A provider without (more) events: the periodic resync still
+                    // visits every Pod, so this is no reason to stop the node.
+                    warn!("the provider's event stream ended; relying on resync");
+                    shutdown.cancelled().await;
+                    return;
+                }
                 Some(InstanceEvent::Changed { uid }) => self.queue.add(&uid),
                 Some(InstanceEvent::Resync) => self.enqueue_all(),
             }
@@ -812,7 +818,15 @@ impl PodController {
             Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
         };
         let spec = &spec;
-        let admission = match self.admitter.admit(spec).await {
+        // A create that failed without an answer (a deadline, a cut connection)
+        // may have made the instance: it is retried on the same placement, whose
+        // reservation was kept, never admitted afresh onto other GPUs.
+        let held = self.admitter.held_placement(&rec.uid);
+        let admission = match held.map(Admission::Fits).map(Ok) {
+            Some(a) => a,
+            None => self.admitter.admit(spec).await,
+        };
+        let admission = match admission {
             Ok(a) => a,
             Err(ProviderError::Invalid { reason, message }) => {
                 return Ok(Start::Failed(reason, message));
@@ -834,16 +848,16 @@ impl PodController {
         spec.placement = Some(placement);
         let instance = match self.provider.create(&self.fence(), &spec).await {
             Ok(i) => i,
-            Err(e) => {
+            Err(ProviderError::Rejected { message }) => {
                 self.admitter.release(&rec.uid);
-                return match e {
-                    ProviderError::Rejected { message } => Ok(Start::Queued(message)),
-                    ProviderError::Invalid { reason, message } => {
-                        Ok(Start::Failed(reason, message))
-                    }
-                    e => Err(e.into()),
-                };
+                return Ok(Start::Queued(message));
             }
+            Err(ProviderError::Invalid { reason, message }) => {
+                self.admitter.release(&rec.uid);
+                return Ok(Start::Failed(reason, message));
+            }
+            // Kept: the backend may have made it (see `held_placement` above).
+            Err(e) => return Err(e.into()),
         };
         self.admitter.created(&rec.uid);
         self.touch(&rec.uid, |r| {

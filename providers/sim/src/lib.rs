@@ -91,8 +91,8 @@ pub struct Scan {
 }
 
 /// Reads every instance record in a state directory; a file that does not
-/// read or parse as its Pod's record is listed in `corrupt`, not an error, so
-/// it costs only its own Pod.
+/// parse as its Pod's record is listed in `corrupt`, not an error, so it costs
+/// only its own Pod. A file that cannot be read at all fails the scan.
 pub fn scan_records(state_dir: &Path) -> Result<Scan, StateError> {
     let dir = state_dir.join("instances");
     let entries = match std::fs::read_dir(&dir) {
@@ -109,7 +109,9 @@ pub fn scan_records(state_dir: &Path) -> Result<Scan, StateError> {
         let parsed = match std::fs::read(&path) {
             Ok(text) => serde_json::from_slice::<Record>(&text).map_err(|e| e.to_string()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => Err(e.to_string()),
+            // A read that failed (EMFILE, EIO, ...) says nothing about the record:
+            // the scan fails as a whole and is retried, nothing is set aside.
+            Err(e) => return Err(io_err(&path)(e)),
         };
         // The file name is the key every later write and removal uses.
         let parsed = parsed.and_then(|rec| {
