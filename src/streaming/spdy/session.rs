@@ -295,7 +295,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         }
         match r.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            // The client is gone (as Go's spdystream does, the session ends with
+            // it): the connection, and its kubelet API slot, are let go now rather
+            // than when the command the session started ends.
+            Ok(0) | Err(_) => break 'session GOAWAY_OK,
             Ok(_) => {}
         }
     };
@@ -450,5 +453,22 @@ mod tests {
                 status: GOAWAY_PROTOCOL_ERROR
             }
         );
+    }
+
+    /// A client that went away ends the session (and frees its connection) even
+    /// while the session's handle, held by a running command, is still alive.
+    #[tokio::test]
+    async fn a_vanished_client_ends_the_session() {
+        use tokio::io::AsyncReadExt;
+        let (mut client_io, server_io) = tokio::io::duplex(1 << 16);
+        let (_session, _streams) = Session::spawn(server_io);
+        client_io.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            client_io.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(closed.is_ok(), "the server kept the connection open");
     }
 }
