@@ -304,6 +304,11 @@ impl LeaderElector {
                     return self.ours(&lease, epoch);
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
+                // Deleted: a standby may create it at once, so our term is over now,
+                // not at the renew deadline.
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err(Renew::Taken("nobody (the lease was deleted)".into()));
+                }
                 Err(e) => return Err(Renew::Failed(e.to_string())),
             }
             let lease = self
@@ -423,6 +428,17 @@ mod tests {
         let body = &log.lock().unwrap()[0].body;
         assert!(body["spec"]["renewTime"].is_string());
         assert!(body["spec"].get("holderIdentity").is_none(), "{body}");
+    }
+
+    /// A deleted Lease ends the term at once: a standby may already hold a new one.
+    #[tokio::test]
+    async fn a_deleted_lease_ends_the_term_at_once() {
+        let (client, log) = fake_api(|_: &Seen| status(404, "NotFound"));
+        let e = elector(client);
+        let mut version = "5".to_owned();
+        let ended = e.renew(7, &mut version).await;
+        assert!(matches!(ended, Err(Renew::Taken(_))));
+        assert_eq!(requests(&log).len(), 1, "no retry of a deleted lease");
     }
 
     #[tokio::test]
