@@ -1042,12 +1042,14 @@ fn resource_field(
     };
     if resource.ends_with(".cpu") {
         let millis = quantity::cpu_millis(&value).map_err(bad)?;
+        // The apiserver stores an unset divisor as "0"; like the kubelet, a zero
+        // divisor means the default: one core, one byte.
         let div = divisor
             .map(|d| quantity::cpu_millis(d))
             .transpose()
             .map_err(bad)?
-            .unwrap_or(1000)
-            .max(1);
+            .filter(|d| *d > 0)
+            .unwrap_or(1000);
         Ok(millis.div_ceil(div).to_string())
     } else {
         let bytes = quantity::bytes(&value).map_err(bad)?;
@@ -1055,8 +1057,8 @@ fn resource_field(
             .map(|d| quantity::bytes(d))
             .transpose()
             .map_err(bad)?
-            .unwrap_or(1)
-            .max(1);
+            .filter(|d| *d > 0)
+            .unwrap_or(1);
         Ok(bytes.div_ceil(div).to_string())
     }
 }
@@ -1341,6 +1343,16 @@ mod tests {
         assert_eq!(
             resource_field(&pend, "web", "limits.memory", Some(&mi)).unwrap(),
             "64"
+        );
+        // The divisor the apiserver stores when none is given: cores, rounded up.
+        let zero = "0".to_owned();
+        assert_eq!(
+            resource_field(&pend, "web", "limits.cpu", Some(&zero)).unwrap(),
+            "1"
+        );
+        assert_eq!(
+            resource_field(&pend, "web", "limits.memory", Some(&zero)).unwrap(),
+            "67108864"
         );
         assert!(file("../etc/passwd", vec![], 0o644).is_err());
         assert!(file("/abs", vec![], 0o644).is_err());
