@@ -140,8 +140,8 @@ pub fn main(args: &[String]) -> i32 {
             return 125;
         }
     };
-    if r.user.is_none() && rustix::process::geteuid().is_root() {
-        eprintln!("process-launch: refusing to run a Pod's program as root (no --user)");
+    if rustix::process::geteuid().is_root() && r.user.is_none_or(|(u, g)| u == 0 || g == 0) {
+        eprintln!("process-launch: refusing to run a Pod's program as root");
         return 126;
     }
     let env = match r.env_file.as_deref().map(read_env).transpose() {
@@ -268,6 +268,20 @@ mod tests {
         assert_eq!(r.user, Some((65534, 65534)));
         assert_eq!(r.cwd.as_deref(), Some("/s/root"));
         assert_eq!(r.argv, argv);
+    }
+
+    /// As root, the launcher never runs a Pod's program as root: it returns
+    /// before touching anything.
+    #[test]
+    fn root_never_runs_a_pods_program_as_root() {
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        for user in [&["--user", "0:0"][..], &["--user", "65534:0"], &[]] {
+            let mut a = args(user);
+            a.extend(args(&["--", "/bin/true"]));
+            assert_eq!(main(&a), 126, "{user:?}");
+        }
     }
 
     #[test]
