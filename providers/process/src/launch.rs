@@ -32,6 +32,20 @@ pub struct LaunchArgs<'a> {
     pub argv: &'a [String],
 }
 
+/// The limits that the cgroup a process joins (`joined`, with the controllers
+/// its hierarchy enables) does not enforce, as rlimits: memory as RLIMIT_DATA,
+/// processes as RLIMIT_NPROC. One rule for the shim's launches and exec's.
+pub fn rlimits(
+    joined: Option<&crate::cgroup::CgroupParent>,
+    memory: Option<u64>,
+    pids: Option<u64>,
+) -> (Option<u64>, Option<u64>) {
+    (
+        memory.filter(|_| !joined.is_some_and(|c| c.memory)),
+        pids.filter(|_| !joined.is_some_and(|c| c.pids)),
+    )
+}
+
 impl LaunchArgs<'_> {
     /// A command for `launcher` with a clean environment, started in `/`: the
     /// Pod's environment and working directory reach only the final program.
@@ -282,6 +296,20 @@ mod tests {
             a.extend(args(&["--", "/bin/true"]));
             assert_eq!(main(&a), 126, "{user:?}");
         }
+    }
+
+    #[test]
+    fn only_what_the_cgroup_does_not_hold_becomes_an_rlimit() {
+        let all = crate::cgroup::CgroupParent {
+            memory: true,
+            cpu: true,
+            pids: true,
+            ..Default::default()
+        };
+        let none = crate::cgroup::CgroupParent::default();
+        assert_eq!(rlimits(Some(&all), Some(5), Some(7)), (None, None));
+        assert_eq!(rlimits(Some(&none), Some(5), Some(7)), (Some(5), Some(7)));
+        assert_eq!(rlimits(None, Some(5), None), (Some(5), None));
     }
 
     #[test]

@@ -182,6 +182,8 @@ struct RunningContainer {
     cgroup: Option<PathBuf>,
     memory: Option<u64>,
     pids_limit: Option<u64>,
+    /// The cgroup hierarchy the shim used, from spec.json.
+    controllers: Option<cgroup::CgroupParent>,
     env_file: PathBuf,
 }
 
@@ -526,25 +528,27 @@ impl ProcessProvider {
             .chain(&spec.spec.containers)
             .find(|c| c.name == container)
             .and_then(|c| c.limits.memory_bytes);
-        let pids_limit = spec.pids_rlimit;
         Ok(RunningContainer {
             launch,
             cgroup: run.cgroup.clone(),
             memory,
-            pids_limit,
+            pids_limit: spec.pids_rlimit,
+            controllers: spec.cgroup,
             env_file,
         })
     }
 
     fn exec_command(&self, run: &RunningContainer, command: &[String]) -> std::process::Command {
-        // Limits the cgroup does not enforce are rlimits, as in the shim.
-        let by_cgroup = |on: fn(&cgroup::CgroupParent) -> bool| {
-            run.cgroup.is_some() && self.inner.cgroup.as_ref().is_some_and(on)
-        };
+        // The hierarchy the shim made the Pod's cgroup in, as spec.json records it.
+        let (data_limit, nproc_limit) = launch::rlimits(
+            run.controllers.as_ref().filter(|_| run.cgroup.is_some()),
+            run.memory,
+            run.pids_limit,
+        );
         launch::LaunchArgs {
             cgroup: run.cgroup.as_deref(),
-            data_limit: run.memory.filter(|_| !by_cgroup(|c| c.memory)),
-            nproc_limit: run.pids_limit.filter(|_| !by_cgroup(|c| c.pids)),
+            data_limit,
+            nproc_limit,
             user: Some(self.inner.run_as),
             env_file: &run.env_file,
             cwd: &run.launch.cwd,
@@ -611,7 +615,6 @@ impl ProcessProvider {
                 containers: launches.clone(),
                 run_as: Some(self.inner.run_as),
                 log_max_bytes: self.inner.config.log_max_bytes,
-                launcher: self.inner.shim_exe.clone(),
                 cgroup: self.inner.cgroup.clone(),
                 pids_limit: self.inner.config.pids_limit(),
                 pids_rlimit: self.inner.config.pids_rlimit(),
@@ -834,8 +837,12 @@ fn watch(inner: std::sync::Weak<Inner>) {
                     }
                     continue;
                 }
-                let done = sb.read_status().ok().flatten().is_some_and(|s| s.done);
-                if shim.is_some() && !alive && !done && ended.insert(uid.clone()) {
+                // status.json is read only for a dead shim, not every tick for every Pod.
+                let dead_unfinished = shim.is_some()
+                    && !alive
+                    && !ended.contains(&uid)
+                    && !sb.read_status().ok().flatten().is_some_and(|s| s.done);
+                if dead_unfinished && ended.insert(uid.clone()) {
                     // The supervisor died without ending the Pod (reported Failed):
                     // nothing may keep running for it.
                     provider.kill_leftovers(&sb);

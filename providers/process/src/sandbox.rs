@@ -46,8 +46,6 @@ pub struct ShimSpec {
     pub containers: Vec<Launch>,
     pub run_as: Option<(u32, u32)>,
     pub log_max_bytes: u64,
-    /// The program that re-executes as `process-launch` (the vkd binary).
-    pub launcher: PathBuf,
     /// Where the shim makes the Pod's cgroup, when there is a cgroup v2 hierarchy.
     #[serde(default)]
     pub cgroup: Option<crate::cgroup::CgroupParent>,

@@ -481,16 +481,16 @@ impl Shim {
         if let Err(e) = std::fs::create_dir_all(&dir) {
             return Err(format!("creating the cgroup {}: {e}", dir.display()));
         }
-        let on = self.spec.cgroup.clone().unwrap_or_default();
+        let on = self.spec.cgroup.as_ref();
         let write = |file: &str, value: String| {
             std::fs::write(dir.join(file), value)
                 .map_err(|e| format!("setting {file} of {}: {e}", dir.display()))
         };
-        if let (true, Some(m)) = (on.memory, spec.limits.memory_bytes) {
+        if let (Some(true), Some(m)) = (on.map(|c| c.memory), spec.limits.memory_bytes) {
             write("memory.max", m.to_string())?;
             let _ = std::fs::write(dir.join("memory.swap.max"), "0");
         }
-        if let (true, Some(c)) = (on.cpu, spec.limits.cpu_millis) {
+        if let (Some(true), Some(c)) = (on.map(|c| c.cpu), spec.limits.cpu_millis) {
             let quota = c.max(1).saturating_mul(100);
             write("cpu.max", format!("{quota} 100000"))?;
         }
@@ -507,17 +507,15 @@ impl Shim {
         cgroup: Option<&Path>,
     ) -> std::io::Result<tokio::process::Command> {
         let env_file = self.sandbox.ensure_env_file(launch)?;
-        let on = self.spec.cgroup.clone().unwrap_or_default();
+        let (data_limit, nproc_limit) = crate::launch::rlimits(
+            self.spec.cgroup.as_ref().filter(|_| cgroup.is_some()),
+            spec.limits.memory_bytes,
+            self.spec.pids_rlimit,
+        );
         let args = crate::launch::LaunchArgs {
             cgroup,
-            data_limit: spec
-                .limits
-                .memory_bytes
-                .filter(|_| !(cgroup.is_some() && on.memory)),
-            nproc_limit: self
-                .spec
-                .pids_rlimit
-                .filter(|_| !(cgroup.is_some() && on.pids)),
+            data_limit,
+            nproc_limit,
             user: self.spec.run_as,
             env_file: &env_file,
             cwd: &launch.cwd,
@@ -1056,7 +1054,6 @@ mod tests {
             containers: vec![launch],
             run_as: Some((65534, 65534)),
             log_max_bytes: 1 << 20,
-            launcher: "/nonexistent".into(),
             cgroup: None,
             pids_limit: None,
             pids_rlimit: None,
