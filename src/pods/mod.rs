@@ -821,9 +821,8 @@ impl PodController {
         // A create that failed without an answer (a deadline, a cut connection)
         // may have made the instance: it is retried on the same placement, whose
         // reservation was kept, never admitted afresh onto other GPUs.
-        let held = self.admitter.held_placement(&rec.uid);
-        let admission = match held.map(Admission::Fits).map(Ok) {
-            Some(a) => a,
+        let admission = match self.admitter.held_placement(&rec.uid) {
+            Some(placement) => Ok(Admission::Fits(placement)),
             None => self.admitter.admit(spec).await,
         };
         let admission = match admission {
