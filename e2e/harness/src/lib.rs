@@ -7,6 +7,8 @@
 //! Events and the tail of every log in the cluster directory, which is then kept
 //! for diagnosis; a passing suite removes it.
 
+pub mod conformance;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
