@@ -72,7 +72,10 @@ impl Lists {
         }
         let mut seen = BTreeSet::new();
         for (n, line) in content_lines(run) {
-            ensure!(seen.insert(line.to_owned()), "run.txt:{n}: listed twice: {line}");
+            ensure!(
+                seen.insert(line.to_owned()),
+                "run.txt:{n}: listed twice: {line}"
+            );
             lists.run.push(line.to_owned());
         }
         for (n, line) in content_lines(skip) {
@@ -80,7 +83,10 @@ impl Lists {
                 .rsplit_once(" || ")
                 .with_context(|| format!("skip.txt:{n}: expected `<spec> || <reason>`"))?;
             let (spec, why) = (spec.trim(), why.trim());
-            ensure!(!why.is_empty(), "skip.txt:{n}: the skip of {spec} gives no reason");
+            ensure!(
+                !why.is_empty(),
+                "skip.txt:{n}: the skip of {spec} gives no reason"
+            );
             ensure!(
                 seen.insert(spec.to_owned()),
                 "skip.txt:{n}: already listed (in run.txt or skip.txt): {spec}"
@@ -107,7 +113,9 @@ impl Lists {
         }
         for s in listed {
             if !selected.contains(s) {
-                out.push(format!("listed, but no such selected spec in e2e.test: {s}"));
+                out.push(format!(
+                    "listed, but no such selected spec in e2e.test: {s}"
+                ));
             }
         }
         out
@@ -217,12 +225,17 @@ pub fn select(selection: &Selection, all: &[SpecResult]) -> BTreeSet<String> {
     all.iter()
         .map(|r| r.spec.as_str())
         .filter(|s| {
-            selection
-                .families
-                .iter()
-                .any(|f| s.strip_prefix(f.as_str()).is_some_and(|r| r.starts_with(' ')))
+            selection.families.iter().any(|f| {
+                s.strip_prefix(f.as_str())
+                    .is_some_and(|r| r.starts_with(' '))
+            })
         })
-        .filter(|s| !selection.excludes.iter().any(|(m, _)| s.contains(m.as_str())))
+        .filter(|s| {
+            !selection
+                .excludes
+                .iter()
+                .any(|(m, _)| s.contains(m.as_str()))
+        })
         .map(str::to_owned)
         .collect()
 }
@@ -236,7 +249,12 @@ pub fn verdicts<'a>(
         results.iter().map(|r| (r.spec.as_str(), r)).collect();
     run.iter()
         .map(|s| match by_name.get(s.as_str()) {
-            Some(r) => (s.as_str(), r.state.as_str(), r.seconds, r.message.as_deref()),
+            Some(r) => (
+                s.as_str(),
+                r.state.as_str(),
+                r.seconds,
+                r.message.as_deref(),
+            ),
             None => (s.as_str(), "not run", 0.0, None),
         })
         .collect()
