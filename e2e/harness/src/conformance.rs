@@ -6,9 +6,13 @@
 //! - `suite.txt`: the spec families taken (`family: <top-level container text>`)
 //!   and the markers that leave a spec out of the selection (`exclude: <marker> # why`);
 //! - `run.txt`: one full spec text per line, each must pass;
-//! - `skip.txt`: `<full spec text> || <reason>`, one per line.
+//! - `skip.txt`: `<full spec text> || <reason>`, one per line: what a virtual node
+//!   on this backend cannot do;
+//! - `defects.txt`: the same form, for specs that fail through a defect of vkd not
+//!   fixed yet. They are not run (they would fail the gate) but are shown in the
+//!   table, so the gap stays in sight; fixing one moves it to `run.txt`.
 //!
-//! A family's every selected spec must be in exactly one of the two lists, so a
+//! A family's every selected spec must be in exactly one of the lists, so a
 //! spec the next Kubernetes adds is noticed rather than silently not run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,6 +38,8 @@ pub struct Lists {
     pub run: Vec<String>,
     /// Spec text and the one-line reason it is skipped.
     pub skip: Vec<(String, String)>,
+    /// Spec text and the vkd defect that makes it fail today.
+    pub defects: Vec<(String, String)>,
 }
 
 fn content_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
@@ -44,16 +50,21 @@ fn content_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
 }
 
 impl Lists {
-    /// Reads `suite.txt`, `run.txt` and `skip.txt` from `dir`.
+    /// Reads `suite.txt`, `run.txt`, `skip.txt` and `defects.txt` from `dir`.
     pub fn load(dir: &Path) -> Result<Self> {
         let read = |name: &str| {
             std::fs::read_to_string(dir.join(name))
                 .with_context(|| format!("reading {}", dir.join(name).display()))
         };
-        Self::parse(&read("suite.txt")?, &read("run.txt")?, &read("skip.txt")?)
+        Self::parse(
+            &read("suite.txt")?,
+            &read("run.txt")?,
+            &read("skip.txt")?,
+            &read("defects.txt")?,
+        )
     }
 
-    pub fn parse(suite: &str, run: &str, skip: &str) -> Result<Self> {
+    pub fn parse(suite: &str, run: &str, skip: &str, defects: &str) -> Result<Self> {
         let mut lists = Self::default();
         for (n, line) in content_lines(suite) {
             if let Some(family) = line.strip_prefix("family:") {
@@ -78,21 +89,8 @@ impl Lists {
             );
             lists.run.push(line.to_owned());
         }
-        for (n, line) in content_lines(skip) {
-            let (spec, why) = line
-                .rsplit_once(" || ")
-                .with_context(|| format!("skip.txt:{n}: expected `<spec> || <reason>`"))?;
-            let (spec, why) = (spec.trim(), why.trim());
-            ensure!(
-                !why.is_empty(),
-                "skip.txt:{n}: the skip of {spec} gives no reason"
-            );
-            ensure!(
-                seen.insert(spec.to_owned()),
-                "skip.txt:{n}: already listed (in run.txt or skip.txt): {spec}"
-            );
-            lists.skip.push((spec.to_owned(), why.to_owned()));
-        }
+        lists.skip = reasoned("skip.txt", skip, &mut seen)?;
+        lists.defects = reasoned("defects.txt", defects, &mut seen)?;
         Ok(lists)
     }
 
@@ -103,12 +101,17 @@ impl Lists {
             .run
             .iter()
             .map(String::as_str)
-            .chain(self.skip.iter().map(|(s, _)| s.as_str()))
+            .chain(
+                self.skip
+                    .iter()
+                    .chain(&self.defects)
+                    .map(|(s, _)| s.as_str()),
+            )
             .collect();
         let mut out = Vec::new();
         for s in selected {
             if !listed.contains(s.as_str()) {
-                out.push(format!("not in run.txt or skip.txt: {s}"));
+                out.push(format!("not in run.txt, skip.txt or defects.txt: {s}"));
             }
         }
         for s in listed {
@@ -120,6 +123,27 @@ impl Lists {
         }
         out
     }
+}
+
+/// Reads `<spec> || <reason>` lines; `seen` holds every spec listed so far.
+fn reasoned(file: &str, text: &str, seen: &mut BTreeSet<String>) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (n, line) in content_lines(text) {
+        let (spec, why) = line
+            .rsplit_once(" || ")
+            .with_context(|| format!("{file}:{n}: expected `<spec> || <reason>`"))?;
+        let (spec, why) = (spec.trim(), why.trim());
+        ensure!(
+            !why.is_empty(),
+            "{file}:{n}: {spec} is listed with no reason"
+        );
+        ensure!(
+            seen.insert(spec.to_owned()),
+            "{file}:{n}: already listed in another line or list: {spec}"
+        );
+        out.push((spec.to_owned(), why.to_owned()));
+    }
+    Ok(out)
 }
 
 /// Escapes `text` for Go's RE2 syntax (what ginkgo's focus is).
@@ -260,23 +284,27 @@ pub fn verdicts<'a>(
         .collect()
 }
 
-/// The table a person reads: spec, result, seconds; skips with their reasons.
-pub fn table(verdicts: &[(&str, &str, f64, Option<&str>)], skip: &[(String, String)]) -> String {
+/// The table a person reads: spec, result, seconds; then the specs not run, with
+/// their reasons.
+pub fn table(verdicts: &[(&str, &str, f64, Option<&str>)], lists: &Lists) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:<9} {:>8}  spec", "result", "seconds");
     for (spec, state, secs, _) in verdicts {
         let _ = writeln!(out, "{state:<9} {secs:>8.1}  {spec}");
     }
-    for (spec, why) in skip {
-        let _ = writeln!(out, "{:<9} {:>8}  {spec}  ({why})", "skipped", "-");
+    for (label, list) in [("skipped", &lists.skip), ("defect", &lists.defects)] {
+        for (spec, why) in list {
+            let _ = writeln!(out, "{label:<9} {:>8}  {spec}  ({why})", "-");
+        }
     }
     let passed = verdicts.iter().filter(|v| v.1 == "passed").count();
     let total: f64 = verdicts.iter().map(|v| v.2).sum();
     let _ = writeln!(
         out,
-        "{passed} of {} listed specs passed, {} skipped; {total:.0} s of spec time",
+        "{passed} of {} specs run passed; {} skipped, {} not run for a known defect; {total:.0} s of spec time",
         verdicts.len(),
-        skip.len()
+        lists.skip.len(),
+        lists.defects.len()
     );
     out
 }
@@ -292,24 +320,28 @@ mod tests {
             "# header\nfamily: [sig-node] Pods\nexclude: [Slow] # over budget\n",
             "[sig-node] Pods should a\n",
             "[sig-node] Pods should b || needs kube-proxy\n",
+            "[sig-node] Pods should c || no Event\n",
         )
         .unwrap();
+        assert_eq!(l.defects[0].1, "no Event");
         assert_eq!(l.selection.families, ["[sig-node] Pods"]);
         assert_eq!(l.selection.excludes[0].1, "over budget");
         assert_eq!(l.skip[0].1, "needs kube-proxy");
         // Twice, in both lists, no reason, or an unknown line: refused, with the line.
-        let e = Lists::parse("", "a\n", "a || why\n").unwrap_err();
+        let e = Lists::parse("", "a\n", "a || why\n", "").unwrap_err();
         assert!(format!("{e}").contains("skip.txt:1"), "{e}");
-        assert!(Lists::parse("", "", "b ||  \n").is_err());
-        assert!(Lists::parse("", "", "b\n").is_err());
-        assert!(Lists::parse("families: x\n", "", "").is_err());
-        assert!(Lists::parse("exclude: [Slow]\n", "", "").is_err());
-        assert!(Lists::parse("", "a\na\n", "").is_err());
+        let e = Lists::parse("", "", "a || why\n", "a || bug\n").unwrap_err();
+        assert!(format!("{e}").contains("defects.txt:1"), "{e}");
+        assert!(Lists::parse("", "", "b ||  \n", "").is_err());
+        assert!(Lists::parse("", "", "b\n", "").is_err());
+        assert!(Lists::parse("families: x\n", "", "", "").is_err());
+        assert!(Lists::parse("exclude: [Slow]\n", "", "", "").is_err());
+        assert!(Lists::parse("", "a\na\n", "", "").is_err());
     }
 
     #[test]
     fn problems_name_unlisted_and_unknown_specs() {
-        let l = Lists::parse("", "a\n", "b || why\n").unwrap();
+        let l = Lists::parse("", "a\n", "b || why\n", "").unwrap();
         let selected: BTreeSet<String> = ["a", "c"].map(String::from).into();
         let p = l.problems(&selected);
         assert_eq!(p.len(), 2, "{p:?}");
@@ -371,8 +403,13 @@ mod tests {
         let v = verdicts(&run, &results);
         assert_eq!(v[0].1, "passed");
         assert_eq!(v[1].1, "not run");
-        let t = table(&v, &[("c".into(), "why".into())]);
-        assert!(t.contains("1 of 2 listed specs passed, 1 skipped"), "{t}");
-        assert!(t.contains("c  (why)"), "{t}");
+        let lists = Lists::parse("", "", "c || why\n", "d || bug\n").unwrap();
+        let t = table(&v, &lists);
+        assert!(
+            t.contains("1 of 2 specs run passed; 1 skipped, 1 not run"),
+            "{t}"
+        );
+        assert!(t.contains("skipped          -  c  (why)"), "{t}");
+        assert!(t.contains("defect           -  d  (bug)"), "{t}");
     }
 }
