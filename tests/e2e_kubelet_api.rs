@@ -26,6 +26,19 @@ fn main() -> ExitCode {
         ("exec_tty_carries_the_terminal_size", exec_tty),
         ("port_forward_carries_tcp", port_forward),
         (
+            "port_forward_ends_when_the_pod_side_closes",
+            port_forward_pod_side_close,
+        ),
+        (
+            "exec_over_older_websocket_protocols",
+            exec_older_websocket_protocols,
+        ),
+        (
+            "port_forward_over_websocket_channels",
+            port_forward_websocket_channels,
+        ),
+        ("logs_over_http2_and_websocket", logs_http2_and_websocket),
+        (
             "stats_and_pod_lists_with_a_client_certificate",
             stats_with_cert,
         ),
@@ -567,5 +580,294 @@ fn auth_refusals(c: &Cluster) -> Result<()> {
             Ok(Some(()))
         },
     )?;
+    Ok(())
+}
+
+/// The upstream spec "[sig-cli] Kubectl Port forwarding ... should support a
+/// client that connects, sends DATA, and disconnects": the client sends,
+/// closes its write side and reads to EOF. The sim's echo server then closes
+/// its side too, and kubectl must see that (data and error streams ended) to
+/// close the client's connection.
+fn port_forward_pod_side_close(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    let port = common::free_port()?;
+    let mut child = kubectl_cmd(c)?
+        .args([
+            "port-forward",
+            "-n",
+            NS,
+            "pod/steady",
+            &format!("{port}:8080"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let result = (|| -> Result<()> {
+        let mut conn = wait_for("the port-forward listener", Duration::from_secs(20), || {
+            Ok(std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+        })?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        conn.write_all(b"abc")?;
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let t = Instant::now();
+        let mut back = Vec::new();
+        conn.read_to_end(&mut back).with_context(|| {
+            format!(
+                "no EOF after {:?}: the Pod side's close was not passed on",
+                t.elapsed()
+            )
+        })?;
+        ensure!(back == b"abc", "got {:?}", String::from_utf8_lossy(&back));
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+type Wss =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket to the apiserver (as admin, HTTP/1.1) on `path`, offering
+/// `protocols`; with the subprotocol the far end chose.
+async fn apiserver_websocket(
+    c: &Cluster,
+    path: &str,
+    protocols: &str,
+) -> Result<(Wss, Option<String>)> {
+    use rustls_pki_types::pem::PemObject;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let addr = common::apiserver_addr(c)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(c.env("VKD_E2E_CA")?)? {
+        roots.add(cert?)?;
+    }
+    let certs = rustls_pki_types::CertificateDer::pem_file_iter(c.env("VKD_E2E_ADMIN_CERT")?)?
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(c.env("VKD_E2E_ADMIN_KEY")?)?;
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(certs, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls_pki_types::ServerName::from(addr.ip());
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    let mut req = format!("wss://{addr}{path}").into_client_request()?;
+    req.headers_mut()
+        .insert("sec-websocket-protocol", protocols.parse()?);
+    let (ws, resp) = tokio_tungstenite::client_async(req, tls)
+        .await
+        .with_context(|| format!("WebSocket to {path} offering {protocols}"))?;
+    let chosen = resp
+        .headers()
+        .get("sec-websocket-protocol")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok((ws, chosen))
+}
+
+/// The payloads of the messages until the far end closes, as bytes.
+async fn read_all(ws: &mut Wss) -> Result<Vec<Vec<u8>>> {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut got = Vec::new();
+    let read = async {
+        while let Some(m) = ws.next().await {
+            match m? {
+                Message::Binary(b) => got.push(b.to_vec()),
+                Message::Text(t) => got.push(t.as_bytes().to_vec()),
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .context("the WebSocket did not close")??;
+    Ok(got)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn base64(text: &[u8]) -> Result<Vec<u8>> {
+    // Test-side decoding by the system's base64(1), independent of vkd's.
+    let mut child = Command::new("base64")
+        .arg("-d")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().context("stdin")?.write_all(text)?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "base64 -d {:?}",
+        String::from_utf8_lossy(text)
+    );
+    Ok(out.stdout)
+}
+
+/// Clients other than a recent kubectl (the official Python client, web
+/// consoles) speak the older channel protocols, which the apiserver passes to
+/// the kubelet unchanged.
+fn exec_older_websocket_protocols(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    let rt = runtime()?;
+    let base = format!("/api/v1/namespaces/{NS}/pods/steady/exec?stdout=true&stderr=true");
+    for (protocol, b64, v4) in [
+        ("base64.channel.k8s.io", true, false),
+        ("channel.k8s.io", false, false),
+        ("v4.channel.k8s.io", false, true),
+        ("v4.base64.channel.k8s.io", true, true),
+    ] {
+        for (command, code) in [
+            ("command=echo&command=hello", 0),
+            ("command=exit&command=3", 3),
+        ] {
+            let path = format!("{base}&{command}");
+            let messages = rt.block_on(async {
+                let (mut ws, chosen) = apiserver_websocket(c, &path, protocol).await?;
+                ensure!(
+                    chosen.as_deref() == Some(protocol),
+                    "chose {chosen:?} for {protocol}"
+                );
+                read_all(&mut ws).await
+            })?;
+            let mut channels: [Vec<u8>; 4] = Default::default();
+            for m in &messages {
+                let (&first, rest) = m.split_first().context("an empty message")?;
+                let channel = if b64 { first.wrapping_sub(b'0') } else { first };
+                let payload = if b64 { base64(rest)? } else { rest.to_vec() };
+                ensure!(channel < 4, "{protocol}: message on channel {channel}");
+                channels[usize::from(channel)].extend(payload);
+            }
+            let error = String::from_utf8_lossy(&channels[3]).into_owned();
+            if code == 0 {
+                ensure!(
+                    channels[1] == b"hello\n",
+                    "{protocol}: stdout {:?}",
+                    channels[1]
+                );
+                if v4 {
+                    let status: Value = serde_json::from_str(&error)?;
+                    ensure!(status["status"] == "Success", "{protocol}: {error}");
+                } else {
+                    ensure!(error.is_empty(), "{protocol}: success wrote {error:?}");
+                }
+            } else if v4 {
+                let status: Value = serde_json::from_str(&error)?;
+                ensure!(
+                    status["reason"] == "NonZeroExitCode"
+                        && status["details"]["causes"][0]["message"] == "3",
+                    "{protocol}: {error}"
+                );
+            } else {
+                ensure!(error.contains("exit code 3"), "{protocol}: {error:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kubelet's own WebSocket port-forward (the Python client's): a data and
+/// an error channel per port, each opened with the port number.
+fn port_forward_websocket_channels(c: &Cluster) -> Result<()> {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    vkd(c)?;
+    let rt = runtime()?;
+    let path = format!("/api/v1/namespaces/{NS}/pods/steady/portforward?ports=8080");
+    for (protocol, b64) in [
+        ("v4.channel.k8s.io", false),
+        ("v4.base64.channel.k8s.io", true),
+    ] {
+        let messages = rt.block_on(async {
+            let (mut ws, chosen) = apiserver_websocket(c, &path, protocol).await?;
+            ensure!(
+                chosen.as_deref() == Some(protocol),
+                "chose {chosen:?} for {protocol}"
+            );
+            let hello = if b64 {
+                Message::Text("0aGVsbG8=".into()) // "hello"
+            } else {
+                Message::Binary(bytes::Bytes::from_static(b"\x00hello"))
+            };
+            ws.send(hello).await?;
+            let mut got = Vec::new();
+            let read = async {
+                use futures::StreamExt;
+                while got.len() < 3 {
+                    match ws.next().await.context("closed early")?? {
+                        Message::Binary(b) => got.push(b.to_vec()),
+                        Message::Text(t) => got.push(t.as_bytes().to_vec()),
+                        _ => {}
+                    }
+                }
+                anyhow::Ok(())
+            };
+            tokio::time::timeout(Duration::from_secs(10), read)
+                .await
+                .with_context(|| format!("{protocol}: got only {got:?}"))??;
+            ws.close(None).await.ok();
+            anyhow::Ok(got)
+        })?;
+        let decoded: Vec<(u8, Vec<u8>)> = messages
+            .iter()
+            .map(|m| {
+                let (&first, rest) = m.split_first().context("an empty message")?;
+                Ok(if b64 {
+                    (first.wrapping_sub(b'0'), base64(rest)?)
+                } else {
+                    (first, rest.to_vec())
+                })
+            })
+            .collect::<Result<_>>()?;
+        let port = 8080u16.to_le_bytes().to_vec();
+        ensure!(
+            decoded == [(0, port.clone()), (1, port), (0, b"hello".to_vec())],
+            "{protocol}: {decoded:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The apiserver reaches vkd over HTTP/2 (as it does a kubelet) and serves
+/// `kubectl logs` over WebSocket from that body: it used to come back empty.
+fn logs_http2_and_websocket(c: &Cluster) -> Result<()> {
+    let port = vkd(c)?;
+    let rt = runtime()?;
+    let path = format!("/api/v1/namespaces/{NS}/pods/steady/log?container=main");
+    let messages = rt.block_on(async {
+        let (mut ws, _) = apiserver_websocket(c, &path, "binary.k8s.io").await?;
+        read_all(&mut ws).await
+    })?;
+    let text = String::from_utf8_lossy(&messages.concat()).into_owned();
+    ensure!(
+        text.starts_with(&format!("sim: {NS}/steady main line 0\n")),
+        "logs over WebSocket: {text:?}"
+    );
+
+    let pki = c.dir().join("pki");
+    let out = Command::new("curl")
+        .args(["-sk", "--http2", "-o", "/dev/null", "-w", "%{http_version}"])
+        .arg("--cert")
+        .arg(pki.join("apiserver-kubelet-client.crt"))
+        .arg("--key")
+        .arg(pki.join("apiserver-kubelet-client.key"))
+        .arg(format!(
+            "https://127.0.0.1:{port}/containerLogs/{NS}/steady/main"
+        ))
+        .output()?;
+    let version = String::from_utf8_lossy(&out.stdout);
+    ensure!(version == "2", "logs over HTTP version {version:?}");
     Ok(())
 }

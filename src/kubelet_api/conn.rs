@@ -1,8 +1,12 @@
 //! The kubelet API's connections: the accept loop (a cap on open connections,
-//! back-off on accept errors, both logged at a bounded rate) and HTTP/1 serving
+//! back-off on accept errors, both logged at a bounded rate) and HTTP serving
 //! with a header timeout and an idle timeout, as the kubelet's Go server has
 //! read and idle timeouts. A request in flight (a long response such as
 //! `logs -f`) and an upgraded stream (exec, attach, port-forward) are never cut.
+//!
+//! A client that offers `h2` in ALPN gets HTTP/2, as from the kubelet's Go
+//! server (the apiserver's transport does, for logs and stats); upgrades
+//! (exec, attach, port-forward) come on HTTP/1.1, which their clients ask for.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -44,6 +48,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one log line per this period for each kind of trouble.
 const LOG_PERIOD: Duration = Duration::from_secs(10);
+/// Streams one HTTP/2 connection may have open at once (Go's default, which
+/// the kubelet serves with).
+const MAX_CONCURRENT_STREAMS: u32 = 250;
 
 /// Bounds on the kubelet API's connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +198,9 @@ type Tracker = Arc<watch::Sender<Activity>>;
 struct Tracked<IO> {
     io: IO,
     tracker: Tracker,
+    /// Bytes read between requests start a request head (HTTP/1). Over
+    /// HTTP/2 they may be pings and settings: only a request counts.
+    heads: bool,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -203,7 +213,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+        if this.heads && matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.tracker.send_if_modified(|a| {
                 let starts = a.in_flight == 0 && !a.head_started;
                 a.head_started |= starts;
@@ -265,10 +275,33 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request in flight while it is sent.
+/// A response body that keeps its request in flight while it is sent, and
+/// never ends in the same write as its last data.
+///
+/// hyper writes the last chunk of a body and its end (HTTP/1's terminating
+/// chunk) together when the end follows at once, in one TLS record. Go's
+/// HTTP/1 client then returns that data together with EOF, and readers that
+/// stop at EOF without using the data lose it: the apiserver's WebSocket log
+/// streamer is one, and `kubectl logs` over WebSocket came back empty. So
+/// after data the end waits one turn, in which the connection flushes.
 struct Tracking {
     body: Body,
     _request: InFlight,
+    /// The last frame handed out was data, with no wait since.
+    after_data: bool,
+    /// The body has ended; the connection is told on the next poll.
+    ended: bool,
+}
+
+impl Tracking {
+    fn new(body: Body, request: InFlight) -> Self {
+        Self {
+            body,
+            _request: request,
+            after_data: false,
+            ended: false,
+        }
+    }
 }
 
 impl hyper::body::Body for Tracking {
@@ -279,11 +312,31 @@ impl hyper::body::Body for Tracking {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(None) if this.after_data => {
+                this.ended = true;
+                // hyper flushes what it has while the body is pending.
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                this.after_data = frame.is_data();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => {
+                this.after_data = false;
+                Poll::Pending
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.ended || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -319,7 +372,8 @@ async fn expiry(mut activity: watch::Receiver<Activity>, limits: Limits) -> &'st
 }
 
 /// Serves one kubelet API connection: the TLS handshake within its limit,
-/// then HTTP/1 with the service `service` makes from the TLS session.
+/// then HTTP/2 if the client chose it in ALPN, else HTTP/1, with the service
+/// `service` makes from the TLS session.
 pub(crate) async fn serve_tls<M, S, Fut>(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
@@ -338,8 +392,105 @@ pub(crate) async fn serve_tls<M, S, Fut>(
         Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => return debug!(%peer, "TLS handshake timed out"),
     };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let service = service(tls.get_ref().1);
-    serve_http(tls, peer, slot, limits, shutdown, service).await;
+    if h2 {
+        serve_h2(tls, peer, slot, limits, shutdown, service).await;
+    } else {
+        serve_http(tls, peer, slot, limits, shutdown, service).await;
+    }
+}
+
+/// The stream wrapped for the timers, and `service` wrapped to keep each
+/// request in flight until its response is sent.
+#[allow(clippy::type_complexity)]
+fn tracked<IO, S, Fut>(
+    io: IO,
+    slot: OwnedSemaphorePermit,
+    heads: bool,
+    service: S,
+) -> (
+    Tracked<IO>,
+    watch::Receiver<Activity>,
+    impl hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<Tracking>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Tracking>, Infallible>> + Send + 'static,
+    > + Send
+    + 'static,
+)
+where
+    S: Fn(Request<Incoming>) -> Fut + Send + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    // A new connection owes its first request head at once (as Go's ReadHeaderTimeout).
+    let (tracker, activity) = watch::channel(Activity {
+        in_flight: 0,
+        head_started: true,
+    });
+    let tracker = Arc::new(tracker);
+    let io = Tracked {
+        io,
+        tracker: Arc::clone(&tracker),
+        heads,
+        _slot: slot,
+    };
+    let svc = hyper::service::service_fn(move |req| {
+        let request = InFlight::start(&tracker);
+        let response = service(req);
+        async move {
+            let response = response.await;
+            Ok::<_, Infallible>(response.map(|body| Tracking::new(body, request)))
+        }
+    });
+    (io, activity, svc)
+}
+
+/// Serves HTTP/2 on one connection until it ends, times out or shutdown. The
+/// first request is due within the header timeout; after that the connection
+/// may wait for the next one for the idle timeout, and is then told to go
+/// away (GOAWAY: the client retries elsewhere what it sent meanwhile) and
+/// dropped if it is still idle a timeout later.
+pub(crate) async fn serve_h2<IO, S, Fut>(
+    io: IO,
+    peer: SocketAddr,
+    slot: OwnedSemaphorePermit,
+    limits: Limits,
+    shutdown: CancellationToken,
+    service: S,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Fn(Request<Incoming>) -> Fut + Send + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let (io, activity, svc) = tracked(io, slot, false, service);
+    let mut conn = std::pin::pin!(
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .serve_connection(TokioIo::new(io), svc)
+    );
+    let mut going_away = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(%peer, error = %e, "kubelet API HTTP/2 connection ended");
+                }
+                return;
+            }
+            why = expiry(activity.clone(), limits) => {
+                if going_away {
+                    return debug!(%peer, "kubelet API HTTP/2 connection closed: {why}");
+                }
+                debug!(%peer, "kubelet API HTTP/2 connection going away: {why}");
+                going_away = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// Serves HTTP/1 (with upgrades) on one connection until it ends, times out
@@ -356,28 +507,7 @@ pub(crate) async fn serve_http<IO, S, Fut>(
     S: Fn(Request<Incoming>) -> Fut + Send + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
-    // A new connection owes its first request head at once (as Go's ReadHeaderTimeout).
-    let (tracker, activity) = watch::channel(Activity {
-        in_flight: 0,
-        head_started: true,
-    });
-    let tracker = Arc::new(tracker);
-    let io = Tracked {
-        io,
-        tracker: Arc::clone(&tracker),
-        _slot: slot,
-    };
-    let svc = hyper::service::service_fn(move |req| {
-        let request = InFlight::start(&tracker);
-        let response = service(req);
-        async move {
-            let response = response.await;
-            Ok::<_, Infallible>(response.map(|body| Tracking {
-                body,
-                _request: request,
-            }))
-        }
-    });
+    let (io, activity, svc) = tracked(io, slot, true, service);
     // hyper's own header timer runs from the moment a connection waits for a
     // request (so it spans idle time too): a backstop behind `expiry`.
     let conn = hyper::server::conn::http1::Builder::new()
@@ -729,6 +859,141 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    /// A TLS client of `tls_server` offering `alpn`.
+    async fn tls_client(
+        addr: SocketAddr,
+        connector: &tokio_rustls::TlsConnector,
+        alpn: &[&[u8]],
+    ) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let mut config = rustls::ClientConfig::clone(connector.config());
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        connector
+            .connect(name, TcpStream::connect(addr).await.unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// A client offering h2 gets HTTP/2 (streamed bodies arrive whole, across
+    /// both timeouts); one offering http/1.1 alone gets HTTP/1.1 and its upgrades.
+    #[tokio::test]
+    async fn h2_when_offered_and_http1_for_upgrades() {
+        let dir = std::env::temp_dir().join(format!("vkd-conn-h2-{}", std::process::id()));
+        let (addr, connector) = tls_server(SHORT, &dir).await;
+
+        let tls = tls_client(addr, &connector, &[b"h2", b"http/1.1"]).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        for path in ["/healthz", "/stream"] {
+            let req = Request::get(format!("https://localhost{path}"))
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
+            let resp = send.send_request(req).await.unwrap();
+            assert_eq!(resp.version(), hyper::Version::HTTP_2);
+            assert_eq!(resp.status(), StatusCode::OK);
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            let body = String::from_utf8_lossy(&body);
+            assert!(
+                body == "ok" || body.ends_with("chunk 9\n"),
+                "{path}: {body}"
+            );
+        }
+
+        let mut tls = tls_client(addr, &connector, &[b"http/1.1"]).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+        tls.write_all(
+            b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = tls.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 101"), "{:?}", &buf[..n]);
+        tls.write_all(b"ping").await.unwrap();
+        let n = tls.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"ping");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// An HTTP/2 connection with nothing in flight is sent away after the idle
+    /// timeout, and closed; its slot is freed.
+    #[tokio::test]
+    async fn idle_h2_connections_are_closed() {
+        let dir = std::env::temp_dir().join(format!("vkd-conn-h2-idle-{}", std::process::id()));
+        let (addr, connector) = tls_server(SHORT, &dir).await;
+        let tls = tls_client(addr, &connector, &[b"h2"]).await;
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(conn);
+        let req = Request::get("https://localhost/healthz")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap();
+        assert_eq!(
+            send.send_request(req).await.unwrap().status(),
+            StatusCode::OK
+        );
+        let start = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), conn)
+            .await
+            .expect("an idle HTTP/2 connection was kept")
+            .unwrap()
+            .ok();
+        let took = start.elapsed();
+        assert!(
+            took >= SHORT.idle_timeout - Duration::from_millis(100),
+            "closed after {took:?}, before the idle timeout"
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// A body's last data and its end go out in two writes: the end waits one
+    /// turn (woken at once) after data.
+    #[tokio::test]
+    async fn a_body_ends_after_its_last_data_is_flushed() {
+        use hyper::body::Body as _;
+        let (tracker, _activity) = watch::channel(Activity::default());
+        let tracker = Arc::new(tracker);
+        let chunks = futures::stream::iter(["a", "b"])
+            .map(|c| Ok::<_, io::Error>(Frame::data(Bytes::from_static(c.as_bytes()))));
+        let body = BodyExt::boxed_unsync(StreamBody::new(chunks));
+        let mut body = Tracking::new(body, InFlight::start(&tracker));
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        struct Count(Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let waker = std::task::Waker::from(Arc::new(Count(Arc::clone(&woken))));
+        let mut cx = Context::from_waker(&waker);
+        let mut polls = Vec::new();
+        for _ in 0..4 {
+            polls.push(match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(f))) => format!("{:?}", f.into_data().unwrap()),
+                Poll::Ready(Some(Err(e))) => format!("error {e}"),
+                Poll::Ready(None) => "end".to_owned(),
+                Poll::Pending => "pending".to_owned(),
+            });
+        }
+        assert_eq!(polls, [r#"b"a""#, r#"b"b""#, "pending", "end"]);
+        assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(body.is_end_stream());
+        assert_eq!(
+            tracker.borrow().in_flight,
+            1,
+            "sent whole only when dropped"
+        );
+        drop(body);
+        assert_eq!(tracker.borrow().in_flight, 0);
     }
 
     /// Fails or succeeds as scripted, noting when it was called; then cancels.

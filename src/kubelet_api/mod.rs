@@ -1,6 +1,7 @@
-//! The kubelet HTTP API on the port the Node advertises: HTTPS (rustls, HTTP/1.1
-//! for upgrades), authenticated and authorized as a kubelet does, serving logs,
-//! exec, attach, port-forward, stats and pod lists from the provider.
+//! The kubelet HTTP API on the port the Node advertises: HTTPS (rustls; HTTP/2
+//! where the client offers it, HTTP/1.1 for upgrades), authenticated and
+//! authorized as a kubelet does, serving logs, exec, attach, port-forward,
+//! stats and pod lists from the provider.
 
 // Handlers return an early error Response as Err: it is sent at once, never carried far.
 #![allow(clippy::result_large_err)]
@@ -35,11 +36,10 @@ use tracing::{Instrument, debug, info_span, warn};
 use vkd_provider::{LogRequest, ProviderError};
 
 use crate::pods::PodController;
-use crate::streaming::remotecommand::{
-    self, EXEC_PROTOCOLS, Outcome, PORT_FORWARD_PROTOCOL, Requested,
-};
+use crate::streaming::portforward::{self, Connect};
+use crate::streaming::remotecommand::{self, EXEC_PROTOCOLS, Outcome, Requested};
 use crate::streaming::spdy::session::Session;
-use crate::streaming::websocket;
+use crate::streaming::websocket::{self, Protocol};
 use auth::{AuthError, Authenticator, User};
 pub use conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT,
@@ -391,7 +391,12 @@ impl KubeletApi {
         let span =
             info_span!("stream", pod_uid = %uid, kind = if exec { "exec" } else { "attach" });
         if is_websocket(&req) {
-            let response = match websocket_accept(&req, websocket::CHANNEL_PROTOCOL) {
+            let offered = offered_protocols(&req);
+            let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
+            let Some(protocol) = Protocol::for_exec(&offered) else {
+                return no_common_protocol(&offered);
+            };
+            let response = match websocket_accept(&req, protocol.name()) {
                 Ok(r) => r,
                 Err(r) => return r,
             };
@@ -402,7 +407,7 @@ impl KubeletApi {
                         Err(e) => return debug!(error = %e, "upgrade failed"),
                     };
                     let cmd = command.clone();
-                    websocket::serve_channels(upgraded, want, command, |io| async move {
+                    websocket::serve_channels(upgraded, protocol, want, command, |io| async move {
                         run_stream(provider.as_ref(), exec, &uid, &container, cmd, io).await
                     })
                     .await;
@@ -457,9 +462,37 @@ impl KubeletApi {
         if self.pods.provider().capabilities().port_forward == vkd_provider::Support::Unsupported {
             return provider_error(&self.pods.provider().unsupported("port-forward"));
         }
-        let provider = Arc::clone(self.pods.provider());
+        let connect = connector(Arc::clone(self.pods.provider()), uid);
         if is_websocket(&req) {
-            let response = match websocket_accept(&req, websocket::TUNNEL_PROTOCOL) {
+            let offered = offered_protocols(&req);
+            let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
+            if websocket::wants_tunnel(&offered) {
+                if !offered.contains(&websocket::TUNNEL_PROTOCOL) {
+                    return no_common_protocol(&offered);
+                }
+                let response = match websocket_accept(&req, Some(websocket::TUNNEL_PROTOCOL)) {
+                    Ok(r) => r,
+                    Err(r) => return r,
+                };
+                tokio::spawn(async move {
+                    let upgraded = match hyper::upgrade::on(&mut req).await {
+                        Ok(u) => u,
+                        Err(e) => return debug!(error = %e, "upgrade failed"),
+                    };
+                    forward_ports(websocket::tunnel(upgraded).await, connect).await;
+                });
+                return response;
+            }
+            // The kubelet's own WebSocket port-forward: channels per `port`.
+            let pairs = logs::query_pairs(req.uri().query().unwrap_or_default());
+            let ports = match websocket::ports(&pairs) {
+                Ok(p) => p,
+                Err(m) => return status(StatusCode::BAD_REQUEST, "BadRequest", &m),
+            };
+            let Some(protocol) = Protocol::for_port_forward(&offered) else {
+                return no_common_protocol(&offered);
+            };
+            let response = match websocket_accept(&req, protocol.name()) {
                 Ok(r) => r,
                 Err(r) => return r,
             };
@@ -468,11 +501,11 @@ impl KubeletApi {
                     Ok(u) => u,
                     Err(e) => return debug!(error = %e, "upgrade failed"),
                 };
-                forward_ports(websocket::tunnel(upgraded).await, provider, uid).await;
+                websocket::serve_port_forward(upgraded, protocol, ports, connect).await;
             });
             return response;
         }
-        let protocol = match negotiate(&req, &[PORT_FORWARD_PROTOCOL]) {
+        let protocol = match negotiate(&req, &[portforward::PROTOCOL]) {
             Ok(p) => p,
             Err(r) => return r,
         };
@@ -481,33 +514,34 @@ impl KubeletApi {
                 Ok(u) => u,
                 Err(e) => return debug!(error = %e, "upgrade failed"),
             };
-            forward_ports(TokioIo::new(upgraded), provider, uid).await;
+            forward_ports(TokioIo::new(upgraded), connect).await;
         });
         switching(protocol)
     }
 }
 
+/// The provider's port-forward to the Pod `uid`, for the stream protocols.
+fn connector(provider: Arc<dyn vkd_provider::Provider>, uid: String) -> Connect {
+    Arc::new(move |port, stream| {
+        let provider = Arc::clone(&provider);
+        let uid = uid.clone();
+        Box::pin(async move {
+            provider
+                .port_forward(&uid, port, stream)
+                .await
+                .map_err(|e| format!("error forwarding port {port} to pod {uid}: {e}"))
+        })
+    })
+}
+
 /// Serves a SPDY port-forward session on `io` until the client closes it.
-async fn forward_ports<IO>(io: IO, provider: Arc<dyn vkd_provider::Provider>, uid: String)
+async fn forward_ports<IO>(io: IO, connect: Connect)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
     let (session, incoming) = Session::spawn(io);
     let closer = session.clone();
-    remotecommand::serve_port_forward(session, incoming, move |fwd| {
-        let provider = Arc::clone(&provider);
-        let uid = uid.clone();
-        async move {
-            if let Err(e) = provider.port_forward(&uid, fwd.port, fwd.data).await
-                && let Some(err) = fwd.error
-            {
-                let msg = format!("error forwarding port {} to pod {uid}: {e}", fwd.port);
-                err.write(msg.as_bytes()).await;
-                err.fin().await;
-            }
-        }
-    })
-    .await;
+    portforward::serve_spdy(session, incoming, connect).await;
     closer.close().await;
 }
 
@@ -539,26 +573,33 @@ fn is_websocket(req: &Request<Incoming>) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-/// The 101 answer to a WebSocket upgrade offering `protocol`.
-fn websocket_accept(
-    req: &Request<Incoming>,
-    protocol: &'static str,
-) -> Result<Response<Body>, Response<Body>> {
-    let offered: Vec<&str> = req
-        .headers()
+/// The WebSocket subprotocols the client offers, in its order.
+fn offered_protocols(req: &Request<Incoming>) -> Vec<String> {
+    req.headers()
         .get_all("sec-websocket-protocol")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .collect();
-    if !offered.contains(&protocol) {
-        return Err(status(
-            StatusCode::FORBIDDEN,
-            "Forbidden",
-            &format!("WebSocket subprotocol {protocol} required, offered {offered:?}"),
-        ));
-    }
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A WebSocket upgrade without a subprotocol vkd serves: 403, as the kubelet answers.
+fn no_common_protocol(offered: &[&str]) -> Response<Body> {
+    status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        &format!("requested WebSocket subprotocols {offered:?} are not supported"),
+    )
+}
+
+/// The 101 answer to a WebSocket upgrade, naming `protocol` if there is one.
+fn websocket_accept(
+    req: &Request<Incoming>,
+    protocol: Option<&'static str>,
+) -> Result<Response<Body>, Response<Body>> {
     let Some(key) = req.headers().get("sec-websocket-key") else {
         return Err(status(
             StatusCode::BAD_REQUEST,
@@ -572,7 +613,9 @@ fn websocket_accept(
     let h = r.headers_mut();
     h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(UPGRADE, HeaderValue::from_static("websocket"));
-    h.insert("sec-websocket-protocol", HeaderValue::from_static(protocol));
+    if let Some(p) = protocol {
+        h.insert("sec-websocket-protocol", HeaderValue::from_static(p));
+    }
     if let Ok(v) = HeaderValue::from_str(&accept) {
         h.insert("sec-websocket-accept", v);
     }

@@ -166,8 +166,11 @@ pub fn server_config(
         }
     };
     let mut config = builder.with_cert_resolver(resolver);
-    // HTTP/1.1 only: exec, attach and port-forward are connection upgrades.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // HTTP/2 first, as the kubelet's Go server offers it: the apiserver's
+    // transport takes it for logs, stats and the rest. Exec, attach and
+    // port-forward are connection upgrades, which HTTP/2 cannot carry: the
+    // clients that make them offer http/1.1 alone.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
 
@@ -195,7 +198,7 @@ mod tests {
             IpAddr::from([127, 0, 0, 1]),
         )
         .unwrap();
-        assert_eq!(c.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        assert_eq!(c.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The remotecommand protocol (exec and attach) and port-forward on SPDY.
+//! The remotecommand protocol (exec and attach) on SPDY.
 //!
 //! For exec and attach the client opens `error`, then `stdin`, `stdout`,
 //! `stderr` (not with a tty) and `resize` (with a tty) streams; vkd waits for the
@@ -6,7 +6,6 @@
 //! (the client reads them to EOF before the error stream), writes one
 //! metav1.Status on the error stream, and ends the session with GOAWAY.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,7 +26,6 @@ pub const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Exec and attach protocols served over SPDY, most preferred first. v5 differs
 /// from v4 only on WebSocket, so over SPDY the two behave the same.
 pub const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
-pub const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
 
 /// Which streams the request asked for (`input`, `output`, `error`, `tty`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -237,81 +235,6 @@ impl Channels {
                 resize: None,
             },
         )
-    }
-}
-
-/// One port-forward connection: the data stream as a duplex byte stream, and
-/// the error stream for a message if forwarding fails.
-pub struct Forward {
-    pub port: u16,
-    pub data: Box<dyn vkd_provider::Duplex>,
-    pub error: Option<StreamWriter>,
-}
-
-impl std::fmt::Debug for Forward {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Forward")
-            .field("port", &self.port)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Pairs port-forward streams by `requestid` and hands each data stream to `on_forward`.
-/// Runs until the client closes the connection.
-pub async fn serve_port_forward<F, Fut>(
-    session: Session,
-    mut incoming: mpsc::Receiver<IncomingStream>,
-    on_forward: F,
-) where
-    F: Fn(Forward) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let mut errors: HashMap<String, StreamWriter> = HashMap::new();
-    let mut waiting_data: HashMap<String, (u16, IncomingStream)> = HashMap::new();
-    while let Some(stream) = incoming.recv().await {
-        let request = get(&stream.headers, "requestid")
-            .unwrap_or_default()
-            .to_owned();
-        let Some(port) = get(&stream.headers, "port")
-            .and_then(|p| p.parse::<u16>().ok())
-            .filter(|p| *p > 0)
-        else {
-            session
-                .reset(stream.id, super::spdy::frame::RST_PROTOCOL_ERROR)
-                .await;
-            continue;
-        };
-        match get(&stream.headers, "streamtype").unwrap_or_default() {
-            "error" => {
-                if let Some((port, data)) = waiting_data.remove(&request) {
-                    tokio::spawn(on_forward(forward(port, data, Some(stream.writer))));
-                } else {
-                    errors.insert(request, stream.writer);
-                }
-            }
-            "data" => {
-                if let Some(error) = errors.remove(&request) {
-                    tokio::spawn(on_forward(forward(port, stream, Some(error))));
-                } else {
-                    waiting_data.insert(request, (port, stream));
-                }
-            }
-            _ => {
-                session
-                    .reset(stream.id, super::spdy::frame::RST_PROTOCOL_ERROR)
-                    .await
-            }
-        }
-    }
-}
-
-fn forward(port: u16, data: IncomingStream, error: Option<StreamWriter>) -> Forward {
-    let read = reader(data.data);
-    let (write, _pump) = data.writer.into_async_write();
-    Forward {
-        port,
-        data: Box::new(tokio::io::join(read, write)),
-        error,
     }
 }
 

@@ -23,6 +23,12 @@ pub struct Vkd {
 
 pub use vkd_e2e::free_port;
 
+/// The vkd the suites start: this build, or `VKD_E2E_VKD_BIN` (to measure another
+/// build, an older one say, with the same suites).
+pub fn daemon_binary() -> PathBuf {
+    std::env::var_os("VKD_E2E_VKD_BIN").map_or_else(|| PathBuf::from(VKD), PathBuf::from)
+}
+
 impl Vkd {
     pub fn start(c: &Cluster, node: &str, extra: &[&str]) -> Result<Self> {
         Self::start_with_fleet(c, node, "demo.yaml", extra)
@@ -93,12 +99,8 @@ impl Vkd {
     }
 
     pub fn spawn(&mut self) -> Result<()> {
-        let child = vkd_e2e::spawn_logged(
-            std::path::Path::new(VKD),
-            &self.args,
-            &self.log,
-            "info,kube=warn",
-        )?;
+        let child =
+            vkd_e2e::spawn_logged(&daemon_binary(), &self.args, &self.log, "info,kube=warn")?;
         self.child = Some(child);
         Ok(())
     }
