@@ -185,6 +185,7 @@ mod tests {
                 term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
                 last_lease_renewal: Arc::default(),
                 partition_fenced: Arc::default(),
+                services: None,
             },
         )
     }

@@ -248,6 +248,7 @@ pub async fn run(
             term: term.clone(),
             last_lease_renewal: Arc::default(),
             partition_fenced: Arc::clone(&partition_fenced),
+            services: None,
         };
         let acted = act(&cfg, &provider, &clients, &shared, &admin_state).await;
         admin_state.set_standby();
@@ -288,6 +289,13 @@ async fn act(
     let term = &shared.term;
     let (epoch, work) = (term.epoch(), term.work());
     let mut tasks = tasks::Critical::new(work.clone());
+    // One cached Service watch for every node's Pods (service env variables).
+    let (services, watch) = pods::services::Services::watch(clients.watch.clone(), work.clone());
+    tasks.spawn("service watch", watch);
+    let shared = &pods::Shared {
+        services: Some(services),
+        ..shared.clone()
+    };
     let mut controllers = Vec::new();
     let mut registered = Vec::new();
     for (name, host, port) in nodes(cfg, provider.as_ref()).await? {
@@ -531,6 +539,15 @@ pub(crate) mod testing {
         }
         fn events(&self) -> BoxStream<'static, InstanceEvent> {
             futures::stream::pending().boxed()
+        }
+        async fn start_ephemeral(
+            &self,
+            _fence: &Fence,
+            _uid: &str,
+            _container: &vkd_provider::ContainerSpec,
+        ) -> Result<()> {
+            self.called("start_ephemeral");
+            Ok(())
         }
     }
 }

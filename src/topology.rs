@@ -146,6 +146,31 @@ impl Admitter {
     pub fn held(&self) -> usize {
         self.reserved().len()
     }
+
+    /// The cpu and memory the Node reports as allocatable (its host, in
+    /// per-host mode): what a downward-API read of an unset limit gives.
+    pub async fn allocatable(&self) -> Result<crate::pods::spec::Allocatable, ProviderError> {
+        let cap = self.provider.capacity().await?;
+        let hosts = cap
+            .hosts
+            .iter()
+            .filter(|h| self.host.as_ref().is_none_or(|mine| *mine == h.name));
+        Ok(allocatable(hosts))
+    }
+}
+
+/// The Node's allocatable cpu and memory: the sum of its host slices' totals.
+pub fn allocatable<'a>(
+    hosts: impl IntoIterator<Item = &'a HostSlice>,
+) -> crate::pods::spec::Allocatable {
+    hosts
+        .into_iter()
+        .fold(crate::pods::spec::Allocatable::default(), |a, h| {
+            crate::pods::spec::Allocatable {
+                cpu_millis: a.cpu_millis.saturating_add(h.cpu_millis_total),
+                memory_bytes: a.memory_bytes.saturating_add(h.memory_bytes_total),
+            }
+        })
 }
 
 /// A Kubernetes label value from free text: `[A-Za-z0-9._-]`, at most 63, alphanumeric ends.

@@ -34,6 +34,18 @@ fn main() -> ExitCode {
             config_and_secrets,
         ),
         ("bad_input_fails_clearly_and_leaks_nothing", bad_input),
+        (
+            "service_env_config_errors_and_active_deadline_as_the_kubelet",
+            kubelet_semantics,
+        ),
+        (
+            "init_containers_sidecars_and_final_status_as_the_kubelet",
+            init_and_sidecars,
+        ),
+        (
+            "kubectl_debug_runs_an_ephemeral_container_in_the_pod",
+            ephemeral_containers,
+        ),
         ("kill_9_keeps_processes_and_restart_adopts_them", adoption),
     ]);
     if let Some(Ok(v)) = VKD.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -616,6 +628,161 @@ stringData: {{password: s3cr3t-value}}
     delete_now(c, "configured")
 }
 
+/// `kubectl get`'s READY and STATUS columns for a Pod.
+fn ready_and_status(c: &Cluster, name: &str) -> Result<(String, String)> {
+    let line = c.kubectl(&["get", "pod", name, "-n", NS, "--no-headers"])?;
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    Ok((
+        cols.get(1).copied().unwrap_or_default().to_owned(),
+        cols.get(2).copied().unwrap_or_default().to_owned(),
+    ))
+}
+
+fn condition_of<'a>(p: &'a Value, t: &str) -> &'a Value {
+    at(p, "status.conditions")
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+        .unwrap_or(&Value::Null)
+}
+
+/// Init containers and sidecars as the kubelet reports them, through the real
+/// kubectl: Init:0/2 while they run (Initialized False, naming them; the
+/// container PodInitializing), the init container's log, a sidecar counted in
+/// READY, Init:Error with a FallbackToLogsOnError message, Init:CrashLoopBackOff;
+/// and a deleted Pod a finalizer holds keeps the final states of its containers
+/// (Succeeded: the container exited 0 on SIGTERM, leaving a termination message;
+/// the sidecar's own exit code does not count).
+fn init_and_sidecars(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    c.apply(&pod(
+        "initpod",
+        NS,
+        "proc",
+        r#"  initContainers:
+  - name: setup
+    image: busybox
+    command: [sh, -c, "echo init says hi; sleep 4"]
+  - name: proxy
+    image: busybox
+    restartPolicy: Always
+    command: [sh, -c, "sleep 3600; : marker-initpod"]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "trap 'printf stopped > dev/termination-log; exit 0' TERM; sleep 3600 & wait; : marker-initpod"]"#,
+    ))?;
+    c.kubectl(&[
+        "patch",
+        "pod",
+        "initpod",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["vkd.io/e2e-hold"]}}"#,
+    ])?;
+    c.apply(&pod(
+        "initfail",
+        NS,
+        "proc",
+        r#"  restartPolicy: Never
+  initContainers:
+  - name: check
+    image: busybox
+    terminationMessagePolicy: FallbackToLogsOnError
+    command: [sh, -c, "echo config missing; exit 3"]
+  containers:
+  - name: main
+    image: busybox
+    command: [sleep, "60"]"#,
+    ))?;
+    c.apply(&pod(
+        "initloop",
+        NS,
+        "proc",
+        r#"  initContainers:
+  - name: check
+    image: busybox
+    command: [sh, -c, "exit 1"]
+  containers:
+  - name: main
+    image: busybox
+    command: [sleep, "60"]"#,
+    ))?;
+    let p = wait_for("initpod initializing", Duration::from_secs(60), || {
+        let p = get(c, "initpod")?;
+        let running = at(&p, "status.initContainerStatuses")[0]["state"]["running"].is_object();
+        Ok(running.then_some(p))
+    })?;
+    let (_, status) = ready_and_status(c, "initpod")?;
+    ensure!(status == "Init:0/2", "kubectl shows {status}");
+    let init = condition_of(&p, "Initialized");
+    ensure!(init["status"] == "False", "{init}");
+    ensure!(
+        init["message"] == "containers with incomplete status: [setup proxy]",
+        "{init}"
+    );
+    let main = &container_status(&p)["state"]["waiting"];
+    ensure!(main["reason"] == "PodInitializing", "{main}");
+    let p = wait_running(c, "initpod")?;
+    let (ready, _) = ready_and_status(c, "initpod")?;
+    ensure!(ready == "2/2", "the sidecar counts toward READY: {ready}");
+    let setup = &at(&p, "status.initContainerStatuses")[0];
+    ensure!(
+        setup["state"]["terminated"]["exitCode"] == 0 && setup["ready"] == true,
+        "{setup}"
+    );
+    ensure!(condition_of(&p, "Initialized")["status"] == "True");
+    let log = c.kubectl(&["logs", "initpod", "-n", NS, "-c", "setup"])?;
+    ensure!(log.trim_end() == "init says hi", "{log:?}");
+
+    wait_for("Init:Error", Duration::from_secs(60), || {
+        Ok((ready_and_status(c, "initfail")?.1 == "Init:Error").then_some(()))
+    })?;
+    let p = get(c, "initfail")?;
+    ensure!(str_at(&p, "status.phase") == "Failed");
+    let t = &at(&p, "status.initContainerStatuses")[0]["state"]["terminated"];
+    ensure!(t["message"] == "config missing\n", "{t}");
+    ensure!(
+        container_status(&p)["state"]["waiting"]["reason"] == "PodInitializing",
+        "{p}"
+    );
+    wait_for("Init:CrashLoopBackOff", Duration::from_secs(60), || {
+        Ok((ready_and_status(c, "initloop")?.1 == "Init:CrashLoopBackOff").then_some(()))
+    })?;
+    ensure!(str_at(&get(c, "initloop")?, "status.phase") == "Pending");
+
+    // Deletion: the finalizer keeps the Pod, with its containers' ends.
+    c.kubectl(&["delete", "pod", "initpod", "-n", NS, "--wait=false"])?;
+    let p = wait_for("the final status", Duration::from_secs(60), || {
+        let p = get(c, "initpod")?;
+        Ok((str_at(&p, "status.phase") == "Succeeded").then_some(p))
+    })?;
+    let main = &container_status(&p)["state"]["terminated"];
+    ensure!(main["exitCode"] == 0 && main["message"] == "stopped", "{p}");
+    let proxy = &at(&p, "status.initContainerStatuses")[1]["state"]["terminated"];
+    ensure!(proxy["exitCode"] == 143, "{p}");
+    ensure!(processes_with("marker-initpod")?.is_empty());
+    c.kubectl(&[
+        "patch",
+        "pod",
+        "initpod",
+        "-n",
+        NS,
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ])?;
+    for name in ["initfail", "initloop"] {
+        delete_now(c, name)?;
+    }
+    wait_for("initpod gone", Duration::from_secs(60), || {
+        let out = c.kubectl(&["get", "pods", "-n", NS, "-o", "name"])?;
+        Ok((!out.contains("pod/initpod")).then_some(()))
+    })?;
+    Ok(())
+}
+
 fn bad_input(c: &Cluster) -> Result<()> {
     let state = vkd(c)?;
     let cases = [
@@ -693,6 +860,149 @@ fn bad_input(c: &Cluster) -> Result<()> {
         processes_with("definitely-not-a-program")?.is_empty(),
         "a process leaked"
     );
+    Ok(())
+}
+
+/// What the kubelet gives a container and how it ends a Pod: service
+/// variables from the cached Service watch (RBAC included), a Warning `Failed`
+/// Event with the kubelet's words for a container it cannot configure, and an
+/// `activeDeadlineSeconds` set on a running Pod that stops it.
+fn kubelet_semantics(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: fooservice, namespace: {NS}}}
+spec: {{ports: [{{port: 8765, targetPort: 8080}}]}}
+"#
+    ))?;
+    let svc = c.kubectl_json(&["get", "service", "fooservice", "-n", NS])?;
+    let ip = str_at(&svc, "spec.clusterIP").to_owned();
+    let master = c.kubectl_json(&["get", "service", "kubernetes", "-n", "default"])?;
+    let master_ip = str_at(&master, "spec.clusterIP").to_owned();
+    c.apply(&pod(
+        "deadline",
+        NS,
+        "proc",
+        r#"  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "sleep 3600; : marker-deadline"]"#,
+    ))?;
+    for (name, env, mount) in [
+        (
+            "bad-subpath",
+            "[{name: UP, value: '..'}]",
+            "[{name: w, mountPath: /w, subPathExpr: '$(UP)'}]",
+        ),
+        (
+            "no-secret",
+            "[{name: X, valueFrom: {secretKeyRef: {name: nosuch, key: k}}}]",
+            "[]",
+        ),
+    ] {
+        c.apply(&pod(
+            name,
+            NS,
+            "proc",
+            &format!(
+                "  volumes: [{{name: w, emptyDir: {{}}}}]\n  containers:\n  - {{name: main, image: busybox, \
+                 command: [sleep, '60'], env: {env}, volumeMounts: {mount}}}"
+            ),
+        ))?;
+    }
+    wait_running(c, "deadline")?;
+    let out = c.kubectl(&[
+        "exec",
+        "deadline",
+        "-n",
+        NS,
+        "--",
+        "sh",
+        "-c",
+        "echo $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT; \
+         echo $FOOSERVICE_SERVICE_HOST $FOOSERVICE_SERVICE_PORT $FOOSERVICE_PORT_8765_TCP",
+    ])?;
+    let lines: Vec<&str> = out.lines().collect();
+    ensure!(
+        lines.first() == Some(&format!("{master_ip} 443").as_str()),
+        "{out:?}"
+    );
+    ensure!(
+        lines.get(1) == Some(&format!("{ip} 8765 tcp://{ip}:8765").as_str()),
+        "{out:?}"
+    );
+    for (name, message) in [
+        (
+            "bad-subpath",
+            "unable to provision SubPath `..`: must not contain '..'",
+        ),
+        ("no-secret", "secret \"nosuch\" not found"),
+    ] {
+        let waiting = wait_for(
+            &format!("{name} to wait with CreateContainerConfigError"),
+            Duration::from_secs(30),
+            || {
+                let p = get(c, name)?;
+                let w = at(&container_status(&p), "state.waiting").clone();
+                Ok((w["reason"] == "CreateContainerConfigError").then_some(w))
+            },
+        )?;
+        ensure!(waiting["message"] == message, "{name}: {waiting}");
+        let note = format!("Error: {message}");
+        wait_for(
+            &format!("the Failed event of {name}"),
+            Duration::from_secs(30),
+            || {
+                let events = c.kubectl_json(&["get", "events.events.k8s.io", "-n", NS])?;
+                Ok(common::items(&events)
+                    .iter()
+                    .any(|e| {
+                        e["regarding"]["name"] == name
+                            && e["type"] == "Warning"
+                            && e["reason"] == "Failed"
+                            && e["note"] == note
+                    })
+                    .then_some(()))
+            },
+        )?;
+    }
+    // The deadline is mutable: set on a running Pod, it ends it.
+    c.kubectl(&[
+        "patch",
+        "pod",
+        "deadline",
+        "-n",
+        NS,
+        "-p",
+        r#"{"spec":{"activeDeadlineSeconds":2}}"#,
+    ])?;
+    let p = wait_for("deadline to fail", Duration::from_secs(30), || {
+        let p = get(c, "deadline")?;
+        Ok((at(&p, "status.phase") == "Failed").then_some(p))
+    })?;
+    ensure!(
+        at(&p, "status.reason") == "DeadlineExceeded"
+            && at(&p, "status.message")
+                == "Pod was active on the node longer than the specified deadline",
+        "{}",
+        at(&p, "status")
+    );
+    ensure!(
+        condition(&p, "Ready").is_some_and(|c| c["status"] == "False"),
+        "{}",
+        at(&p, "status")
+    );
+    wait_for(
+        "the deadline Pod's process to end",
+        Duration::from_secs(30),
+        || Ok(processes_with("marker-deadline")?.is_empty().then_some(())),
+    )?;
+    for name in ["deadline", "bad-subpath", "no-secret"] {
+        delete_now(c, name)?;
+    }
+    c.kubectl(&["delete", "service", "fooservice", "-n", NS])?;
     Ok(())
 }
 
@@ -794,4 +1104,129 @@ fn adoption(c: &Cluster) -> Result<()> {
     own.kill()?;
     own.reap_processes();
     result
+}
+
+/// The ephemeral container named `name` in the Pod's status, once `done` says so.
+fn wait_ephemeral(
+    c: &Cluster,
+    pod: &str,
+    name: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<Value> {
+    wait_for(
+        &format!("ephemeral container {name} {what}"),
+        Duration::from_secs(60),
+        || {
+            let p = get(c, pod)?;
+            let s = at(&p, "status.ephemeralContainerStatuses")
+                .as_array()
+                .and_then(|a| a.iter().find(|s| s["name"] == name))
+                .cloned();
+            Ok(s.filter(|s| done(s)))
+        },
+    )
+}
+
+/// `kubectl debug` adds an ephemeral container (the pods/ephemeralcontainers
+/// subresource): it runs once in the Pod's sandbox as its user, `kubectl logs
+/// -c` shows it, `kubectl exec -c` reaches it while it runs (as the conformance
+/// spec "will start an ephemeral container in an existing pod" does), its end
+/// is in ephemeralContainerStatuses, one that cannot run here says why, and
+/// what still runs ends with the Pod.
+fn ephemeral_containers(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    let name = "debug-target";
+    c.apply(&pod(
+        name,
+        NS,
+        "proc",
+        r#"  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "sleep 3600; : marker-debug-target"]"#,
+    ))?;
+    wait_running(c, name)?;
+    let debug = |container: &str, image: &str, command: &[&str]| -> Result<String> {
+        let image = format!("--image={image}");
+        let mut args = vec![
+            "debug",
+            name,
+            "-n",
+            NS,
+            &image,
+            "-c",
+            container,
+            "--target=main",
+            "--",
+        ];
+        args.extend_from_slice(command);
+        c.kubectl(&args)
+    };
+    debug(
+        "debugger",
+        "busybox",
+        &["sh", "-c", "echo hi from $(id -u)"],
+    )?;
+    let s = wait_ephemeral(c, name, "debugger", "to end", |s| {
+        s["state"]["terminated"].is_object()
+    })?;
+    let t = &s["state"]["terminated"];
+    ensure!(t["exitCode"] == 0 && t["reason"] == "Completed", "{s}");
+    ensure!(s["image"] == "busybox", "{s}");
+    ensure!(str_at(&s, "containerID").starts_with("process://"), "{s}");
+    let me = rustix_uid();
+    let want = if me == 0 { 65534 } else { me };
+    let logs = c.kubectl(&["logs", name, "-n", NS, "-c", "debugger"])?;
+    ensure!(logs.trim_end() == format!("hi from {want}"), "{logs:?}");
+
+    // As the conformance spec: one that keeps running, exec'd into.
+    debug(
+        "poller",
+        "busybox",
+        &["sh", "-c", "while true; do echo polo; sleep 1; done"],
+    )?;
+    wait_ephemeral(c, name, "poller", "to run", |s| {
+        s["state"]["running"].is_object()
+    })?;
+    let out = c.kubectl(&[
+        "exec", name, "-n", NS, "-c", "poller", "--", "echo", "marco",
+    ])?;
+    ensure!(out.contains("marco"), "{out:?}");
+    wait_for("polo in the poller's log", Duration::from_secs(30), || {
+        let logs = c.kubectl(&["logs", name, "-n", NS, "-c", "poller"])?;
+        Ok(logs.contains("polo").then_some(()))
+    })?;
+    let p = get(c, name)?;
+    ensure!(
+        running_and_ready(&p),
+        "an ephemeral container changed the Pod's readiness: {}",
+        at(&p, "status")
+    );
+
+    // An image this node cannot run: it waits, saying why, with a Warning Event.
+    debug("nope", "nginx", &["true"])?;
+    let s = wait_ephemeral(c, name, "nope", "to wait with a reason", |s| {
+        s["state"]["waiting"]["reason"] == "ImageNotRunnable"
+    })?;
+    ensure!(str_at(&s, "state.waiting.message").contains("nginx"), "{s}");
+    wait_for("the Failed event of nope", Duration::from_secs(30), || {
+        let events = c.kubectl_json(&["get", "events.events.k8s.io", "-n", NS])?;
+        Ok(common::items(&events)
+            .iter()
+            .any(|e| {
+                e["regarding"]["name"] == name
+                    && e["type"] == "Warning"
+                    && e["reason"] == "Failed"
+                    && str_at(e, "note").contains("ephemeral container nope")
+            })
+            .then_some(()))
+    })?;
+
+    delete_now(c, name)?;
+    ensure!(
+        processes_with("echo polo")?.is_empty(),
+        "the ephemeral container outlived its Pod"
+    );
+    Ok(())
 }

@@ -217,10 +217,14 @@ impl NodeAgent {
     }
 
     fn resources(&self, cap: Option<&Capacity>) -> Value {
-        let (mut cpu, mut mem, mut gpus, mut pods) = (0u64, 0u64, 0usize, 0u64);
-        for h in cap.map(|c| c.hosts.as_slice()).unwrap_or_default() {
-            cpu += h.cpu_millis_total;
-            mem += h.memory_bytes_total;
+        let hosts = cap.map(|c| c.hosts.as_slice()).unwrap_or_default();
+        // The same figures a downward-API read of an unset limit gives.
+        let crate::pods::spec::Allocatable {
+            cpu_millis: cpu,
+            memory_bytes: mem,
+        } = crate::topology::allocatable(hosts);
+        let (mut gpus, mut pods) = (0usize, 0u64);
+        for h in hosts {
             gpus += h.gpus.len();
             pods += u64::from(h.max_pods);
         }

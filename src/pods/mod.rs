@@ -2,8 +2,12 @@
 //! instance, writes their status, and finalizes their deletion once the backend
 //! confirms the instance is gone.
 
+#[cfg(test)]
+mod controller_tests;
+pub mod ephemeral;
 pub mod queue;
 pub mod record;
+pub mod services;
 pub mod spec;
 pub mod status;
 
@@ -38,6 +42,12 @@ const CONFIG_RECHECK: Duration = Duration::from_secs(5);
 const DELETE_CONFIRM: Duration = Duration::from_millis(500);
 /// Every record is reconciled at least this often, in case a backend event was lost.
 const RESYNC: Duration = Duration::from_secs(60);
+/// The kubelet's reason and message for a Pod past `activeDeadlineSeconds`.
+pub const DEADLINE_REASON: &str = "DeadlineExceeded";
+pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+/// A Pod whose deadline is further away is looked at again after this long
+/// (and on every resync), so no timer is kept for years.
+const DEADLINE_RECHECK_MAX: Duration = Duration::from_secs(3600);
 /// Pod Events being sent at once, beside the reconciles.
 const EVENTS_IN_FLIGHT: usize = 32;
 /// Pod Events waiting to be sent (about a kilobyte each). Beyond this many an
@@ -122,6 +132,8 @@ pub struct Shared {
     /// Pod UIDs whose instance the partition policy stopped (kept across
     /// leadership terms, so the Pod later fails with the right reason).
     pub partition_fenced: Arc<Mutex<HashSet<String>>>,
+    /// The cluster's Services, for the service environment variables.
+    pub services: Option<services::Services>,
 }
 
 pub struct PodController {
@@ -148,6 +160,9 @@ pub struct PodController {
     gc_wake: tokio::sync::Notify,
     /// Orphans a collection pass decided to delete.
     approved_orphans: Mutex<HashSet<String>>,
+    /// Instances being stopped for their Pod's active deadline, as last seen:
+    /// the ends of their containers go into the Pod's final status.
+    deadline_stopping: Mutex<HashMap<String, Box<Instance>>>,
     /// Instances without a Pod of their own (orphans and duplicates) by phase,
     /// as the last collection pass found them; with the Pods' own instances
     /// this is `vkd_backend_instances`, so a scrape never lists the backend.
@@ -190,6 +205,7 @@ impl PodController {
             shared,
             gc_wake: tokio::sync::Notify::new(),
             approved_orphans: Mutex::default(),
+            deadline_stopping: Mutex::default(),
             unowned_phases: Mutex::default(),
             settings,
             client,
@@ -218,7 +234,12 @@ impl PodController {
             .map(|r| {
                 (
                     r.uid.to_string(),
-                    r.containers.iter().map(|c| c.name.to_string()).collect(),
+                    r.containers
+                        .iter()
+                        .chain(r.init_containers.iter())
+                        .chain(r.ephemeral.iter().flat_map(|e| e.containers.iter()))
+                        .map(|c| c.name.to_string())
+                        .collect(),
                 )
             })
     }
@@ -708,6 +729,7 @@ impl PodController {
             }
             // The Pod is gone: a collection pass (with its brake) decides.
             self.admitter.release(uid);
+            self.deadline_stopping().remove(uid);
             self.gc_wake.notify_one();
             return Ok(Action::Done);
         };
@@ -719,6 +741,12 @@ impl PodController {
         }
         if let Some(e) = &rec.spec_error {
             return self.fail(&rec, e.reason, &e.message).await;
+        }
+        if let (Some(d), Some(start)) = (rec.active_deadline, rec.start_time)
+            && d.left(start.time(), SystemTime::now())
+                .is_some_and(|left| left.is_zero())
+        {
+            return self.exceed_deadline(&rec, d).await;
         }
         let instance = match self.provider.get(uid).await? {
             Some(i) => i,
@@ -779,9 +807,17 @@ impl PodController {
                 }
                 Start::ConfigError(message) => {
                     warn!(message, "container config incomplete");
-                    self.write_status(&rec, None, &Waiting::ConfigError(message))
-                        .await?;
-                    return Ok(Action::After(CONFIG_RECHECK));
+                    let waiting = Waiting::ConfigError(message);
+                    let changed =
+                        status::desired_view(&rec, None, &waiting).digest() != rec.observed_digest;
+                    self.write_status(&rec, None, &waiting).await?;
+                    if changed && let Waiting::ConfigError(message) = &waiting {
+                        // The kubelet's Event for a container it cannot configure;
+                        // once per new message, not once per retry.
+                        let note = format!("Error: {message}");
+                        self.event(&rec, EventType::Warning, "Failed", &note, "Create");
+                    }
+                    return Ok(self.deadline_action(uid, Some(CONFIG_RECHECK)));
                 }
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
             },
@@ -790,8 +826,142 @@ impl PodController {
             // Running or ended: the backend's own figures show what it uses.
             self.admitter.release(uid);
         }
+        // New entries of spec.ephemeralContainers (kubectl debug) start now.
+        let rec = self.start_ephemeral(rec, &instance).await?;
         self.write_status(&rec, Some(&instance), &Waiting::Creating)
             .await?;
+        Ok(self.deadline_action(uid, ephemeral::recheck(&rec)))
+    }
+
+    /// What follows a reconcile that leaves the Pod running or waiting: it is
+    /// looked at again when its active deadline passes, or after `otherwise`.
+    /// Read from the stored record, whose start time a status write may just
+    /// have set.
+    fn deadline_action(&self, uid: &str, otherwise: Option<Duration>) -> Action {
+        let left = self.records().get(uid).and_then(|r| {
+            if r.terminal() {
+                return None;
+            }
+            r.active_deadline?
+                .left(r.start_time?.time(), SystemTime::now())
+                .map(|l| l.min(DEADLINE_RECHECK_MAX))
+        });
+        match (left, otherwise) {
+            (Some(l), Some(o)) => Action::After(l.min(o)),
+            (Some(d), None) | (None, Some(d)) => Action::After(d),
+            (None, None) => Action::Done,
+        }
+    }
+
+    fn deadline_stopping(&self) -> MutexGuard<'_, HashMap<String, Box<Instance>>> {
+        self.deadline_stopping
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `activeDeadlineSeconds` passed: as the kubelet, stop the containers
+    /// (with the Pod's grace period) and fail the Pod with `DeadlineExceeded`.
+    /// As the kubelet's status manager, the phase turns terminal only once no
+    /// container can still run: until the backend confirms, the Pod is looked
+    /// at again every [`DELETE_CONFIRM`]. Containers whose end the backend did
+    /// not report read as the kubelet writes those it cannot find when it
+    /// terminates a Pod (`ContainerStatusUnknown`, exit code 137).
+    async fn exceed_deadline(
+        &self,
+        rec: &PodRecord,
+        deadline: record::ActiveDeadline,
+    ) -> Result<Action, ReconcileError> {
+        use vkd_provider::{ContainerState, InstancePhase, Terminated};
+        let uid = &*rec.uid;
+        self.admitter.release(uid);
+        let current = self.provider.get(uid).await?;
+        if let Some(i) = &current
+            && !matches!(i.phase, InstancePhase::Succeeded | InstancePhase::Failed)
+        {
+            let first = self
+                .deadline_stopping()
+                .insert(uid.to_owned(), Box::new(i.clone()))
+                .is_none();
+            if first {
+                info!(instance = %i.id, seconds = deadline.seconds, "active deadline passed; stopping the instance");
+            }
+            self.provider
+                .delete(
+                    &self.fence(),
+                    uid,
+                    Duration::from_secs(deadline.grace_seconds.into()),
+                )
+                .await?;
+            return Ok(Action::After(DELETE_CONFIRM));
+        }
+        let last_seen = self.deadline_stopping().remove(uid);
+        let instance = current.or(last_seen.map(|i| *i));
+        let now = SystemTime::now();
+        let last_instance = instance.clone().map(Box::new);
+        let (view, body) = match instance {
+            Some(mut inst) => {
+                inst.phase = InstancePhase::Failed;
+                inst.message = None;
+                for c in &mut inst.containers {
+                    c.ready = false;
+                    let started_at = match &c.state {
+                        ContainerState::Terminated(_) => continue,
+                        ContainerState::Running { started_at } => Some(*started_at),
+                        ContainerState::Waiting { .. } => None,
+                    };
+                    c.state = ContainerState::Terminated(Terminated {
+                        exit_code: 137,
+                        reason: "ContainerStatusUnknown".into(),
+                        message: Some(
+                            "The container could not be located when the pod was terminated".into(),
+                        ),
+                        started_at,
+                        finished_at: now,
+                    });
+                }
+                let mut view = status::desired_view(rec, Some(&inst), &Waiting::Creating);
+                view.reason = Some(DEADLINE_REASON.into());
+                view.message = Some(DEADLINE_MESSAGE.into());
+                if view.pod_ip.is_none() {
+                    view.pod_ip = Some(self.settings.host_ip.clone());
+                }
+                let body = status::patch_body(rec, &view, Some(&inst), &self.settings.host_ip, now);
+                (view, body)
+            }
+            None => {
+                let view = status::failed_view(DEADLINE_REASON, DEADLINE_MESSAGE);
+                let body = serde_json::json!({
+                    "status": {
+                        "phase": "Failed",
+                        "reason": DEADLINE_REASON,
+                        "message": DEADLINE_MESSAGE,
+                        "hostIP": self.settings.host_ip,
+                        "startTime": status::time(rec.start_time.map_or(now, Stamp::time)),
+                    }
+                });
+                (view, body)
+            }
+        };
+        warn!(
+            reason = DEADLINE_REASON,
+            seconds = deadline.seconds,
+            "pod failed"
+        );
+        if let Err(e) = self.patch_status(rec, body).await {
+            // Kept for the retry: the instance is gone, its last states are not.
+            if let Some(i) = last_instance {
+                self.deadline_stopping().insert(uid.to_owned(), i);
+            }
+            return Err(e);
+        }
+        self.touch(&rec.uid, |r| r.observe(&view));
+        self.event(
+            rec,
+            EventType::Normal,
+            DEADLINE_REASON,
+            DEADLINE_MESSAGE,
+            "Kill",
+        );
         Ok(Action::Done)
     }
 
@@ -803,11 +973,18 @@ impl PodController {
                 "no spec to create the instance from".into(),
             ));
         };
+        let allocatable = if pending.reads_allocatable {
+            Some(self.admitter.allocatable().await?)
+        } else {
+            None
+        };
         let resolver = spec::Resolver {
             client: &self.client,
             policy: &self.settings.policy,
             host_ip: &self.settings.host_ip,
             volumes: self.provider.capabilities().volumes == Support::Supported,
+            services: self.shared.services.as_ref(),
+            allocatable,
         };
         let spec = match resolver.resolve(pending).await {
             Ok(s) => s,
@@ -1009,12 +1186,31 @@ impl PodController {
     }
 
     /// Graceful deletion: stop the instance, confirm it is gone, then let the Pod go.
+    ///
+    /// Before the Pod goes, its final status is written, as the kubelet's is
+    /// when it has stopped a Pod's containers: their ends, and a terminal phase.
     async fn finalize(&self, rec: &PodRecord, grace: u32) -> Result<Action, ReconcileError> {
         let uid = &*rec.uid;
         if rec.delete_sent {
             return Ok(Action::Done);
         }
         self.admitter.release(uid);
+        // Read before the delete call, which may remove a stopped instance at once.
+        let mut seen = None;
+        let mut final_written = rec.terminal();
+        if !final_written {
+            seen = self.provider.get(uid).await?;
+            if let Some(i) = seen.as_ref().filter(|i| {
+                matches!(
+                    i.phase,
+                    vkd_provider::InstancePhase::Succeeded | vkd_provider::InstancePhase::Failed
+                )
+            }) {
+                // Stopped: every container's end is known.
+                self.write_final_status(rec, Some(i.clone())).await?;
+                final_written = true;
+            }
+        }
         if let Err(e) = self
             .provider
             .delete(&self.fence(), uid, Duration::from_secs(grace.into()))
@@ -1031,6 +1227,10 @@ impl PodController {
         if let Some(i) = self.provider.get(uid).await? {
             debug!(instance = %i.id, "waiting for the backend to confirm deletion");
             return Ok(Action::After(DELETE_CONFIRM));
+        }
+        if !final_written {
+            // Gone before its end was seen: the kubelet's unknown ends.
+            self.write_final_status(rec, seen).await?;
         }
         crate::fencing::audit(
             uid,
@@ -1059,6 +1259,18 @@ impl PodController {
         }
         self.touch(uid, |r| r.delete_sent = true);
         Ok(Action::Done)
+    }
+
+    /// The status of a Pod whose instance is stopped for good (see
+    /// [`status::terminal_instance`]), from the instance as last seen.
+    async fn write_final_status(
+        &self,
+        rec: &PodRecord,
+        seen: Option<Instance>,
+    ) -> Result<(), ReconcileError> {
+        let inst = status::terminal_instance(rec, seen, SystemTime::now());
+        self.write_status(rec, Some(&inst), &Waiting::Creating)
+            .await
     }
 
     /// An instance whose Pod is gone from the API (force-deleted, or deleted while

@@ -15,6 +15,18 @@ use super::spec::{Pending, pending};
 pub struct ContainerInfo {
     pub name: Box<str>,
     pub image: Box<str>,
+    /// An init container with `restartPolicy: Always` (a sidecar).
+    pub sidecar: bool,
+}
+
+impl ContainerInfo {
+    fn of(c: &k8s_openapi::api::core::v1::Container, init: bool) -> Self {
+        Self {
+            name: c.name.as_str().into(),
+            image: c.image.clone().unwrap_or_default().into(),
+            sidecar: init && c.restart_policy.as_deref() == Some("Always"),
+        }
+    }
 }
 
 /// A wall-clock time to the millisecond in 8 bytes (`Option<Stamp>` too), half
@@ -125,6 +137,8 @@ pub struct PodRecord {
     pub name: Box<str>,
     pub uid: Box<str>,
     pub containers: Box<[ContainerInfo]>,
+    /// The init containers, in order.
+    pub init_containers: Box<[ContainerInfo]>,
     /// Set once the Pod has a deletionTimestamp: the grace period in seconds.
     pub deletion_grace: Option<u32>,
     /// The instance spec, kept only until the instance is created.
@@ -149,6 +163,37 @@ pub struct PodRecord {
     /// vkd's own final delete of the Pod was accepted: the watch's Delete event
     /// is all that is left (an update seen before it must not delete again).
     pub delete_sent: bool,
+    /// `spec.activeDeadlineSeconds` (mutable: read from every update).
+    pub active_deadline: Option<ActiveDeadline>,
+    /// `spec.ephemeralContainers` and what became of them (`None`: it has none).
+    pub ephemeral: Option<Box<super::ephemeral::Ephemeral>>,
+}
+
+/// `spec.activeDeadlineSeconds`, and the grace period the containers get
+/// when it passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActiveDeadline {
+    /// Seconds from `status.startTime`; values past `u32::MAX` (136 years)
+    /// are clamped to it.
+    pub seconds: u32,
+    pub grace_seconds: u32,
+}
+
+impl ActiveDeadline {
+    fn of(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<Self> {
+        let clamp = |v: i64| u32::try_from(v.max(0)).unwrap_or(u32::MAX);
+        spec.active_deadline_seconds.map(|s| Self {
+            seconds: clamp(s),
+            grace_seconds: clamp(spec.termination_grace_period_seconds.unwrap_or(30)),
+        })
+    }
+
+    /// How long until the deadline passes (zero once it has), measured from
+    /// `start`; `None` when it lies beyond what a clock can hold.
+    pub fn left(self, start: SystemTime, now: SystemTime) -> Option<std::time::Duration> {
+        let at = start.checked_add(std::time::Duration::from_secs(self.seconds.into()))?;
+        Some(at.duration_since(now).unwrap_or_default())
+    }
 }
 
 impl PodRecord {
@@ -245,10 +290,13 @@ impl PodRecord {
             containers: spec
                 .containers
                 .iter()
-                .map(|c| ContainerInfo {
-                    name: c.name.as_str().into(),
-                    image: c.image.clone().unwrap_or_default().into(),
-                })
+                .map(|c| ContainerInfo::of(c, false))
+                .collect(),
+            init_containers: spec
+                .init_containers
+                .iter()
+                .flatten()
+                .map(|c| ContainerInfo::of(c, true))
                 .collect(),
             deletion_grace: meta.deletion_timestamp.as_ref().map(|_| {
                 meta.deletion_grace_period_seconds
@@ -273,6 +321,12 @@ impl PodRecord {
                 .and_then(|a| a.get(crate::fencing::PARTITION_POLICY_ANNOTATION))
                 .is_some_and(|v| v == "fence"),
             delete_sent: previous.is_some_and(|p| p.delete_sent),
+            active_deadline: ActiveDeadline::of(spec),
+            ephemeral: super::ephemeral::Ephemeral::of(
+                pod,
+                node,
+                previous.and_then(|p| p.ephemeral.as_deref()),
+            ),
         })
     }
 }
@@ -309,5 +363,37 @@ mod tests {
                 .render()
                 .starts_with("bound=2025-12-31T23:59:59Z observed=+")
         );
+        assert_eq!(r.active_deadline, None);
+    }
+
+    /// activeDeadlineSeconds is tenant input: any i64 is read without overflow,
+    /// and the deadline counts from status.startTime.
+    #[test]
+    fn active_deadline_is_clamped_and_counted_from_the_start() {
+        let with = |deadline: i64| {
+            let p = pod(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                "spec": {"activeDeadlineSeconds": deadline, "terminationGracePeriodSeconds": 3,
+                    "containers": [{"name": "a", "image": "x"}]},
+                "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}
+            }));
+            PodRecord::from_pod(&p, "vk", None, SystemTime::now()).unwrap()
+        };
+        let r = with(5);
+        let d = r.active_deadline.unwrap();
+        assert_eq!((d.seconds, d.grace_seconds), (5, 3));
+        let start = r.start_time.unwrap().time();
+        let s = std::time::Duration::from_secs;
+        assert_eq!(d.left(start, start + s(2)), Some(s(3)));
+        assert_eq!(d.left(start, start + s(5)), Some(s(0)));
+        assert_eq!(d.left(start, start + s(3600)), Some(s(0)));
+        let huge = with(i64::MAX).active_deadline.unwrap();
+        assert_eq!(huge.seconds, u32::MAX);
+        assert!(huge.left(start, start).unwrap() > s(100 * 365 * 86400));
+        // A start at the end of representable time leaves no deadline rather than wrapping.
+        if let Some(far) = SystemTime::UNIX_EPOCH.checked_add(s(i64::MAX.unsigned_abs() - 10)) {
+            assert_eq!(huge.left(far, far), None);
+        }
+        assert_eq!(with(-7).active_deadline.unwrap().seconds, 0);
     }
 }

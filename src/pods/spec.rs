@@ -97,6 +97,8 @@ pub enum ResolveError {
 pub struct ContainerEnv {
     pub env_from: Vec<EnvFromSource>,
     pub env: Vec<EnvVar>,
+    /// `subPathExpr` of the container's mounts: (index in its mounts, expression).
+    pub sub_path_exprs: Vec<(usize, String)>,
 }
 
 /// An instance spec waiting for its references to be read.
@@ -111,6 +113,20 @@ pub struct Pending {
     pub fields: BTreeMap<String, String>,
     /// Per container: `limits.cpu` and friends, as the downward API renders them.
     pub resources: BTreeMap<String, BTreeMap<String, String>>,
+    /// Pod-level `resources.limits` (cpu, memory): what an unset container
+    /// limit reads as in the downward API, before the node's allocatable.
+    pub pod_limits: BTreeMap<String, String>,
+    /// Some `resourceFieldRef` may read the node's allocatable (a limit not set).
+    pub reads_allocatable: bool,
+    /// `enableServiceLinks` (default true).
+    pub service_links: bool,
+}
+
+/// The node's allocatable cpu and memory, which an unset limit reads as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Allocatable {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
 }
 
 const SUPPORTED_VOLUMES: &[&str] = &[
@@ -170,7 +186,10 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
         built.push(container(c, &volume_names)?);
     }
     let n_init = spec.init_containers.as_ref().map_or(0, Vec::len);
-    let containers = built.split_off(n_init);
+    let mut containers = built.split_off(n_init);
+    for c in &mut containers {
+        c.restart_always = false;
+    }
     let grace = spec
         .termination_grace_period_seconds
         .map_or(30, |g| g.max(0).unsigned_abs());
@@ -201,6 +220,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             .map(|c| ContainerEnv {
                 env_from: c.env_from.clone().unwrap_or_default(),
                 env: c.env.clone().unwrap_or_default(),
+                sub_path_exprs: sub_path_exprs(c),
             })
             .collect(),
         volumes: spec.volumes.clone().unwrap_or_default(),
@@ -213,7 +233,57 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             .iter()
             .map(|c| (c.name.clone(), resource_fields(c)))
             .collect(),
+        pod_limits: spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|(k, q)| (k.clone(), q.0.clone()))
+            .collect(),
+        reads_allocatable: reads_allocatable(spec),
+        service_links: spec.enable_service_links.unwrap_or(true),
     })
+}
+
+/// The mounts' `subPathExpr`s, by mount index.
+fn sub_path_exprs(c: &Container) -> Vec<(usize, String)> {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, m)| Some((i, m.sub_path_expr.clone().filter(|e| !e.is_empty())?)))
+        .collect()
+}
+
+/// Whether any `resourceFieldRef` (env or downward API volume) asks for a
+/// limit, which reads as the node's allocatable when the container sets none.
+fn reads_allocatable(spec: &PodSpec) -> bool {
+    let limit =
+        |r: &k8s_openapi::api::core::v1::ResourceFieldSelector| r.resource.starts_with("limits.");
+    let env = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .flat_map(|c| c.env.iter().flatten())
+        .filter_map(|e| e.value_from.as_ref()?.resource_field_ref.as_ref())
+        .any(limit);
+    let volumes = spec.volumes.iter().flatten().any(|v| {
+        let projected = v
+            .projected
+            .iter()
+            .flat_map(|p| p.sources.iter().flatten())
+            .filter_map(|s| s.downward_api.as_ref())
+            .flat_map(|d| d.items.iter().flatten());
+        v.downward_api
+            .iter()
+            .flat_map(|d| d.items.iter().flatten())
+            .chain(projected)
+            .filter_map(|i| i.resource_field_ref.as_ref())
+            .any(limit)
+    });
+    env || volumes
 }
 
 /// The volume's type: the one field of the union that is set.
@@ -353,6 +423,19 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
         readiness_probe: probe("readinessProbe", c.readiness_probe.as_ref())?.map(Box::new),
         post_start: hook("postStart", lifecycle.and_then(|l| l.post_start.as_ref()))?.map(Box::new),
         pre_stop: hook("preStop", lifecycle.and_then(|l| l.pre_stop.as_ref()))?.map(Box::new),
+        // Only an init container can be restartable (a sidecar); `pending` clears it for the others.
+        restart_always: c.restart_policy.as_deref() == Some("Always"),
+        // `None` stands for the API server's default (no copy kept per Pod).
+        termination_message_path: c
+            .termination_message_path
+            .clone()
+            .filter(|p| !p.is_empty() && p != vkd_provider::DEFAULT_TERMINATION_MESSAGE_PATH),
+        termination_message_policy: match c.termination_message_policy.as_deref() {
+            Some("FallbackToLogsOnError") => {
+                vkd_provider::TerminationMessagePolicy::FallbackToLogsOnError
+            }
+            _ => vkd_provider::TerminationMessagePolicy::File,
+        },
     })
 }
 
@@ -540,6 +623,16 @@ fn resources(spec: &PodSpec) -> Result<Resources, SpecError> {
 /// Expands `$(VAR)` from `env` the way the kubelet does: `$$` escapes, and an
 /// unknown name is left as written.
 pub fn expand(text: &str, env: &[(String, String)]) -> String {
+    expand_with(text, |name| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    })
+}
+
+/// [`expand`] with the values from `lookup`.
+fn expand_with<'v>(text: &str, mut lookup: impl FnMut(&str) -> Option<&'v str>) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find('$') {
@@ -552,8 +645,8 @@ pub fn expand(text: &str, env: &[(String, String)]) -> String {
             && let Some(end) = inner.find(')')
         {
             let name = &inner[..end];
-            match env.iter().rev().find(|(k, _)| k == name) {
-                Some((_, v)) => out.push_str(v),
+            match lookup(name) {
+                Some(v) => out.push_str(v),
                 None => {
                     out.push_str("$(");
                     out.push_str(name);
@@ -570,6 +663,40 @@ pub fn expand(text: &str, env: &[(String, String)]) -> String {
     out
 }
 
+/// Expands a mount's `subPathExpr` as the kubelet does: every `$(VAR)` must
+/// name a variable with a value, and the result must stay inside the volume
+/// (relative, no `..`). Anything else leaves the container unconfigurable.
+pub fn expand_sub_path(expr: &str, env: &[(String, String)]) -> Result<String, String> {
+    let mut missing = std::collections::BTreeSet::new();
+    let expanded = expand_with(expr, |name| {
+        let value = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty());
+        if value.is_none() {
+            missing.insert(name.to_owned());
+        }
+        Some(value.unwrap_or(""))
+    });
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.into_iter().collect();
+        return Err(format!("missing value for {}", names.join(", ")));
+    }
+    if expanded.starts_with('/') {
+        return Err(format!(
+            "error SubPath `{expanded}` must not be an absolute path"
+        ));
+    }
+    if expanded.split('/').any(|s| s == "..") {
+        return Err(format!(
+            "unable to provision SubPath `{expanded}`: must not contain '..'"
+        ));
+    }
+    Ok(expanded)
+}
+
 /// Reads what a pending spec refers to and returns the spec a provider gets.
 /// `volumes` is whether the provider materializes volume content.
 #[allow(missing_debug_implementations)]
@@ -578,6 +705,12 @@ pub struct Resolver<'a> {
     pub policy: &'a Policy,
     pub host_ip: &'a str,
     pub volumes: bool,
+    /// The cluster's Services, for the service environment variables; `None`
+    /// gives none (as a kubelet without an API server).
+    pub services: Option<&'a super::services::Services>,
+    /// The node's allocatable, for `resourceFieldRef`s of unset limits; needed
+    /// only when [`Pending::reads_allocatable`].
+    pub allocatable: Option<Allocatable>,
 }
 
 /// Where key/value content comes from.
@@ -585,6 +718,16 @@ pub struct Resolver<'a> {
 enum Source {
     ConfigMap,
     Secret,
+}
+
+/// The kubelet's words for a missing ConfigMap or Secret (the API's NotFound):
+/// `configmap "name" not found`.
+fn not_found(source: Source, name: &str) -> String {
+    let kind = match source {
+        Source::ConfigMap => "configmap",
+        Source::Secret => "secret",
+    };
+    format!("{kind} {name:?} not found")
 }
 
 /// A ConfigMap's or Secret's keys and bytes; `None` when it does not exist.
@@ -616,6 +759,13 @@ impl Resolver<'_> {
         fields.insert("status.hostIPs".into(), self.host_ip.to_owned());
         fields.insert("status.podIP".into(), self.host_ip.to_owned());
         fields.insert("status.podIPs".into(), self.host_ip.to_owned());
+        let services = match self.services {
+            Some(s) => s
+                .env(ns, p.service_links)
+                .await
+                .map_err(|e| ResolveError::Config(e.to_string()))?,
+            None => Vec::new(),
+        };
         let mut all: Vec<&mut ContainerSpec> = spec
             .init_containers
             .iter_mut()
@@ -623,10 +773,16 @@ impl Resolver<'_> {
             .collect();
         for (c, declared) in all.iter_mut().zip(&p.env) {
             let env = self
-                .env(ns, &c.name, declared, &fields, p, &mut fetched)
+                .env(ns, &c.name, declared, &fields, p, &services, &mut fetched)
                 .await?;
             c.command = c.command.iter().map(|s| expand(s, &env)).collect();
             c.args = c.args.iter().map(|s| expand(s, &env)).collect();
+            for (i, expr) in &declared.sub_path_exprs {
+                let sub = expand_sub_path(expr, &env).map_err(ResolveError::Config)?;
+                if let Some(m) = c.mounts.get_mut(*i) {
+                    m.sub_path = Some(sub).filter(|s| !s.is_empty());
+                }
+            }
             c.env = env;
         }
         for v in &p.volumes {
@@ -674,6 +830,10 @@ impl Resolver<'_> {
         Ok(())
     }
 
+    /// The kubelet's `makeEnvironmentVariables`: envFrom, then env (which
+    /// overrides it, and whose `$(VAR)`s read what came before and the service
+    /// variables), then the service variables the Pod did not set itself.
+    #[allow(clippy::too_many_arguments)]
     async fn env(
         &self,
         ns: &str,
@@ -681,6 +841,7 @@ impl Resolver<'_> {
         declared: &ContainerEnv,
         fields: &BTreeMap<String, String>,
         p: &Pending,
+        services: &[(String, String)],
         fetched: &mut Fetched,
     ) -> Result<Vec<(String, String)>, ResolveError> {
         let mut env: Vec<(String, String)> = Vec::new();
@@ -695,14 +856,14 @@ impl Resolver<'_> {
                     self.source(ns, &r.name, Source::ConfigMap, fetched).await?,
                     &r.name,
                     r.optional.unwrap_or(false),
-                    "configmap",
+                    Source::ConfigMap,
                 )
             } else if let Some(r) = &from.secret_ref {
                 (
                     self.source(ns, &r.name, Source::Secret, fetched).await?,
                     &r.name,
                     r.optional.unwrap_or(false),
-                    "secret",
+                    Source::Secret,
                 )
             } else {
                 continue;
@@ -714,12 +875,18 @@ impl Resolver<'_> {
                     }
                 }
                 None if optional => {}
-                None => return Err(ResolveError::Config(format!("{what} {name:?} not found"))),
+                None => return Err(ResolveError::Config(not_found(what, name))),
             }
         }
         for e in &declared.env {
             let value = match &e.value_from {
-                None => expand(e.value.as_deref().unwrap_or(""), &env),
+                None => expand_with(e.value.as_deref().unwrap_or(""), |name| {
+                    env.iter()
+                        .rev()
+                        .chain(services)
+                        .find(|(k, _)| k == name)
+                        .map(|(_, v)| v.as_str())
+                }),
                 Some(src) => {
                     let key_ref = src
                         .config_map_key_ref
@@ -731,20 +898,31 @@ impl Resolver<'_> {
                                 .map(|r| (Source::Secret, &r.name, &r.key, r.optional))
                         });
                     if let Some((source, name, key, optional)) = key_ref {
-                        match self.key(ns, name, key, source, fetched).await? {
-                            Some(v) => lossy(&v),
-                            None if optional.unwrap_or(false) => continue,
-                            None => {
-                                return Err(ResolveError::Config(format!(
-                                    "couldn't find key {key} in {source:?} {ns}/{name}"
-                                )));
-                            }
+                        let optional = optional.unwrap_or(false);
+                        match self.source(ns, name, source, fetched).await? {
+                            None if optional => continue,
+                            None => return Err(ResolveError::Config(not_found(source, name))),
+                            Some(mut data) => match data.remove(key.as_str()) {
+                                Some(v) => lossy(&v),
+                                None if optional => continue,
+                                None => {
+                                    return Err(ResolveError::Config(format!(
+                                        "couldn't find key {key} in {source:?} {ns}/{name}"
+                                    )));
+                                }
+                            },
                         }
                     } else if let Some(f) = &src.field_ref {
                         field(fields, &f.field_path)?
                     } else if let Some(r) = &src.resource_field_ref {
                         let of = r.container_name.as_deref().unwrap_or(container);
-                        resource_field(p, of, &r.resource, r.divisor.as_ref().map(|d| &d.0))?
+                        resource_field(
+                            p,
+                            of,
+                            &r.resource,
+                            r.divisor.as_ref().map(|d| &d.0),
+                            self.allocatable,
+                        )?
                     } else {
                         return Err(spec_error(
                             "InvalidSpec",
@@ -756,19 +934,9 @@ impl Resolver<'_> {
             };
             set(&mut env, e.name.clone(), value);
         }
+        let own: std::collections::HashSet<String> = env.iter().map(|(n, _)| n.clone()).collect();
+        env.extend(services.iter().filter(|(k, _)| !own.contains(k)).cloned());
         Ok(env)
-    }
-
-    async fn key(
-        &self,
-        ns: &str,
-        name: &str,
-        key: &str,
-        source: Source,
-        fetched: &mut Fetched,
-    ) -> Result<Option<Vec<u8>>, ResolveError> {
-        let data = self.source(ns, name, source, fetched).await?;
-        Ok(data.and_then(|mut d| d.remove(key)))
     }
 
     /// A ConfigMap's or Secret's content, if the node policy lets it reach the backend.
@@ -911,7 +1079,7 @@ impl Resolver<'_> {
                 c.items.as_deref(),
                 mode,
                 c.optional,
-                "ConfigMap",
+                Source::ConfigMap,
                 &c.name,
             )?;
         } else if let Some(s) = &v.secret {
@@ -924,7 +1092,7 @@ impl Resolver<'_> {
                 s.items.as_deref(),
                 mode,
                 s.optional,
-                "Secret",
+                Source::Secret,
                 &name,
             )?;
         } else if let Some(d) = &v.downward_api {
@@ -935,6 +1103,7 @@ impl Resolver<'_> {
                     p,
                     item.field_ref.as_ref(),
                     item.resource_field_ref.as_ref(),
+                    self.allocatable,
                 )?;
                 files.push(file(
                     &item.path,
@@ -953,7 +1122,7 @@ impl Resolver<'_> {
                         c.items.as_deref(),
                         mode,
                         c.optional,
-                        "ConfigMap",
+                        Source::ConfigMap,
                         &c.name,
                     )?;
                 } else if let Some(s) = &src.secret {
@@ -964,7 +1133,7 @@ impl Resolver<'_> {
                         s.items.as_deref(),
                         mode,
                         s.optional,
-                        "Secret",
+                        Source::Secret,
                         &s.name,
                     )?;
                 } else if let Some(d) = &src.downward_api {
@@ -974,6 +1143,7 @@ impl Resolver<'_> {
                             p,
                             item.field_ref.as_ref(),
                             item.resource_field_ref.as_ref(),
+                            self.allocatable,
                         )?;
                         files.push(file(
                             &item.path,
@@ -1016,30 +1186,46 @@ fn field(fields: &BTreeMap<String, String>, path: &str) -> Result<String, Resolv
     Err(spec_error("InvalidSpec", format!("unsupported fieldRef {path:?}")).into())
 }
 
+/// A container's resource as the downward API reads it. As the kubelet's
+/// `defaultPodLimitsForDownwardAPI`: a cpu or memory limit that is not set (or
+/// zero) reads as the Pod-level limit, else as the node's allocatable; an unset
+/// request reads as 0.
 fn resource_field(
     p: &Pending,
     container: &str,
     resource: &str,
     divisor: Option<&String>,
+    allocatable: Option<Allocatable>,
 ) -> Result<String, ResolveError> {
-    let value = p
-        .resources
-        .get(container)
-        .and_then(|r| r.get(resource).cloned())
-        .or_else(|| {
-            // An unset limit reads as the request, the closest figure vkd knows here.
-            let alt = resource.replacen("limits.", "requests.", 1);
-            p.resources
-                .get(container)
-                .and_then(|r| r.get(&alt).cloned())
-        })
-        .unwrap_or_else(|| "0".into());
     let bad = |e: quantity::QuantityError| {
         ResolveError::from(spec_error(
             "InvalidSpec",
             format!("resourceFieldRef {resource}: {e}"),
         ))
     };
+    let is_zero = |v: &str| quantity::bytes(v).is_ok_and(|n| n == 0);
+    let set = p
+        .resources
+        .get(container)
+        .and_then(|r| r.get(resource).cloned());
+    let defaulted = match resource.strip_prefix("limits.") {
+        Some(name @ ("cpu" | "memory")) if set.as_deref().is_none_or(is_zero) => {
+            let pod = p.pod_limits.get(name).filter(|v| !is_zero(v)).cloned();
+            match (pod, allocatable) {
+                (Some(v), _) => Some(v),
+                (None, Some(a)) if name == "cpu" => Some(format!("{}m", a.cpu_millis)),
+                (None, Some(a)) => Some(a.memory_bytes.to_string()),
+                (None, None) => {
+                    return Err(ResolveError::Config(format!(
+                        "resourceFieldRef {resource}: container {container} sets no limit and \
+                         the node's allocatable is not known yet"
+                    )));
+                }
+            }
+        }
+        _ => None,
+    };
+    let value = defaulted.or(set).unwrap_or_else(|| "0".into());
     if resource.ends_with(".cpu") {
         let millis = quantity::cpu_millis(&value).map_err(bad)?;
         // The apiserver stores an unset divisor as "0"; like the kubelet, a zero
@@ -1068,13 +1254,20 @@ fn downward(
     p: &Pending,
     field_ref: Option<&k8s_openapi::api::core::v1::ObjectFieldSelector>,
     resource_ref: Option<&k8s_openapi::api::core::v1::ResourceFieldSelector>,
+    allocatable: Option<Allocatable>,
 ) -> Result<String, ResolveError> {
     if let Some(f) = field_ref {
         return field(fields, &f.field_path);
     }
     if let Some(r) = resource_ref {
         let container = r.container_name.as_deref().unwrap_or_default();
-        return resource_field(p, container, &r.resource, r.divisor.as_ref().map(|d| &d.0));
+        return resource_field(
+            p,
+            container,
+            &r.resource,
+            r.divisor.as_ref().map(|d| &d.0),
+            allocatable,
+        );
     }
     Err(spec_error(
         "InvalidSpec",
@@ -1106,7 +1299,7 @@ fn project(
     items: Option<&[KeyToPath]>,
     mode: i32,
     optional: Option<bool>,
-    what: &str,
+    source: Source,
     name: &str,
 ) -> Result<(), ResolveError> {
     let from = files.len();
@@ -1114,7 +1307,7 @@ fn project(
         if optional.unwrap_or(false) {
             return Ok(());
         }
-        return Err(ResolveError::Config(format!("{what} {name:?} not found")));
+        return Err(ResolveError::Config(not_found(source, name)));
     };
     match items {
         None => {
@@ -1128,16 +1321,21 @@ fn project(
                     if optional.unwrap_or(false) {
                         continue;
                     }
-                    return Err(ResolveError::Config(format!(
-                        "couldn't find key {} in {what} {name}",
-                        it.key
-                    )));
+                    // The volume plugins' words.
+                    return Err(ResolveError::Config(match source {
+                        Source::ConfigMap => {
+                            format!("configmap references non-existent config key: {}", it.key)
+                        }
+                        Source::Secret => {
+                            format!("references non-existent secret key: {}", it.key)
+                        }
+                    }));
                 };
                 files.push(file(&it.path, v, it.mode.unwrap_or(mode))?);
             }
         }
     }
-    if what == "Secret" {
+    if source == Source::Secret {
         for f in &mut files[from..] {
             f.mode &= 0o700;
         }
@@ -1180,6 +1378,46 @@ mod tests {
         assert_eq!(s.init_containers.len(), 1);
         assert_eq!(s.containers.len(), 2);
         assert_eq!(s.termination_grace, Duration::from_secs(30));
+    }
+
+    /// A sidecar is an init container with `restartPolicy: Always`; the
+    /// termination message settings travel with each container.
+    #[test]
+    fn sidecars_and_termination_messages_reach_the_spec() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "image": "x"},
+                    {"name": "proxy", "image": "x", "restartPolicy": "Always"}
+                ],
+                "containers": [
+                    {"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log",
+                     "terminationMessagePolicy": "File"},
+                    {"name": "b", "image": "x", "terminationMessagePath": "/tmp/why",
+                     "terminationMessagePolicy": "FallbackToLogsOnError"}
+                ]
+            }
+        }));
+        let s = pending(&p, "vk").unwrap().spec;
+        let sidecars: Vec<bool> = s.init_containers.iter().map(|c| c.restart_always).collect();
+        assert_eq!(sidecars, [false, true]);
+        assert!(s.containers.iter().all(|c| !c.restart_always));
+        let (a, b) = (&s.containers[0], &s.containers[1]);
+        assert_eq!(
+            a.termination_message_path, None,
+            "the default is not kept per Pod"
+        );
+        assert_eq!(a.termination_message_path(), "/dev/termination-log");
+        assert_eq!(
+            a.termination_message_policy,
+            vkd_provider::TerminationMessagePolicy::File
+        );
+        assert_eq!(b.termination_message_path(), "/tmp/why");
+        assert_eq!(
+            b.termination_message_policy,
+            vkd_provider::TerminationMessagePolicy::FallbackToLogsOnError
+        );
     }
 
     #[test]
@@ -1291,17 +1529,37 @@ mod tests {
             None,
             0o644,
             None,
-            "Secret",
+            Source::Secret,
             "s",
         )
         .unwrap();
-        project(&mut files, Some(data), None, 0o644, None, "ConfigMap", "c").unwrap();
+        project(
+            &mut files,
+            Some(data),
+            None,
+            0o644,
+            None,
+            Source::ConfigMap,
+            "c",
+        )
+        .unwrap();
         assert_eq!((files[0].mode, files[1].mode), (0o600, 0o644));
-        let missing = project(&mut files, None, None, 0o644, None, "Secret", "gone");
+        let missing = project(&mut files, None, None, 0o644, None, Source::Secret, "gone");
         assert!(
-            matches!(missing, Err(ResolveError::Config(m)) if m.contains("\"gone\" not found"))
+            matches!(missing, Err(ResolveError::Config(m)) if m == "secret \"gone\" not found")
         );
-        assert!(project(&mut files, None, None, 0o644, Some(true), "Secret", "gone").is_ok());
+        assert!(
+            project(
+                &mut files,
+                None,
+                None,
+                0o644,
+                Some(true),
+                Source::Secret,
+                "gone"
+            )
+            .is_ok()
+        );
     }
 
     #[test]
@@ -1332,30 +1590,296 @@ mod tests {
             "app=\"web\""
         );
         assert_eq!(
-            resource_field(&pend, "web", "limits.memory", None).unwrap(),
+            resource_field(&pend, "web", "limits.memory", None, None).unwrap(),
             "67108864"
         );
         assert_eq!(
-            resource_field(&pend, "web", "limits.cpu", None).unwrap(),
+            resource_field(&pend, "web", "limits.cpu", None, None).unwrap(),
             "1"
         );
         let mi = "1Mi".to_owned();
         assert_eq!(
-            resource_field(&pend, "web", "limits.memory", Some(&mi)).unwrap(),
+            resource_field(&pend, "web", "limits.memory", Some(&mi), None).unwrap(),
             "64"
         );
         // The divisor the apiserver stores when none is given: cores, rounded up.
         let zero = "0".to_owned();
         assert_eq!(
-            resource_field(&pend, "web", "limits.cpu", Some(&zero)).unwrap(),
+            resource_field(&pend, "web", "limits.cpu", Some(&zero), None).unwrap(),
             "1"
         );
         assert_eq!(
-            resource_field(&pend, "web", "limits.memory", Some(&zero)).unwrap(),
+            resource_field(&pend, "web", "limits.memory", Some(&zero), None).unwrap(),
             "67108864"
         );
         assert!(file("../etc/passwd", vec![], 0o644).is_err());
         assert!(file("/abs", vec![], 0o644).is_err());
         assert_eq!(file("a/b", vec![], 0o4755).unwrap().mode, 0o755);
+    }
+
+    /// The kubelet's subpath expansion: every reference must have a value, and
+    /// the result must stay inside the volume.
+    #[test]
+    fn sub_path_expr_follows_the_kubelet() {
+        let env = vec![
+            ("POD_NAME".to_owned(), "foo".to_owned()),
+            ("ANNOTATION".to_owned(), "mypath".to_owned()),
+            ("EMPTY".to_owned(), String::new()),
+            ("UP".to_owned(), "..".to_owned()),
+            ("ABS".to_owned(), "/tmp".to_owned()),
+        ];
+        assert_eq!(
+            expand_sub_path("$(ANNOTATION)/$(POD_NAME)", &env).unwrap(),
+            "mypath/foo"
+        );
+        assert_eq!(
+            expand_sub_path("a$$(POD_NAME)", &env).unwrap(),
+            "a$(POD_NAME)"
+        );
+        assert_eq!(
+            expand_sub_path("$(NOPE)/$(EMPTY)/$(POD_NAME)", &env).unwrap_err(),
+            "missing value for EMPTY, NOPE"
+        );
+        assert_eq!(
+            expand_sub_path("$(UP)", &env).unwrap_err(),
+            "unable to provision SubPath `..`: must not contain '..'"
+        );
+        assert!(expand_sub_path("a/$(UP)/b", &env).is_err());
+        assert!(expand_sub_path("a..b", &env).is_ok());
+        assert_eq!(
+            expand_sub_path("$(ABS)", &env).unwrap_err(),
+            "error SubPath `/tmp` must not be an absolute path"
+        );
+    }
+
+    /// As the kubelet's defaultPodLimitsForDownwardAPI: an unset (or zero)
+    /// limit reads as the Pod-level limit, else the node's allocatable; an
+    /// unset request reads as 0, never as something else.
+    #[test]
+    fn unset_limits_read_as_node_allocatable() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [
+                {"name": "bare", "image": "x",
+                    "env": [{"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]},
+                {"name": "set", "image": "x",
+                    "resources": {"limits": {"cpu": "0", "memory": "64Mi"}, "requests": {"cpu": "250m"}}}
+            ]}
+        }));
+        let pend = pending(&p, "vk").unwrap();
+        assert!(pend.reads_allocatable);
+        let node = Some(Allocatable {
+            cpu_millis: 7500,
+            memory_bytes: 16 << 30,
+        });
+        let read = |c: &str, r: &str, d: Option<&str>| {
+            let d = d.map(str::to_owned);
+            resource_field(&pend, c, r, d.as_ref(), node)
+                .map_err(|e| e.to_string())
+                .unwrap()
+        };
+        assert_eq!(read("bare", "limits.cpu", None), "8");
+        assert_eq!(read("bare", "limits.cpu", Some("1m")), "7500");
+        assert_eq!(read("bare", "limits.memory", Some("1Gi")), "16");
+        assert_eq!(read("bare", "requests.cpu", None), "0");
+        assert_eq!(read("bare", "requests.memory", None), "0");
+        // A zero limit is no limit.
+        assert_eq!(read("set", "limits.cpu", Some("1m")), "7500");
+        assert_eq!(read("set", "limits.memory", Some("1Mi")), "64");
+        assert_eq!(read("set", "requests.cpu", Some("1m")), "250");
+        // Unknown allocatable: retried, never a made-up figure.
+        assert!(matches!(
+            resource_field(&pend, "bare", "limits.cpu", None, None),
+            Err(ResolveError::Config(_))
+        ));
+        // Pod-level limits come before the node's.
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"resources": {"limits": {"cpu": "2", "memory": "1Gi"}},
+                "containers": [{"name": "c", "image": "x"}],
+                "volumes": [{"name": "d", "downwardAPI": {"items": [
+                    {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory"}}]}}]}
+        }));
+        let pend = pending(&p, "vk").unwrap();
+        assert!(pend.reads_allocatable);
+        assert_eq!(
+            resource_field(&pend, "c", "limits.cpu", None, node).unwrap(),
+            "2"
+        );
+        // Nothing reads a limit: the provider is not asked for capacity.
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                "env": [{"name": "R", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu"}}}]}]}
+        }));
+        assert!(!pending(&p, "vk").unwrap().reads_allocatable);
+    }
+
+    /// A whole resolve against a fake API server: service variables, the
+    /// kubelet's wording for what is missing, subPathExpr and allocatable.
+    #[tokio::test]
+    async fn resolve_builds_the_kubelets_environment() {
+        use crate::testing::{Seen, fake_api, status};
+        let (client, _log) = fake_api(|req: &Seen| match req.path.as_str() {
+            "/api/v1/namespaces/app/configmaps/cfg" => (
+                200,
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "cfg", "namespace": "app"}, "data": {"k": "v"}}),
+            ),
+            "/api/v1/namespaces/app/secrets/sec" => (
+                200,
+                json!({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": "sec", "namespace": "app"}, "data": {"k": "dg=="}}),
+            ),
+            _ => status(404, "NotFound"),
+        });
+        let svc =
+            |ns: &str, name: &str, ip: &str, port: i32| -> k8s_openapi::api::core::v1::Service {
+                serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"clusterIP": ip, "ports": [{"port": port}]}
+                }))
+                .unwrap()
+            };
+        let services = super::super::services::Services::fixed(vec![
+            svc("default", "kubernetes", "10.96.0.1", 443),
+            svc("app", "fooservice", "10.96.0.7", 8765),
+        ]);
+        let policy = Policy::default();
+        let resolver = Resolver {
+            client: &client,
+            policy: &policy,
+            host_ip: "192.0.2.1",
+            volumes: true,
+            services: Some(&services),
+            allocatable: Some(Allocatable {
+                cpu_millis: 4000,
+                memory_bytes: 8 << 30,
+            }),
+        };
+        let with = |env: serde_json::Value, mounts: serde_json::Value, links: bool| {
+            pending(
+                &pod(json!({
+                    "metadata": {"name": "p", "namespace": "app", "uid": "u1",
+                        "annotations": {"sub": "mypath"}},
+                    "spec": {
+                        "enableServiceLinks": links,
+                        "containers": [{"name": "c", "image": "x", "command": ["$(FOOSERVICE_SERVICE_HOST)"],
+                            "env": env, "volumeMounts": mounts}],
+                        "volumes": [{"name": "w", "emptyDir": {}}]
+                    }
+                })),
+                "vk",
+            )
+            .unwrap()
+        };
+        let p = with(
+            json!([
+                {"name": "FOOSERVICE_SERVICE_PORT", "value": "override"},
+                {"name": "URL", "value": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
+                {"name": "ANNOTATION", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['sub']"}}},
+                {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+                {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}}
+            ]),
+            json!([{"name": "w", "mountPath": "/sub", "subPathExpr": "$(ANNOTATION)/$(CPU)"},
+                   {"name": "w", "mountPath": "/all"}]),
+            true,
+        );
+        let spec = resolver.resolve(&p).await.unwrap();
+        let c = &spec.containers[0];
+        let get = |k: &str| c.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("10.96.0.1"));
+        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("443"));
+        assert_eq!(get("KUBERNETES_PORT_443_TCP"), Some("tcp://10.96.0.1:443"));
+        assert_eq!(get("FOOSERVICE_SERVICE_HOST"), Some("10.96.0.7"));
+        assert_eq!(get("FOOSERVICE_PORT_8765_TCP_PORT"), Some("8765"));
+        // The Pod's own value wins, once, before the service variables.
+        assert_eq!(get("FOOSERVICE_SERVICE_PORT"), Some("override"));
+        assert_eq!(
+            c.env
+                .iter()
+                .filter(|(n, _)| n == "FOOSERVICE_SERVICE_PORT")
+                .count(),
+            1
+        );
+        assert_eq!(c.env[0].0, "FOOSERVICE_SERVICE_PORT");
+        assert_eq!(get("URL"), Some("https://10.96.0.1:443"));
+        assert_eq!(get("CPU"), Some("4"));
+        assert_eq!(get("MEM"), Some("8192"));
+        assert_eq!(c.command, vec!["10.96.0.7".to_owned()]);
+        assert_eq!(c.mounts[0].sub_path.as_deref(), Some("mypath/4"));
+        assert_eq!(c.mounts[1].sub_path, None);
+
+        // enableServiceLinks: false keeps only the master service's variables.
+        let p = with(json!([]), json!([]), false);
+        let spec = resolver.resolve(&p).await.unwrap();
+        let names: Vec<&str> = spec.containers[0]
+            .env
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert!(names.contains(&"KUBERNETES_SERVICE_HOST"), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("FOOSERVICE")),
+            "{names:?}"
+        );
+
+        // What the kubelet says when something is missing.
+        let config_error = |p: Pending| {
+            let resolver = &resolver;
+            async move {
+                match resolver.resolve(&p).await {
+                    Err(ResolveError::Config(m)) => m,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let key = |kind: &str, name: &str, key: &str| json!([{"name": "X", "valueFrom": {kind: {"name": name, "key": key}}}]);
+        for (env, want) in [
+            (
+                key("secretKeyRef", "gone", "k"),
+                "secret \"gone\" not found",
+            ),
+            (
+                key("configMapKeyRef", "gone", "k"),
+                "configmap \"gone\" not found",
+            ),
+            (
+                key("secretKeyRef", "sec", "nokey"),
+                "couldn't find key nokey in Secret app/sec",
+            ),
+            (
+                key("configMapKeyRef", "cfg", "nokey"),
+                "couldn't find key nokey in ConfigMap app/cfg",
+            ),
+            (json!([{"name": "A", "value": ".."}]), "$(A)"),
+        ] {
+            let mounts = if want == "$(A)" {
+                json!([{"name": "w", "mountPath": "/s", "subPathExpr": "$(A)"}])
+            } else {
+                json!([])
+            };
+            let got = config_error(with(env, mounts, true)).await;
+            let want = if want == "$(A)" {
+                "unable to provision SubPath `..`: must not contain '..'"
+            } else {
+                want
+            };
+            assert_eq!(got, want);
+        }
+        // An optional reference to what is missing is skipped.
+        let optional = json!([{"name": "X", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "k", "optional": true}}},
+            {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "k"}}}]);
+        let spec = resolver
+            .resolve(&with(optional, json!([]), true))
+            .await
+            .unwrap();
+        assert!(
+            spec.containers[0]
+                .env
+                .iter()
+                .any(|(n, v)| n == "Y" && v == "v")
+        );
+        assert!(!spec.containers[0].env.iter().any(|(n, _)| n == "X"));
     }
 }

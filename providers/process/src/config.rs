@@ -4,7 +4,8 @@
 //! images:                       # which images may run, and as what
 //!   - match: "python:3*"        # exact name, or a prefix ending in *
 //!     path: /usr/bin:/bin       # where the command is looked up (default: the usual system PATH)
-//!     entrypoint: [python3]     # used when the container gives no command
+//!     entrypoint: [python3]     # the image's ENTRYPOINT: used when the container gives no command
+//!     args: [-V]                # the image's CMD: used when the container gives neither command nor args
 //! runAsUser: 65534              # default 65534; never 0: vkd (root) must not share its uid with Pods
 //! runAsGroup: 65534
 //! logMaxBytes: 10485760         # per container log file, before rotation
@@ -29,6 +30,9 @@ pub struct ImageMap {
     pub path: Option<String>,
     #[serde(default)]
     pub entrypoint: Vec<String>,
+    /// The image's default arguments (its CMD).
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 impl ImageMap {
@@ -41,6 +45,19 @@ impl ImageMap {
 
     pub fn search_path(&self) -> &str {
         self.path.as_deref().unwrap_or(DEFAULT_PATH)
+    }
+
+    /// What a container runs, as a container runtime combines the image's
+    /// ENTRYPOINT and CMD with the Pod's `command` and `args`: a `command`
+    /// replaces the entrypoint and drops the default args; `args` alone
+    /// replace the default args.
+    pub fn argv(&self, command: &[String], args: &[String]) -> Vec<String> {
+        let (program, args) = match (command.is_empty(), args.is_empty()) {
+            (false, _) => (command, args),
+            (true, false) => (self.entrypoint.as_slice(), args),
+            (true, true) => (self.entrypoint.as_slice(), self.args.as_slice()),
+        };
+        program.iter().chain(args).cloned().collect()
     }
 }
 
@@ -193,6 +210,7 @@ mod tests {
             pattern: "python:3*".into(),
             path: None,
             entrypoint: vec![],
+            args: vec![],
         };
         assert!(m.matches("python:3.12"));
         assert!(!m.matches("python:2"));
@@ -202,6 +220,29 @@ mod tests {
         };
         assert!(exact.matches("busybox"));
         assert!(!exact.matches("busybox:1.36"));
+    }
+
+    /// Docker's rules, which agnhost-style images (ENTRYPOINT /agnhost, CMD
+    /// pause) rely on.
+    #[test]
+    fn entrypoint_and_default_args_combine_like_a_runtime() {
+        let v = |s: &[&str]| s.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        let m: ImageMap =
+            serde_yaml_ng::from_str("{match: agnhost*, entrypoint: [agnhost], args: [pause]}")
+                .unwrap();
+        assert_eq!(m.argv(&[], &[]), v(&["agnhost", "pause"]));
+        assert_eq!(
+            m.argv(&[], &v(&["netexec", "--http-port=8080"])),
+            v(&["agnhost", "netexec", "--http-port=8080"])
+        );
+        assert_eq!(m.argv(&v(&["sh", "-c"]), &[]), v(&["sh", "-c"]));
+        assert_eq!(
+            m.argv(&v(&["sh"]), &v(&["-c", "true"])),
+            v(&["sh", "-c", "true"])
+        );
+        let bare: ImageMap = serde_yaml_ng::from_str("{match: busybox}").unwrap();
+        assert!(bare.argv(&[], &[]).is_empty());
+        assert_eq!(bare.argv(&[], &v(&["ls"])), v(&["ls"]));
     }
 
     #[test]

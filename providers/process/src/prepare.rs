@@ -24,12 +24,7 @@ impl ProcessProvider {
                     ),
                 )
             })?;
-            let mut argv: Vec<String> = if c.command.is_empty() {
-                image.entrypoint.clone()
-            } else {
-                c.command.clone()
-            };
-            argv.extend(c.args.iter().cloned());
+            let argv = image.argv(&c.command, &c.args);
             if argv.is_empty() {
                 return Err(ProviderError::invalid(
                     "ImageNotRunnable",
@@ -120,6 +115,7 @@ impl ProcessProvider {
                 argv,
                 env,
                 cwd,
+                termination_log: termination_log(c.termination_message_path()),
             });
         }
         Ok(out)
@@ -238,10 +234,40 @@ impl ProcessProvider {
                 self.mkdirs(&sb.root(), rel).map_err(e)?;
             }
         }
+        // The directory of each termination message file; the shim makes the
+        // file itself, empty, before each run. A path through a mount (a link)
+        // gets none: the shim reads and writes it only through real directories.
+        for rel in launches.iter().filter_map(|l| l.termination_log.as_deref()) {
+            let mut dir = sb.root();
+            for part in rel.parent().into_iter().flat_map(Path::components) {
+                dir.push(part);
+                match dir.symlink_metadata() {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => break,
+                    Err(_) => std::fs::create_dir(&dir).map_err(e)?,
+                }
+            }
+        }
         self.hand_over(&sb.root()).map_err(e)?;
         self.hand_over(&sb.volumes()).map_err(e)?;
         Ok(())
     }
+}
+
+/// terminationMessagePath as a path under the Pod's root, resolved the way an
+/// absolute path is (`/a/../b` is `/b`); `None` for the root itself.
+pub(crate) fn termination_log(path: &str) -> Option<PathBuf> {
+    let mut rel = PathBuf::new();
+    for part in Path::new(path).components() {
+        match part {
+            std::path::Component::Normal(p) => rel.push(p),
+            std::path::Component::ParentDir => {
+                rel.pop();
+            }
+            _ => {}
+        }
+    }
+    (!rel.as_os_str().is_empty()).then_some(rel)
 }
 
 fn expand_own(text: &str, vars: &[(String, String)]) -> String {

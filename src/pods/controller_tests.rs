@@ -1,0 +1,276 @@
+//! The reconcile loop against a fake API server and a scripted provider:
+//! active deadlines and containers that cannot be configured.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use vkd_provider::{
+    Admission, Capacity, CapacityKind, Fence, Health, Instance, InstanceEvent, InstanceSpec,
+    Provider, ProviderError, Result,
+};
+
+use super::{Action, Lane, PodController, Settings, Shared};
+use crate::testing::{Log, Seen, fake_api, status};
+
+/// A provider whose one instance the test sets; `delete` only records the
+/// request (the backend stops the instance later, when the test says so).
+#[derive(Debug, Default)]
+struct Scripted {
+    instance: Mutex<Option<Instance>>,
+    deletes: Mutex<Vec<(String, Duration)>>,
+}
+
+#[async_trait]
+impl Provider for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    async fn health(&self) -> Health {
+        Health::Healthy
+    }
+    async fn capacity(&self) -> Result<Capacity> {
+        Ok(Capacity {
+            hosts: Vec::new(),
+            kind: CapacityKind::Live,
+            observed_at: SystemTime::now(),
+            refresh_interval: Duration::from_secs(10),
+        })
+    }
+    async fn admit(&self, _spec: &InstanceSpec) -> Result<Admission> {
+        Ok(Admission::Queued {
+            reason: "scripted".into(),
+        })
+    }
+    async fn create(&self, _fence: &Fence, _spec: &InstanceSpec) -> Result<Instance> {
+        Err(ProviderError::transient("scripted"))
+    }
+    async fn get(&self, _uid: &str) -> Result<Option<Instance>> {
+        Ok(self.instance.lock().unwrap().clone())
+    }
+    async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        self.deletes.lock().unwrap().push((uid.to_owned(), grace));
+        Ok(())
+    }
+    async fn list(&self, _node: &str) -> Result<Vec<Instance>> {
+        Ok(Vec::new())
+    }
+    fn events(&self) -> BoxStream<'static, InstanceEvent> {
+        futures::stream::pending().boxed()
+    }
+}
+
+fn controller(provider: Arc<Scripted>) -> (Arc<PodController>, Log) {
+    let (client, log) = fake_api(|req: &Seen| match req.method.as_str() {
+        "PATCH" => (
+            200,
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
+        ),
+        "POST" => (201, req.body.clone()),
+        _ => status(404, "NotFound"),
+    });
+    let c = PodController::new(
+        Settings {
+            node: "vk".into(),
+            host_ip: "192.0.2.1".into(),
+            epoch: 1,
+            concurrency: 1,
+            create_concurrency: 0,
+            qps: 1000,
+            burst: 1000,
+            policy: super::spec::Policy::default(),
+            host: None,
+            queue_timeout: Duration::from_secs(600),
+            gc_interval: Duration::from_secs(60),
+            brake: crate::fencing::Brake::default(),
+            partition_fence_after: Duration::from_secs(30),
+            lifecycle_events: false,
+        },
+        client.clone(),
+        client,
+        provider,
+        Shared {
+            metrics: Arc::default(),
+            term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
+            last_lease_renewal: Arc::default(),
+            partition_fenced: Arc::default(),
+            services: None,
+        },
+    );
+    (c, log)
+}
+
+fn running_instance() -> Instance {
+    let t = json!({"secs_since_epoch": 1_767_225_600, "nanos_since_epoch": 0});
+    serde_json::from_value(json!({
+        "id": "i-1",
+        "owner": {"uid": "u1", "namespace": "ns", "name": "p"},
+        "node": "vk",
+        "epoch": 1,
+        "phase": "Running",
+        "containers": [{"name": "main", "state": {"Running": {"started_at": t}},
+            "last_termination": null, "ready": true, "restart_count": 0,
+            "container_id": "scripted://1"}],
+        "ip": null,
+        "host": null,
+        "created_at": t,
+        "started_at": t,
+        "message": null
+    }))
+    .unwrap()
+}
+
+fn patches(log: &Log) -> Vec<Value> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.method == "PATCH")
+        .map(|s| s.body.clone())
+        .collect()
+}
+
+fn events(log: &Log) -> Vec<Value> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.method == "POST" && s.path.ends_with("/events"))
+        .map(|s| s.body.clone())
+        .collect()
+}
+
+/// Events are sent by a task; wait for `n` of them.
+async fn wait_events(log: &Log, n: usize) -> Vec<Value> {
+    for _ in 0..200 {
+        let e = events(log);
+        if e.len() >= n {
+            return e;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    events(log)
+}
+
+/// A running Pod whose activeDeadlineSeconds has passed: the instance is
+/// stopped with the Pod's grace period, and only once the backend no longer
+/// runs it is the Pod Failed with the kubelet's reason and message.
+#[tokio::test]
+async fn a_passed_active_deadline_stops_the_instance_then_fails_the_pod() {
+    let provider = Arc::new(Scripted::default());
+    *provider.instance.lock().unwrap() = Some(running_instance());
+    let (c, log) = controller(Arc::clone(&provider));
+    let start = SystemTime::now() - Duration::from_secs(60);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+            "annotations": {"vkd.io/instance-id": "i-1"}},
+        "spec": {"nodeName": "vk", "activeDeadlineSeconds": 5, "terminationGracePeriodSeconds": 7,
+            "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Running", "startTime": super::status::time(start)}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+
+    let first = c.reconcile("u1", Lane::Any).await.unwrap();
+    assert_eq!(first, Action::After(super::DELETE_CONFIRM));
+    assert_eq!(
+        *provider.deletes.lock().unwrap(),
+        vec![("u1".to_owned(), Duration::from_secs(7))]
+    );
+    assert!(patches(&log).is_empty(), "Failed while it may still run");
+
+    // The backend confirms: the instance is gone.
+    *provider.instance.lock().unwrap() = None;
+    let second = c.reconcile("u1", Lane::Any).await.unwrap();
+    assert_eq!(second, Action::Done);
+    let p = patches(&log);
+    assert_eq!(p.len(), 1, "{p:?}");
+    let s = &p[0]["status"];
+    assert_eq!(s["phase"], "Failed");
+    assert_eq!(s["reason"], super::DEADLINE_REASON);
+    assert_eq!(
+        s["message"],
+        "Pod was active on the node longer than the specified deadline"
+    );
+    let term = &s["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(term["exitCode"], 137, "{s}");
+    assert_eq!(term["reason"], "ContainerStatusUnknown");
+    let ready = s["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(ready["status"], "False");
+    let e = wait_events(&log, 1).await;
+    assert_eq!(e[0]["reason"], "DeadlineExceeded");
+    assert_eq!(e[0]["type"], "Normal");
+    assert!(c.deadline_stopping().is_empty());
+    // Terminal now: nothing more is done.
+    assert_eq!(c.reconcile("u1", Lane::Any).await.unwrap(), Action::Done);
+    assert_eq!(patches(&log).len(), 1);
+}
+
+/// A deadline still ahead requeues the Pod for when it passes; a huge one
+/// (tenant input) is clamped instead of overflowing the queue's clock.
+#[tokio::test]
+async fn a_running_pod_is_looked_at_again_at_its_deadline() {
+    let provider = Arc::new(Scripted::default());
+    *provider.instance.lock().unwrap() = Some(running_instance());
+    let (c, _log) = controller(Arc::clone(&provider));
+    for (deadline, want_max) in [
+        (30_i64, Duration::from_secs(30)),
+        (i64::MAX, super::DEADLINE_RECHECK_MAX),
+    ] {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                "annotations": {"vkd.io/instance-id": "i-1"}},
+            "spec": {"nodeName": "vk", "activeDeadlineSeconds": deadline,
+                "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": "Running", "startTime": super::status::time(SystemTime::now())}
+        }))
+        .unwrap();
+        c.upsert(&pod);
+        match c.reconcile("u1", Lane::Any).await.unwrap() {
+            Action::After(d) => assert!(
+                d <= want_max && d + Duration::from_secs(5) >= want_max,
+                "{deadline}: {d:?}"
+            ),
+            other => panic!("{deadline}: {other:?}"),
+        }
+    }
+    assert!(provider.deletes.lock().unwrap().is_empty());
+}
+
+/// A container that cannot be configured waits with CreateContainerConfigError
+/// and the kubelet's Warning `Failed` Event, sent once, not on every retry.
+#[tokio::test]
+async fn a_config_error_has_the_kubelets_event_once() {
+    let provider = Arc::new(Scripted::default());
+    let (c, log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x",
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "nosuch", "key": "k"}}}]}]}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    let a = c.reconcile("u1", Lane::Any).await.unwrap();
+    assert_eq!(a, Action::After(super::CONFIG_RECHECK));
+    let p = patches(&log);
+    let waiting = &p[0]["status"]["containerStatuses"][0]["state"]["waiting"];
+    assert_eq!(waiting["reason"], "CreateContainerConfigError");
+    assert_eq!(waiting["message"], "secret \"nosuch\" not found");
+    let e = wait_events(&log, 1).await;
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0]["type"], "Warning");
+    assert_eq!(e[0]["reason"], "Failed");
+    assert_eq!(e[0]["note"], "Error: secret \"nosuch\" not found");
+    // The retry finds the same: no second write, no second Event.
+    c.reconcile("u1", Lane::Any).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(patches(&log).len(), 1);
+    assert_eq!(events(&log).len(), 1);
+}
