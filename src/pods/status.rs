@@ -12,9 +12,9 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use vkd_provider::{ContainerState, Instance, InstancePhase};
+use vkd_provider::{ContainerState, ContainerStatus, Instance, InstancePhase, Terminated};
 
-use super::record::PodRecord;
+use super::record::{ContainerInfo, PodRecord};
 
 /// The annotation that names the backend instance of a Pod.
 pub const INSTANCE_ID: &str = "vkd.io/instance-id";
@@ -48,8 +48,40 @@ pub struct ContainerView {
     pub state: StateView,
     pub last_exit_code: Option<i32>,
     pub ready: bool,
+    /// The kubelet's `started`: running, past postStart and the startupProbe.
+    pub started: bool,
     pub restart_count: u32,
     pub container_id: Option<String>,
+}
+
+impl ContainerView {
+    /// A container that has not run yet, waiting for `reason`.
+    fn waiting(name: &str, reason: &str, message: Option<String>) -> Self {
+        Self {
+            name: name.to_owned(),
+            state: StateView::Waiting {
+                reason: reason.to_owned(),
+                message,
+            },
+            last_exit_code: None,
+            ready: false,
+            started: false,
+            restart_count: 0,
+            container_id: None,
+        }
+    }
+
+    fn of(s: &ContainerStatus) -> Self {
+        Self {
+            name: s.name.clone(),
+            state: state_view(&s.state),
+            last_exit_code: s.last_termination.as_ref().map(|t| t.exit_code),
+            ready: s.ready,
+            started: s.has_started(),
+            restart_count: s.restart_count,
+            container_id: s.container_id.clone(),
+        }
+    }
 }
 
 /// The parts of a Pod's status that vkd decides, without times.
@@ -61,6 +93,9 @@ pub struct StatusView {
     /// Status of each of [`CONDITIONS`]; `None` when absent.
     pub conditions: [Option<bool>; 4],
     pub containers: Vec<ContainerView>,
+    pub init_containers: Vec<ContainerView>,
+    /// `ephemeralContainerStatuses` (see [`super::ephemeral`]).
+    pub ephemeral: Vec<ContainerView>,
     pub pod_ip: Option<String>,
     pub instance_id: Option<String>,
 }
@@ -83,8 +118,30 @@ pub fn view_of_pod(pod: &Pod) -> StatusView {
             .and_then(|cs| cs.iter().find(|c| c.type_ == t))
             .map(|c| c.status == "True")
     });
-    let containers = status
-        .container_statuses
+    let containers = api_views(status.container_statuses);
+    let init_containers = api_views(status.init_container_statuses);
+    let ephemeral = api_views(status.ephemeral_container_statuses);
+    StatusView {
+        phase: status.phase.unwrap_or_default(),
+        reason: status.reason,
+        message: status.message,
+        conditions,
+        containers,
+        init_containers,
+        ephemeral,
+        pod_ip: status.pod_ip,
+        instance_id: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INSTANCE_ID).cloned()),
+    }
+}
+
+fn api_views(
+    statuses: Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>,
+) -> Vec<ContainerView> {
+    statuses
         .unwrap_or_default()
         .into_iter()
         .map(|c| {
@@ -107,24 +164,12 @@ pub fn view_of_pod(pod: &Pod) -> StatusView {
                 state,
                 last_exit_code: c.last_state.and_then(|s| s.terminated).map(|t| t.exit_code),
                 ready: c.ready,
+                started: c.started.unwrap_or(false),
                 restart_count: u32::try_from(c.restart_count).unwrap_or(0),
                 container_id: c.container_id,
             }
         })
-        .collect();
-    StatusView {
-        phase: status.phase.unwrap_or_default(),
-        reason: status.reason,
-        message: status.message,
-        conditions,
-        containers,
-        pod_ip: status.pod_ip,
-        instance_id: pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(INSTANCE_ID).cloned()),
-    }
+        .collect()
 }
 
 /// Where a Pod stands before it has an instance.
@@ -153,74 +198,112 @@ fn state_view(s: &ContainerState) -> StateView {
 }
 
 /// The view vkd wants, from the backend's instance (or where the Pod waits).
+///
+/// Init containers are reported as the kubelet reports them: a regular one is
+/// ready once it exited 0, a sidecar as a container is; the containers wait
+/// (`PodInitializing`) until the init containers are done, and `Initialized`
+/// holds once each regular init container completed and each sidecar started
+/// (or once a container has run, or the Pod succeeded).
 pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Waiting) -> StatusView {
+    let has_init = !rec.init_containers.is_empty();
     let Some(inst) = instance else {
         let (reason, message) = match waiting {
-            Waiting::Creating => ("ContainerCreating".to_owned(), None),
-            Waiting::Queued(why) => ("BackendQueued".to_owned(), Some(why.clone())),
-            Waiting::ConfigError(why) => {
-                ("CreateContainerConfigError".to_owned(), Some(why.clone()))
-            }
+            Waiting::Creating => ("ContainerCreating", None),
+            Waiting::Queued(why) => ("BackendQueued", Some(why.clone())),
+            Waiting::ConfigError(why) => ("CreateContainerConfigError", Some(why.clone())),
         };
+        // With init containers the first one says why (`kubectl get` prints
+        // Init:<reason>), and the rest wait for it.
+        let init_containers = rec
+            .init_containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match waiting {
+                Waiting::Queued(_) | Waiting::ConfigError(_) if i == 0 => {
+                    ContainerView::waiting(&c.name, reason, message.clone())
+                }
+                _ => ContainerView::waiting(&c.name, "PodInitializing", None),
+            })
+            .collect();
+        let containers = rec
+            .containers
+            .iter()
+            .map(|c| {
+                if has_init {
+                    ContainerView::waiting(&c.name, "PodInitializing", None)
+                } else {
+                    ContainerView::waiting(&c.name, reason, message.clone())
+                }
+            })
+            .collect();
         return StatusView {
             phase: "Pending".into(),
-            conditions: [Some(false), Some(true), Some(false), Some(false)],
-            containers: rec
-                .containers
-                .iter()
-                .map(|c| ContainerView {
-                    name: c.name.to_string(),
-                    state: StateView::Waiting {
-                        reason: reason.clone(),
-                        message: message.clone(),
-                    },
-                    last_exit_code: None,
-                    ready: false,
-                    restart_count: 0,
-                    container_id: None,
-                })
-                .collect(),
+            conditions: [Some(false), Some(!has_init), Some(false), Some(false)],
+            containers,
+            init_containers,
+            ephemeral: super::ephemeral::views(rec, None),
             ..Default::default()
         };
     };
-    let containers: Vec<ContainerView> = rec
-        .containers
+    let init_containers: Vec<ContainerView> = rec
+        .init_containers
         .iter()
         .map(
-            |c| match inst.containers.iter().find(|s| *s.name == *c.name) {
-                Some(s) => ContainerView {
-                    name: s.name.clone(),
-                    state: state_view(&s.state),
-                    last_exit_code: s.last_termination.as_ref().map(|t| t.exit_code),
-                    ready: s.ready,
-                    restart_count: s.restart_count,
-                    container_id: s.container_id.clone(),
-                },
-                None => ContainerView {
-                    name: c.name.to_string(),
-                    state: StateView::Waiting {
-                        reason: "ContainerCreating".into(),
-                        message: None,
-                    },
-                    last_exit_code: None,
-                    ready: false,
-                    restart_count: 0,
-                    container_id: None,
-                },
+            |c| match inst.init_containers.iter().find(|s| *s.name == *c.name) {
+                Some(s) => {
+                    let mut v = ContainerView::of(s);
+                    if !c.sidecar {
+                        v.ready =
+                            matches!(&s.state, ContainerState::Terminated(t) if t.exit_code == 0);
+                    }
+                    v
+                }
+                None => ContainerView::waiting(&c.name, "PodInitializing", None),
             },
         )
         .collect();
-    let all_ready = !containers.is_empty() && containers.iter().all(|c| c.ready);
     let phase = match inst.phase {
         InstancePhase::Pending => "Pending",
         InstancePhase::Running => "Running",
         InstancePhase::Succeeded => "Succeeded",
         InstancePhase::Failed => "Failed",
     };
-    let sandbox_ready = !matches!(inst.phase, InstancePhase::Pending)
+    let mut containers: Vec<ContainerView> = rec
+        .containers
+        .iter()
+        .map(
+            |c| match inst.containers.iter().find(|s| *s.name == *c.name) {
+                Some(s) => ContainerView::of(s),
+                None if has_init => ContainerView::waiting(&c.name, "PodInitializing", None),
+                None => ContainerView::waiting(&c.name, "ContainerCreating", None),
+            },
+        )
+        .collect();
+    let initialized = phase == "Succeeded"
         || containers
             .iter()
-            .any(|c| !matches!(&c.state, StateView::Waiting { reason, .. } if reason == "ContainerCreating"));
+            .any(|c| !matches!(c.state, StateView::Waiting { .. }))
+        || incomplete_init(rec, &init_containers).is_empty();
+    if !initialized {
+        for c in &mut containers {
+            if matches!(&c.state, StateView::Waiting { reason, .. } if reason == "ContainerCreating")
+            {
+                c.state = StateView::Waiting {
+                    reason: "PodInitializing".into(),
+                    message: None,
+                };
+            }
+        }
+    }
+    let all_ready = !containers.is_empty()
+        && containers.iter().all(|c| c.ready)
+        && sidecars(rec, &init_containers).all(|c| c.ready);
+    let unstarted = |c: &ContainerView| {
+        matches!(&c.state, StateView::Waiting { reason, .. }
+            if reason == "ContainerCreating" || reason == "PodInitializing")
+    };
+    let sandbox_ready = !matches!(inst.phase, InstancePhase::Pending)
+        || !containers.iter().chain(&init_containers).all(unstarted);
     let terminal = matches!(inst.phase, InstancePhase::Succeeded | InstancePhase::Failed);
     StatusView {
         phase: phase.into(),
@@ -228,14 +311,128 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
         message: inst.message.clone(),
         conditions: [
             Some(sandbox_ready && !terminal),
-            Some(true),
+            Some(initialized),
             Some(all_ready),
             Some(all_ready),
         ],
         containers,
+        init_containers,
+        ephemeral: super::ephemeral::views(rec, Some(inst)),
         pod_ip: inst.ip.clone(),
-        instance_id: Some(inst.id.clone()),
+        instance_id: (!inst.id.is_empty()).then(|| inst.id.clone()),
     }
+}
+
+/// The views of the sidecars among `init` (the views of `rec`'s init containers).
+fn sidecars<'a>(
+    rec: &'a PodRecord,
+    init: &'a [ContainerView],
+) -> impl Iterator<Item = &'a ContainerView> + 'a {
+    rec.init_containers
+        .iter()
+        .zip(init)
+        .filter(|(c, _)| c.sidecar)
+        .map(|(_, v)| v)
+}
+
+/// The init containers that keep the Pod from being initialized: a regular
+/// one that has not completed, a sidecar that has not started.
+fn incomplete_init<'a>(rec: &PodRecord, init: &'a [ContainerView]) -> Vec<&'a str> {
+    rec.init_containers
+        .iter()
+        .zip(init)
+        .filter(|(c, v)| if c.sidecar { !v.started } else { !v.ready })
+        .map(|(_, v)| v.name.as_str())
+        .collect()
+}
+
+/// The instance as it stands once it is stopped for good (the Pod is being
+/// deleted), for the Pod's final status, as the kubelet's status manager
+/// terminates a Pod: a container that did not end is written as one the kubelet
+/// could not find (`ContainerStatusUnknown`, exit code 137); the phase is
+/// Succeeded when every container exited 0, else Failed, whatever the
+/// restartPolicy. `seen` is the instance as last seen (`None`: never seen).
+pub fn terminal_instance(rec: &PodRecord, seen: Option<Instance>, now: SystemTime) -> Instance {
+    let mut inst = seen.unwrap_or_else(|| Instance {
+        id: rec.instance_id.as_deref().unwrap_or_default().to_owned(),
+        owner: rec.pod_ref(),
+        node: String::new(),
+        epoch: 0,
+        phase: InstancePhase::Failed,
+        containers: Vec::new(),
+        ip: None,
+        host: None,
+        created_at: now,
+        started_at: None,
+        message: None,
+        init_containers: Vec::new(),
+        ephemeral_containers: Vec::new(),
+    });
+    let unknown = |started_at: Option<SystemTime>| {
+        ContainerState::Terminated(Terminated {
+            exit_code: 137,
+            reason: "ContainerStatusUnknown".into(),
+            message: Some("The container could not be located when the pod was terminated".into()),
+            started_at,
+            finished_at: now,
+        })
+    };
+    let blank = |c: &ContainerInfo| ContainerStatus {
+        name: c.name.to_string(),
+        state: unknown(None),
+        last_termination: None,
+        ready: false,
+        restart_count: 0,
+        container_id: None,
+        started: Some(false),
+    };
+    let completed = |s: &ContainerStatus| {
+        matches!(&s.state, ContainerState::Terminated(t) if t.exit_code == 0)
+            || s.last_termination
+                .as_ref()
+                .is_some_and(|t| t.exit_code == 0)
+    };
+    // Once the Pod has initialized, a container with no end is a failed one.
+    let initialized = rec.init_containers.is_empty()
+        || inst.containers.iter().any(|c| {
+            !matches!(c.state, ContainerState::Waiting { .. }) || c.last_termination.is_some()
+        })
+        || inst.init_containers.last().is_some_and(completed);
+    if initialized {
+        for c in rec.containers.iter() {
+            if !inst.containers.iter().any(|s| *s.name == *c.name) {
+                inst.containers.push(blank(c));
+            }
+        }
+    }
+    // A container waiting to run again has no end either; an init container
+    // only once it ever ran (the ones after it never started).
+    let containers = inst.containers.iter_mut().map(|c| (c, initialized));
+    let init = inst.init_containers.iter_mut().map(|c| {
+        let ran = c.container_id.is_some() || c.last_termination.is_some();
+        (c, ran)
+    });
+    for (c, ended_if_waiting) in containers.chain(init) {
+        c.ready = false;
+        c.started = Some(false);
+        match &c.state {
+            ContainerState::Running { started_at } => c.state = unknown(Some(*started_at)),
+            ContainerState::Waiting { .. } if ended_if_waiting => c.state = unknown(None),
+            _ => {}
+        }
+    }
+    let succeeded = rec.containers.iter().all(|c| {
+        inst.containers
+            .iter()
+            .find(|s| *s.name == *c.name)
+            .is_some_and(|s| matches!(&s.state, ContainerState::Terminated(t) if t.exit_code == 0))
+    });
+    inst.phase = if succeeded {
+        InstancePhase::Succeeded
+    } else {
+        InstancePhase::Failed
+    };
+    inst
 }
 
 /// The view of a Pod the backend refused for good.
@@ -290,24 +487,9 @@ pub fn patch_body(
                 "lastTransitionTime": time(since),
                 "lastProbeTime": null,
             });
-            if !s && (*t == "Ready" || *t == "ContainersReady") {
-                let not_ready: Vec<&str> = view
-                    .containers
-                    .iter()
-                    .filter(|c| !c.ready)
-                    .map(|c| c.name.as_str())
-                    .collect();
-                if !not_ready.is_empty() {
-                    c["reason"] = json!("ContainersNotReady");
-                    c["message"] = json!(format!(
-                        "containers with unready status: [{}]",
-                        not_ready.join(" ")
-                    ));
-                }
-            } else {
-                c["reason"] = Value::Null;
-                c["message"] = Value::Null;
-            }
+            let (reason, message) = condition_reason(rec, view, t, s);
+            c["reason"] = json!(reason);
+            c["message"] = json!(message);
             c
         })
         .collect();
@@ -318,9 +500,28 @@ pub fn patch_body(
         let statuses: Vec<Value> = view
             .containers
             .iter()
-            .map(|c| container_json(rec, c, instance))
+            .map(|c| {
+                let backend = instance.and_then(|i| i.containers.iter().find(|s| s.name == c.name));
+                container_json(&rec.containers, c, backend)
+            })
             .collect();
         status.insert("containerStatuses".into(), Value::Array(statuses));
+    }
+    if !view.init_containers.is_empty() {
+        let statuses: Vec<Value> = view
+            .init_containers
+            .iter()
+            .map(|c| {
+                let backend =
+                    instance.and_then(|i| i.init_containers.iter().find(|s| s.name == c.name));
+                container_json(&rec.init_containers, c, backend)
+            })
+            .collect();
+        status.insert("initContainerStatuses".into(), Value::Array(statuses));
+    }
+    if !view.ephemeral.is_empty() {
+        let statuses = super::ephemeral::statuses_json(rec, view, instance);
+        status.insert("ephemeralContainerStatuses".into(), statuses);
     }
     let mut annotations = serde_json::Map::new();
     if let Some(id) = &view.instance_id {
@@ -333,10 +534,60 @@ pub fn patch_body(
     })
 }
 
-fn container_json(rec: &PodRecord, c: &ContainerView, instance: Option<&Instance>) -> Value {
-    let backend = instance.and_then(|i| i.containers.iter().find(|s| s.name == c.name));
-    let image = rec
-        .containers
+/// The reason and message of condition `t` with status `s`, as the kubelet
+/// writes them (both `None` where it writes none).
+fn condition_reason(
+    rec: &PodRecord,
+    view: &StatusView,
+    t: &str,
+    s: bool,
+) -> (Option<&'static str>, Option<String>) {
+    let terminal = match view.phase.as_str() {
+        "Succeeded" => Some("PodCompleted"),
+        "Failed" => Some("PodFailed"),
+        _ => None,
+    };
+    match (t, s) {
+        ("Initialized", true) if view.phase == "Succeeded" => (Some("PodCompleted"), None),
+        ("Initialized", false) => {
+            let incomplete = incomplete_init(rec, &view.init_containers);
+            (
+                Some("ContainersNotInitialized"),
+                Some(format!(
+                    "containers with incomplete status: [{}]",
+                    incomplete.join(" ")
+                )),
+            )
+        }
+        ("Ready" | "ContainersReady", false) if terminal.is_some() => (terminal, None),
+        ("Ready" | "ContainersReady", false) => {
+            let not_ready: Vec<&str> = sidecars(rec, &view.init_containers)
+                .chain(&view.containers)
+                .filter(|c| !c.ready)
+                .map(|c| c.name.as_str())
+                .collect();
+            if not_ready.is_empty() {
+                (None, None)
+            } else {
+                (
+                    Some("ContainersNotReady"),
+                    Some(format!(
+                        "containers with unready status: [{}]",
+                        not_ready.join(" ")
+                    )),
+                )
+            }
+        }
+        _ => (None, None),
+    }
+}
+
+pub(super) fn container_json(
+    specs: &[ContainerInfo],
+    c: &ContainerView,
+    backend: Option<&ContainerStatus>,
+) -> Value {
+    let image = specs
         .iter()
         .find(|s| *s.name == *c.name)
         .map(|s| s.image.to_string())
@@ -360,7 +611,12 @@ fn container_json(rec: &PodRecord, c: &ContainerView, instance: Option<&Instance
             StateView::Waiting { reason, message } => {
                 json!({"running": null, "terminated": null, "waiting": {"reason": reason, "message": message}})
             }
-            _ => {
+            StateView::Terminated { exit_code, reason } => {
+                json!({"waiting": null, "running": null, "terminated": {
+                    "exitCode": exit_code, "reason": reason, "containerID": c.container_id,
+                }})
+            }
+            StateView::Running => {
                 json!({"running": null, "terminated": null, "waiting": {"reason": "ContainerCreating"}})
             }
         },
@@ -377,7 +633,7 @@ fn container_json(rec: &PodRecord, c: &ContainerView, instance: Option<&Instance
         "imageID": "",
         "containerID": c.container_id,
         "ready": c.ready,
-        "started": matches!(c.state, StateView::Running),
+        "started": c.started,
         "restartCount": c.restart_count,
         "state": state,
         "lastState": last,

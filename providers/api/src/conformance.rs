@@ -304,7 +304,13 @@ impl<'a> Kit<'a> {
             tty: false,
             resize: None,
         };
-        let checks: [(&str, Support, Result<(), ProviderError>); 5] = [
+        let debug = ContainerSpec {
+            name: "debugger".into(),
+            image: "busybox".into(),
+            command: vec!["true".into()],
+            ..Default::default()
+        };
+        let checks: [(&str, Support, Result<(), ProviderError>); 6] = [
             (
                 "logs",
                 caps.logs,
@@ -337,6 +343,13 @@ impl<'a> Kit<'a> {
                 "stats",
                 caps.stats,
                 self.provider.stats("conf-none").await.map(drop),
+            ),
+            (
+                "ephemeral containers",
+                caps.ephemeral_containers,
+                self.provider
+                    .start_ephemeral(&self.fence(Self::EPOCH + 1), "conf-none", &debug)
+                    .await,
             ),
         ];
         for (name, support, result) in checks {

@@ -117,6 +117,52 @@ pub struct ContainerSpec {
     pub post_start: Option<Box<Handler>>,
     #[serde(default)]
     pub pre_stop: Option<Box<Handler>>,
+    /// An init container with `restartPolicy: Always`: a sidecar. It starts in
+    /// its place among the init containers, the next one starts once it has
+    /// started (postStart done, startupProbe passed), it keeps running (restarted
+    /// whenever it exits, whatever the Pod's restartPolicy), counts toward
+    /// readiness, and is stopped after the containers, in reverse order.
+    /// Meaningless on a container that is not an init container.
+    #[serde(default)]
+    pub restart_always: bool,
+    /// terminationMessagePath: where the container writes its termination
+    /// message, read (at most [`MAX_TERMINATION_MESSAGE`] bytes, the end of the
+    /// file) when it exits. `None`: the API's default,
+    /// [`DEFAULT_TERMINATION_MESSAGE_PATH`].
+    #[serde(default)]
+    pub termination_message_path: Option<String>,
+    #[serde(default)]
+    pub termination_message_policy: TerminationMessagePolicy,
+}
+
+/// terminationMessagePath when the Pod does not say (the API server's default).
+pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
+impl ContainerSpec {
+    /// Where the container writes its termination message (the Pod's path or the default).
+    pub fn termination_message_path(&self) -> &str {
+        self.termination_message_path
+            .as_deref()
+            .unwrap_or(DEFAULT_TERMINATION_MESSAGE_PATH)
+    }
+}
+
+/// The most of a termination message file that is read, from its end (as the kubelet).
+pub const MAX_TERMINATION_MESSAGE: usize = 4096;
+/// With `FallbackToLogsOnError`, how many of the log's last lines become the message,
+pub const TERMINATION_MESSAGE_LOG_LINES: usize = 80;
+/// and at most how many of their last bytes (both as the kubelet).
+pub const TERMINATION_MESSAGE_LOG_BYTES: usize = 2048;
+
+/// terminationMessagePolicy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TerminationMessagePolicy {
+    /// The message is what the container wrote to its termination message file.
+    #[default]
+    File,
+    /// As `File`, but a container that failed (non-zero exit) and wrote no
+    /// message gets the tail of its log instead.
+    FallbackToLogsOnError,
 }
 
 /// A container's resource limits (absent: unlimited).
@@ -287,6 +333,15 @@ pub struct Instance {
     pub started_at: Option<SystemTime>,
     /// A human-readable message for the whole instance (why it failed, for example).
     pub message: Option<String>,
+    /// The init containers, in the spec's order (empty for a backend, or a
+    /// record, from before they were reported).
+    #[serde(default)]
+    pub init_containers: Vec<ContainerStatus>,
+    /// The ephemeral containers ([`Provider::start_ephemeral`]) the backend
+    /// knows of, in the order they were started. Empty for a backend without
+    /// them, or a record from before they were reported.
+    #[serde(default)]
+    pub ephemeral_containers: Vec<ContainerStatus>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -309,6 +364,17 @@ pub struct ContainerStatus {
     pub restart_count: u32,
     /// `<backend>://<id>`, as the kubelet writes containerID.
     pub container_id: Option<String>,
+    /// Running and past its postStart hook and startupProbe (the kubelet's
+    /// `started`). `None`: the backend does not say; running counts as started.
+    #[serde(default)]
+    pub started: Option<bool>,
+}
+
+impl ContainerStatus {
+    /// Whether the container has started, as the kubelet reports `started`.
+    pub fn has_started(&self) -> bool {
+        matches!(self.state, ContainerState::Running { .. }) && self.started.unwrap_or(true)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -415,6 +481,9 @@ pub struct Capabilities {
     pub volumes: Support,
     /// Enforces container resource limits.
     pub limits: Support,
+    /// Starts ephemeral containers (`kubectl debug`) in a running instance.
+    #[serde(default)]
+    pub ephemeral_containers: Support,
 }
 
 impl Capabilities {
@@ -428,6 +497,7 @@ impl Capabilities {
             ("stats", self.stats),
             ("volumes", self.volumes),
             ("limits", self.limits),
+            ("ephemeral-containers", self.ephemeral_containers),
         ]
         .into_iter()
         .filter(|(_, s)| *s == Support::Supported)
@@ -673,6 +743,24 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// Carries one port-forward connection to `port` of the Pod. Optional.
     async fn port_forward(&self, _uid: &str, _port: u16, _stream: Box<dyn Duplex>) -> Result<()> {
         Err(self.unsupported("port-forward"))
+    }
+
+    /// Starts an ephemeral container (`kubectl debug`, the Pod's
+    /// `spec.ephemeralContainers`) in the running instance of `uid`, where
+    /// the Pod's other containers run. It is started once and never
+    /// restarted: it runs until it exits or the instance ends, and its state
+    /// is reported in [`Instance::ephemeral_containers`] under its name.
+    /// Idempotent on the name: a container the instance already has is not
+    /// started again (`Ok`). `container` is resolved like any other (env,
+    /// mounts of the Pod's volumes); it has no probes, hooks, ports or
+    /// resources. Optional (capability `ephemeral_containers`).
+    async fn start_ephemeral(
+        &self,
+        _fence: &Fence,
+        _uid: &str,
+        _container: &ContainerSpec,
+    ) -> Result<()> {
+        Err(self.unsupported("ephemeral containers"))
     }
 
     /// Resource usage of a Pod's containers. Optional.

@@ -14,6 +14,7 @@
 
 pub mod cgroup;
 pub mod config;
+mod ephemeral;
 pub mod launch;
 mod listing;
 pub mod logs;
@@ -35,10 +36,9 @@ use rustix::process::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 use vkd_provider::{
-    Admission, Capabilities, Capacity, CapacityKind, ContainerState, ContainerStats,
-    ContainerStatus, Duplex, Fence, Health, HostSlice, Instance, InstanceEvent, InstancePhase,
-    InstanceSpec, LogRequest, Logs, Placement, PodStats, Provider, ProviderError, Result, StreamIo,
-    Support,
+    Admission, Capabilities, Capacity, CapacityKind, ContainerState, ContainerStats, Duplex, Fence,
+    Health, HostSlice, Instance, InstanceEvent, InstancePhase, InstanceSpec, LogRequest, Logs,
+    Placement, PodStats, Provider, ProviderError, Result, StreamIo, Support,
 };
 
 pub use config::ProcessConfig;
@@ -379,25 +379,18 @@ impl ProcessProvider {
     }
 
     fn instance_of(&self, sb: &Sandbox, rec: InstanceRecord, st: Option<StatusFile>) -> Instance {
-        let (phase, containers, started_at, message) = match st {
-            Some(s) => {
-                let mut containers: Vec<ContainerStatus> =
-                    s.containers.into_iter().map(|c| c.status).collect();
-                if s.phase == InstancePhase::Pending
-                    && let Some(init) = s.init.iter().find(|c| !matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code == 0))
-                {
-                    for c in &mut containers {
-                        if matches!(c.state, ContainerState::Waiting { .. }) {
-                            c.state = ContainerState::Waiting {
-                                reason: "PodInitializing".into(),
-                                message: Some(format!("waiting for init container {}", init.status.name)),
-                            };
-                        }
-                    }
-                }
-                (s.phase, containers, s.started_at, s.message)
-            }
-            None => (InstancePhase::Pending, Vec::new(), None, None),
+        let ephemeral_containers = ephemeral::statuses(sb, st.as_ref());
+        // The shim writes the kubelet's waiting reasons itself: PodInitializing
+        // for a container while the init containers run.
+        let (phase, containers, init_containers, started_at, message) = match st {
+            Some(s) => (
+                s.phase,
+                s.containers.into_iter().map(|c| c.status).collect(),
+                s.init.into_iter().map(|c| c.status).collect(),
+                s.started_at,
+                s.message,
+            ),
+            None => (InstancePhase::Pending, Vec::new(), Vec::new(), None, None),
         };
         let _ = sb;
         Instance {
@@ -412,6 +405,8 @@ impl ProcessProvider {
             created_at: rec.created_at,
             started_at,
             message,
+            init_containers,
+            ephemeral_containers,
         }
     }
 
@@ -456,7 +451,12 @@ impl ProcessProvider {
     /// identity) and the Pod's cgroup.
     fn kill_leftovers(&self, sb: &Sandbox) {
         if let Ok(Some(st)) = sb.read_status() {
-            for c in st.init.iter().chain(&st.containers) {
+            for c in st
+                .init
+                .iter()
+                .chain(&st.containers)
+                .chain(st.ephemeral.iter().flatten())
+            {
                 if let Some(p) = c.process {
                     p.signal_group(Signal::KILL);
                 }
@@ -499,6 +499,7 @@ impl ProcessProvider {
             .rev()
             .find(|l| l.name == container)
             .cloned()
+            .or_else(|| ephemeral::launch(&sb, container))
             .ok_or_else(|| {
                 ProviderError::invalid(
                     "NotFound",
@@ -507,7 +508,12 @@ impl ProcessProvider {
             })?;
         let run = st
             .iter()
-            .flat_map(|s| s.containers.iter().chain(&s.init))
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(&s.init)
+                    .chain(s.ephemeral.iter().flatten())
+            })
             .find(|c| {
                 c.status.name == container
                     && matches!(c.status.state, ContainerState::Running { .. })
@@ -727,7 +733,10 @@ impl ProcessProvider {
         let now = SystemTime::now();
         let page = procfs::page_size();
         let mut containers = Vec::new();
-        for c in st.iter().flat_map(|s| &s.containers) {
+        for c in st
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.ephemeral.iter().flatten()))
+        {
             let Some(p) = c.process.filter(|p| p.alive()) else {
                 continue;
             };
@@ -805,10 +814,16 @@ fn spawn_reaped(cmd: std::process::Command) -> std::io::Result<u32> {
 }
 
 /// Polls the sandboxes and announces changes; stops when the provider is dropped.
+/// How long a deleted instance whose shim has ended stays readable before the
+/// watcher removes it (when no delete call removes it first).
+const STOPPED_KEPT: Duration = Duration::from_secs(2);
+
 fn watch(inner: std::sync::Weak<Inner>) {
     let mut seen: HashMap<String, (Option<SystemTime>, bool)> = HashMap::new();
     // Sandboxes whose dead shim's leftovers were killed already.
     let mut ended: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // Stopped sandboxes (deletion asked, shim gone), since when.
+    let mut stopped: HashMap<String, std::time::Instant> = HashMap::new();
     loop {
         std::thread::sleep(Duration::from_millis(250));
         let Some(inner) = inner.upgrade() else {
@@ -831,11 +846,19 @@ fn watch(inner: std::sync::Weak<Inner>) {
                     inner: Arc::clone(&inner),
                 };
                 if !alive && sb.stop_requested().is_some() {
-                    // Finishes a delete: the stop file is written only under a valid fence.
-                    if let Err(e) = provider.remove(&sb) {
-                        eprintln!("process provider: removing sandbox {uid}: {e}");
+                    // Finishes a delete (the stop file is written only under a
+                    // valid fence), after a moment: until then `get` still shows
+                    // how each container ended, for the Pod's final status; the
+                    // daemon's next delete call removes it at once.
+                    let since = *stopped
+                        .entry(uid.clone())
+                        .or_insert_with(std::time::Instant::now);
+                    if since.elapsed() >= STOPPED_KEPT {
+                        if let Err(e) = provider.remove(&sb) {
+                            eprintln!("process provider: removing sandbox {uid}: {e}");
+                        }
+                        continue;
                     }
-                    continue;
                 }
                 // status.json is read only for a dead shim, not every tick for every Pod.
                 let dead_unfinished = shim.is_some()
@@ -865,6 +888,7 @@ fn watch(inner: std::sync::Weak<Inner>) {
             }
         }
         ended.retain(|uid| now_seen.contains_key(uid));
+        stopped.retain(|uid, _| now_seen.contains_key(uid));
         seen = now_seen;
     }
 }
@@ -884,6 +908,7 @@ impl Provider for ProcessProvider {
             stats: Support::Supported,
             volumes: Support::Supported,
             limits: Support::Supported,
+            ephemeral_containers: Support::Supported,
         }
     }
 
@@ -1015,6 +1040,7 @@ impl Provider for ProcessProvider {
             s.containers
                 .iter()
                 .chain(&s.init)
+                .chain(s.ephemeral.iter().flatten())
                 .any(|c| c.status.name == container)
         });
         if !known {
@@ -1071,10 +1097,18 @@ impl Provider for ProcessProvider {
                         }
                         if buf.is_empty() {
                             let running = sb.read_status().ok().flatten().is_some_and(|s| {
-                                s.containers.iter().chain(&s.init).any(|c| {
-                                    c.status.name == name
-                                        && !matches!(c.status.state, ContainerState::Terminated(_))
-                                }) && !s.done
+                                s.containers
+                                    .iter()
+                                    .chain(&s.init)
+                                    .chain(s.ephemeral.iter().flatten())
+                                    .any(|c| {
+                                        c.status.name == name
+                                            && !matches!(
+                                                c.status.state,
+                                                ContainerState::Terminated(_)
+                                            )
+                                    })
+                                    && !s.done
                             });
                             if !running {
                                 // One last read after the container stopped, then the stream ends.
@@ -1172,6 +1206,17 @@ impl Provider for ProcessProvider {
         let uid = uid.to_owned();
         self.blocking(move |p| p.stats_blocking(&uid)).await
     }
+
+    async fn start_ephemeral(
+        &self,
+        fence: &Fence,
+        uid: &str,
+        container: &vkd_provider::ContainerSpec,
+    ) -> Result<()> {
+        let (fence, uid, container) = (fence.clone(), uid.to_owned(), container.clone());
+        self.blocking(move |p| p.start_ephemeral_blocking(&fence, &uid, &container))
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -1265,6 +1310,7 @@ mod tests {
             started_at: None,
             message: None,
             done: false,
+            ephemeral: None,
         };
         sandbox::write_json(&sb.status(), &status, 0o644).unwrap();
         // A shim identity that is no longer alive, and a stop that was asked for.

@@ -70,6 +70,7 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
                 st.init
                     .iter()
                     .chain(&st.containers)
+                    .chain(st.ephemeral.iter().flatten())
                     .filter_map(|c| {
                         let p = c.process.filter(|p| p.alive())?;
                         Some((c.status.name.clone(), p.pid))

@@ -134,6 +134,50 @@ pub fn read_file(path: &Path, from: u64) -> std::io::Result<(Vec<LogLine>, u64)>
     Ok((out, offset))
 }
 
+/// The content of the last `lines` lines of the log in `dir`, at most its last
+/// `max_bytes` bytes: what the kubelet makes a failed container's termination
+/// message of. Reads only the end of the files, however large they are.
+pub fn tail(dir: &Path, lines: usize, max_bytes: usize) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    // A log line's prefix (time, stream, tag) is under 64 bytes.
+    let window = (lines * (MAX_LINE + 64)).min(4 << 20) as u64;
+    let mut out: Vec<LogLine> = Vec::new();
+    for path in [current(dir), rotated(dir)] {
+        let Ok(mut f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let len = f.metadata().map_or(0, |m| m.len());
+        let from = len.saturating_sub(window);
+        let mut buf = Vec::new();
+        if f.seek(std::io::SeekFrom::Start(from)).is_err()
+            || f.take(window).read_to_end(&mut buf).is_err()
+        {
+            continue;
+        }
+        // A window that starts mid-line drops that first piece.
+        let body = if from > 0 {
+            buf.iter()
+                .position(|b| *b == b'\n')
+                .map_or(&buf[..0], |i| &buf[i + 1..])
+        } else {
+            &buf[..]
+        };
+        let mut found: Vec<LogLine> = body
+            .split_inclusive(|b| *b == b'\n')
+            .filter(|l| l.ends_with(b"\n"))
+            .filter_map(parse_line)
+            .collect();
+        found.append(&mut out);
+        out = found;
+        if out.len() >= lines || from > 0 {
+            break;
+        }
+    }
+    let skip = out.len().saturating_sub(lines);
+    let text: Vec<u8> = out[skip..].iter().flat_map(|l| l.bytes.to_vec()).collect();
+    text[text.len().saturating_sub(max_bytes)..].to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +213,34 @@ mod tests {
             "a restart keeps the last run as previous.log"
         );
         assert!(!rotated(&dir).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tail_takes_the_last_lines_and_bytes() {
+        let dir = std::env::temp_dir().join(format!("vkd-logs-{}", uuid::Uuid::new_v4()));
+        assert!(tail(&dir, 80, 2048).is_empty(), "no log, no tail");
+        let mut w = LogWriter::start_run(&dir, 1 << 20, false).unwrap();
+        for i in 0..100 {
+            w.line("stdout", format!("line {i}").as_bytes(), true)
+                .unwrap();
+        }
+        w.line("stderr", b"DONE", false).unwrap();
+        let t = String::from_utf8(tail(&dir, 80, 2048)).unwrap();
+        assert!(
+            t.starts_with("line 21\n") && t.ends_with("line 99\nDONE"),
+            "{t}"
+        );
+        let t = tail(&dir, 80, 10);
+        assert_eq!(t, b"ne 99\nDONE");
+        // Past the size bound the lines before rotation still count.
+        let mut w = LogWriter::start_run(&dir, 4096, true).unwrap();
+        for i in 0..200 {
+            w.line("stdout", format!("n{i}").as_bytes(), true).unwrap();
+        }
+        assert!(rotated(&dir).exists());
+        let t = String::from_utf8(tail(&dir, 80, 4096)).unwrap();
+        assert!(t.starts_with("n120\n") && t.ends_with("n199\n"), "{t}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

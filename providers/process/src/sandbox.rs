@@ -12,6 +12,8 @@
 //!   root/           the Pod's filesystem view: mountPaths and workingDirs live here
 //!   volumes/<name>/ materialized volumes
 //!   logs/<container>/current.log, current.log.1, previous.log
+//!   ephemeral/<name>.json an ephemeral container to start (0600, in a 0700
+//!                   directory): its spec and launch   written by the provider
 //! ```
 
 use std::io::Write;
@@ -64,6 +66,10 @@ pub struct Launch {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// terminationMessagePath mapped into the Pod's root, relative to it (as
+    /// mountPaths and workingDirs are); `None` when it names the root itself.
+    #[serde(default)]
+    pub termination_log: Option<PathBuf>,
 }
 
 /// One container as the shim reports it.
@@ -86,6 +92,11 @@ pub struct StatusFile {
     pub message: Option<String>,
     /// The shim has finished: every process it started is gone.
     pub done: bool,
+    /// The ephemeral containers the shim started, in the order it took their
+    /// requests (`ephemeral/<name>.json`). `None`: a shim from before
+    /// ephemeral containers, which never starts them.
+    #[serde(default)]
+    pub ephemeral: Option<Vec<ContainerRun>>,
 }
 
 #[derive(Clone, Debug)]
@@ -164,6 +175,46 @@ impl Sandbox {
         let text = std::fs::read_to_string(self.stop()).ok()?;
         text.trim().parse().ok()
     }
+}
+
+/// Opens `rel` under the directory `root` without following any link on the
+/// way (nor at the end) and without leaving `root`: what a Pod controls (its
+/// root is its own) can never turn a read or write by root elsewhere. Uses
+/// openat2 where the kernel has it, else walks the path one directory at a time.
+pub fn open_beneath(
+    root: &Path,
+    rel: &Path,
+    flags: rustix::fs::OFlags,
+    mode: rustix::fs::Mode,
+) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{OFlags, ResolveFlags};
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let base = rustix::fs::open(root, dir_flags, rustix::fs::Mode::empty())?;
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(&base, rel, flags, mode, resolve) {
+        Ok(fd) => return Ok(fd.into()),
+        Err(rustix::io::Errno::NOSYS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut dir = base;
+    let parts: Vec<_> = rel.components().collect();
+    for (n, part) in parts.iter().enumerate() {
+        let std::path::Component::Normal(name) = part else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not a plain relative path", rel.display()),
+            ));
+        };
+        if n + 1 == parts.len() {
+            return Ok(rustix::fs::openat(&dir, *name, flags, mode)?.into());
+        }
+        dir = rustix::fs::openat(&dir, *name, dir_flags, rustix::fs::Mode::empty())?;
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        "an empty path",
+    ))
 }
 
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> std::io::Result<Option<T>> {

@@ -31,6 +31,8 @@ use crate::logs::LogWriter;
 use crate::procfs::ProcessId;
 use crate::sandbox::{ContainerRun, Launch, Sandbox, ShimSpec, StatusFile, write_json};
 
+mod ephemeral;
+
 const BACKOFF_START: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// A container that ran this long without failing starts its back-off afresh.
@@ -68,6 +70,12 @@ struct Shim {
     status: Mutex<StatusFile>,
     stop: watch::Receiver<bool>,
     stop_tx: watch::Sender<bool>,
+    /// The shim itself stops the sidecars (restartable init containers): the
+    /// containers have ended, or an init container failed for good.
+    sidecars_stop: watch::Receiver<bool>,
+    sidecars_stop_tx: watch::Sender<bool>,
+    /// Bumped on every status change, for whoever waits on one.
+    changed: watch::Sender<u64>,
     /// The Pod's cgroup, when there is a cgroup v2 hierarchy.
     pod_cgroup: Option<std::path::PathBuf>,
     /// PIDs the shim started itself and waits for; any other child is an orphan
@@ -100,6 +108,7 @@ pub(crate) fn run_of(name: &str, state: ContainerState) -> ContainerRun {
             ready: false,
             restart_count: 0,
             container_id: None,
+            started: Some(false),
         },
         process: None,
         cgroup: None,
@@ -162,9 +171,12 @@ impl Shim {
             started_at: None,
             message: None,
             done: false,
+            // This shim starts ephemeral containers (see `ephemeral`).
+            ephemeral: Some(Vec::new()),
         };
         write_json(&sandbox.status(), &status, 0o644)?;
         let (stop_tx, stop) = watch::channel(false);
+        let (sidecars_stop_tx, sidecars_stop) = watch::channel(false);
         // Orphans of the Pod come to the shim, not to init, so none outlives it.
         rustix::process::set_child_subreaper(rustix::process::Pid::from_raw(me.pid))
             .map_err(|e| std::io::Error::other(format!("becoming a child subreaper: {e}")))?;
@@ -181,6 +193,9 @@ impl Shim {
             status: Mutex::new(status),
             stop,
             stop_tx,
+            sidecars_stop,
+            sidecars_stop_tx,
+            changed: watch::channel(0).0,
             pod_cgroup,
             own: Mutex::default(),
         })
@@ -259,10 +274,76 @@ impl Shim {
         if let Err(e) = write_json(&self.sandbox.status(), &*st, 0o644) {
             eprintln!("process-shim: writing status: {e}");
         }
+        drop(st);
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn stopping(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    /// Whether init container `i` (or container `i`) is a sidecar.
+    fn sidecar(&self, i: usize, init: bool) -> bool {
+        init && self.spec.spec.init_containers[i].restart_always
+    }
+
+    /// Whether a container must stop: the Pod stops, or for a sidecar, the shim stops the sidecars.
+    fn stopping_for(&self, sidecar: bool) -> bool {
+        self.stopping() || (sidecar && *self.sidecars_stop.borrow())
+    }
+
+    /// Resolves once [`Self::stopping_for`] holds.
+    async fn stop_wanted(&self, sidecar: bool) {
+        let mut stop = self.stop.clone();
+        let mut sidecars = self.sidecars_stop.clone();
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => {}
+            _ = sidecars.wait_for(|s| *s), if sidecar => {}
+        }
+    }
+
+    /// Waits until init container `i` (a sidecar) has started: true, or false
+    /// when the Pod stops first.
+    async fn wait_started(&self, i: usize) -> bool {
+        let mut changed = self.changed.subscribe();
+        loop {
+            if self.stopping() {
+                return false;
+            }
+            if lock(&self.status)
+                .init
+                .get(i)
+                .is_some_and(|c| c.status.has_started())
+            {
+                return true;
+            }
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return false; },
+                () = self.stop_wanted(false) => {}
+            }
+        }
+    }
+
+    /// Whether sidecar `i` may be signalled, as the kubelet orders termination:
+    /// after every container, and after every sidecar that started after it.
+    fn sidecar_turn(&self, i: usize) -> bool {
+        let st = lock(&self.status);
+        let running = |c: &ContainerRun| matches!(c.status.state, ContainerState::Running { .. });
+        !st.containers.iter().any(running)
+            && !st
+                .init
+                .iter()
+                .enumerate()
+                .skip(i + 1)
+                .any(|(j, c)| self.sidecar(j, true) && running(c))
+    }
+
+    /// Stops the sidecars the Pod started (`tasks`) and waits for them.
+    async fn stop_sidecars(&self, tasks: Vec<tokio::task::JoinHandle<bool>>) {
+        let _ = self.sidecars_stop_tx.send(true);
+        for t in tasks {
+            let _ = t.await;
+        }
     }
 
     fn grace(&self) -> Duration {
@@ -309,24 +390,55 @@ impl Shim {
                 }
             })
         };
+        // Ephemeral containers (`kubectl debug`) start whenever asked while the
+        // Pod runs, and stop once its containers have ended.
+        let ephemeral = self.start_ephemeral();
         Arc::clone(&self).run_pod().await;
+        ephemeral.finish().await;
         reaper.abort();
         self.end_all().await;
         self.update(|s| s.done = true);
     }
 
     /// Init containers, then the containers, until the Pod is over.
+    ///
+    /// A sidecar (an init container with `restartPolicy: Always`) starts in its
+    /// place and keeps running; the next init container starts once it has
+    /// started. Sidecars are stopped once the containers have ended (or an init
+    /// container failed for good), and the Pod's phase then follows its
+    /// containers alone, as the kubelet's does.
     async fn run_pod(self: Arc<Self>) {
         let n_init = self.spec.spec.init_containers.len();
+        let mut sidecars = Vec::new();
+        let mut initialized = true;
         for i in 0..n_init {
-            if !Arc::clone(&self).run_container(i, true).await {
-                let name = self.spec.spec.init_containers[i].name.clone();
-                self.update(|s| {
-                    s.phase = InstancePhase::Failed;
-                    s.message = Some(format!("init container {name} failed"));
-                });
-                return;
+            if self.sidecar(i, true) {
+                sidecars.push(tokio::spawn(Arc::clone(&self).run_container(i, true)));
+                if self.wait_started(i).await {
+                    continue;
+                }
+            } else if Arc::clone(&self).run_container(i, true).await {
+                continue;
             }
+            initialized = false;
+            break;
+        }
+        if !initialized {
+            let failed = (!self.stopping()).then(|| {
+                let st = lock(&self.status);
+                st.init
+                    .iter()
+                    .find(|c| matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code != 0))
+                    .map(|c| c.status.name.clone())
+            });
+            self.stop_sidecars(sidecars).await;
+            self.update(|s| {
+                s.phase = InstancePhase::Failed;
+                if let Some(Some(name)) = failed {
+                    s.message = Some(format!("init container {name} failed"));
+                }
+            });
+            return;
         }
         self.update(|s| {
             for c in &mut s.containers {
@@ -339,6 +451,7 @@ impl Shim {
         for t in tasks {
             let _ = t.await;
         }
+        self.stop_sidecars(sidecars).await;
         self.update(|s| {
             let all_ok = s.containers.iter().all(
                 |c| matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code == 0),
@@ -382,12 +495,13 @@ impl Shim {
     /// Runs one container until it ends for good; true when it ended well
     /// (for an init container: exited 0).
     async fn run_container(self: Arc<Self>, i: usize, init: bool) -> bool {
-        let (spec, _) = self.container(i, init);
+        let (spec, launch) = self.container(i, init);
         let policy = self.spec.spec.restart_policy;
+        let sidecar = self.sidecar(i, init);
         let mut backoff: Option<Duration> = None;
         let mut restarts = 0u32;
         loop {
-            if self.stopping() {
+            if self.stopping_for(sidecar) {
                 return false;
             }
             let started = Instant::now();
@@ -406,7 +520,7 @@ impl Shim {
                     Terminated {
                         exit_code: code,
                         reason: reason.into(),
-                        message: None,
+                        message: self.termination_message(spec, launch, code),
                         started_at,
                         finished_at,
                     }
@@ -420,16 +534,19 @@ impl Shim {
                 },
             };
             let ok = term.exit_code == 0;
-            let restart = !self.stopping()
-                && match (policy, init) {
-                    (RestartPolicy::Never, _) => false,
-                    (RestartPolicy::Always, false) => true,
-                    _ => !ok,
-                };
+            // A sidecar restarts whenever it ends, whatever the Pod's restartPolicy.
+            let restart = !self.stopping_for(sidecar)
+                && (sidecar
+                    || match (policy, init) {
+                        (RestartPolicy::Never, _) => false,
+                        (RestartPolicy::Always, false) => true,
+                        _ => !ok,
+                    });
             if !restart {
                 self.set(i, init, |c| {
                     c.status.state = ContainerState::Terminated(term);
                     c.status.ready = false;
+                    c.status.started = Some(false);
                     c.process = None;
                 });
                 return ok;
@@ -450,17 +567,18 @@ impl Shim {
                     c.status.state = waiting("CrashLoopBackOff", Some(message));
                     c.status.last_termination = Some(term.clone());
                     c.status.ready = false;
+                    c.status.started = Some(false);
                     c.process = None;
                 });
-                let mut stop = self.stop.clone();
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
-                    () = async { let _ = stop.wait_for(|s| *s).await; } => {}
+                    () = self.stop_wanted(sidecar) => {}
                 }
             } else {
                 self.set(i, init, |c| {
                     c.status.last_termination = Some(term.clone());
                     c.status.ready = false;
+                    c.status.started = Some(false);
                 });
             }
             backoff = Some(backoff.map_or(BACKOFF_START, |d| (d * 2).min(BACKOFF_MAX)));
@@ -563,6 +681,7 @@ impl Shim {
             Ok(cg) => cg,
             Err(e) => return (Ended::StartFailed(e), false, None),
         };
+        self.fresh_termination_log(launch);
         let oom_before = cgroup.as_deref().map_or(0, oom_kills);
         let program = launch.argv.first().map_or("", String::as_str);
         let spawned = self
@@ -594,6 +713,12 @@ impl Shim {
             pumps.push(tokio::spawn(pump(err, "stderr", Arc::clone(&writer))));
         }
         let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
+        let sidecar = self.sidecar(i, init);
+        // A regular init container is never ready while it runs; a sidecar is,
+        // as a container is.
+        let may_be_ready = !init || sidecar;
+        // Started (the kubelet's `started`): past postStart and the startupProbe.
+        let started_now = spec.post_start.is_none() && spec.startup_probe.is_none();
         let id = format!(
             "process://{}-{}-{}",
             &self.spec.spec.pod.uid[..self.spec.spec.pod.uid.len().min(8)],
@@ -602,7 +727,8 @@ impl Shim {
         );
         self.set(i, init, |c| {
             c.status.state = ContainerState::Running { started_at };
-            c.status.ready = no_readiness && !init;
+            c.status.ready = no_readiness && may_be_ready;
+            c.status.started = Some(started_now);
             c.status.container_id = Some(id.clone());
             c.process = process;
             c.cgroup = cgroup.clone();
@@ -611,9 +737,11 @@ impl Shim {
         let group = process;
         let exit = child.wait();
         tokio::pin!(exit);
-        let mut stop = self.stop.clone();
         let mut kill_at: Option<Instant> = None;
         let mut terminating = false;
+        // A stopping sidecar, its preStop hook run, waits for its turn until this deadline.
+        let mut turn_by: Option<Instant> = None;
+        let mut changed = self.changed.subscribe();
         if let Some(h) = &spec.post_start {
             let grace = self.spec.spec.termination_grace;
             if !self.handle(h, launch, spec, grace).await {
@@ -627,13 +755,40 @@ impl Shim {
         }
         let begin = Instant::now();
         let mut probes = Probes::new(spec, begin);
+        let mut marked_started = started_now;
         let status = loop {
-            let next = probes.next_due().min(kill_at.unwrap_or_else(far_future));
+            if !terminating && !marked_started && probes.started {
+                marked_started = true;
+                self.set(i, init, |c| c.status.started = Some(true));
+            }
+            if let Some(by) = turn_by
+                && (Instant::now() >= by || self.sidecar_turn(i))
+            {
+                turn_by = None;
+                if let Some(g) = group {
+                    g.signal_group(Signal::TERM);
+                }
+                // The kubelet's floor: never less than 2 s between SIGTERM and SIGKILL.
+                kill_at = Some(by.max(after(Duration::from_secs(2))));
+            }
+            let next = probes
+                .next_due()
+                .min(kill_at.unwrap_or_else(far_future))
+                .min(turn_by.unwrap_or_else(far_future));
             tokio::select! {
                 st = &mut exit => break st,
-                () = async { let _ = stop.wait_for(|s| *s).await; }, if !terminating => {
+                () = self.stop_wanted(sidecar), if !terminating => {
                     terminating = true;
-                    kill_at = Some(self.terminate(group, spec.pre_stop.as_deref(), launch, spec).await);
+                    if sidecar {
+                        turn_by = Some(self.pre_stop(spec.pre_stop.as_deref(), launch, spec).await);
+                    } else {
+                        kill_at = Some(self.terminate(group, spec.pre_stop.as_deref(), launch, spec).await);
+                    }
+                }
+                r = changed.changed(), if turn_by.is_some() => {
+                    if r.is_err() {
+                        turn_by = Some(Instant::now());
+                    }
                 }
                 () = tokio::time::sleep_until(next) => {
                     if kill_at.is_some_and(|k| Instant::now() >= k) {
@@ -645,7 +800,7 @@ impl Shim {
                     match probes.run_due(self, launch, spec).await {
                         ProbeOutcome::Nothing => {}
                         ProbeOutcome::Ready(r) => {
-                            let ready = r && !init;
+                            let ready = r && may_be_ready;
                             self.set(i, init, |c| c.status.ready = ready);
                         }
                         ProbeOutcome::Restart(why) => {
@@ -688,10 +843,9 @@ impl Shim {
         }
     }
 
-    /// Runs preStop (within the grace period), sends SIGTERM, and returns when to send SIGKILL.
-    async fn terminate(
+    /// Runs preStop within the grace period; returns when the grace period ends.
+    async fn pre_stop(
         &self,
-        group: Option<ProcessId>,
         pre_stop: Option<&Handler>,
         launch: &Launch,
         spec: &ContainerSpec,
@@ -703,6 +857,18 @@ impl Shim {
             // half way and leave its process unreaped.
             let _ = self.handle(h, launch, spec, grace).await;
         }
+        deadline
+    }
+
+    /// Runs preStop (within the grace period), sends SIGTERM, and returns when to send SIGKILL.
+    async fn terminate(
+        &self,
+        group: Option<ProcessId>,
+        pre_stop: Option<&Handler>,
+        launch: &Launch,
+        spec: &ContainerSpec,
+    ) -> Instant {
+        let deadline = self.pre_stop(pre_stop, launch, spec).await;
         if let Some(g) = group {
             g.signal_group(Signal::TERM);
         }
@@ -714,6 +880,131 @@ impl Shim {
             Duration::ZERO
         };
         deadline.max(after(floor))
+    }
+
+    /// Before a run: the container's termination message file, empty, as the
+    /// kubelet makes a new one for each container it starts. Left as it is while
+    /// another container of the Pod that writes the same file runs.
+    fn fresh_termination_log(&self, launch: &Launch) {
+        use rustix::fs::{Mode, OFlags};
+        let Some(rel) = launch.termination_log.as_deref() else {
+            return;
+        };
+        let shared = {
+            let st = lock(&self.status);
+            st.init.iter().chain(&st.containers).any(|c| {
+                c.status.name != launch.name
+                    && matches!(c.status.state, ContainerState::Running { .. })
+                    && self.spec.containers.iter().any(|l| {
+                        l.name == c.status.name && l.termination_log.as_deref() == Some(rel)
+                    })
+            })
+        };
+        if shared {
+            return;
+        }
+        let root = self.sandbox.root();
+        let made = match crate::sandbox::open_beneath(
+            &root,
+            rel,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            Mode::from_raw_mode(0o666),
+        ) {
+            Ok(f) => {
+                // Root made it: it becomes the Pod's, writable by the container.
+                let owner = self
+                    .spec
+                    .run_as
+                    .map(|(u, g)| (rustix::fs::Uid::from_raw(u), rustix::fs::Gid::from_raw(g)));
+                let done = owner.map_or(Ok(()), |(u, g)| rustix::fs::fchown(&f, Some(u), Some(g)));
+                done.and_then(|()| rustix::fs::fchmod(&f, Mode::from_raw_mode(0o666)))
+                    .map_err(std::io::Error::from)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                crate::sandbox::open_beneath(&root, rel, OFlags::WRONLY, Mode::empty()).and_then(
+                    |f| {
+                        if self.owned_by_pod(&f) {
+                            f.set_len(0)
+                        } else {
+                            Ok(())
+                        }
+                    },
+                )
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = made {
+            self.note(&format!(
+                "container {}: no termination message file at /{}: {e}",
+                launch.name,
+                rel.display()
+            ));
+        }
+    }
+
+    /// A regular file the Pod's user owns (what root may read or truncate for it).
+    fn owned_by_pod(&self, f: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        f.metadata()
+            .is_ok_and(|m| m.is_file() && self.spec.run_as.is_none_or(|(u, _)| m.uid() == u))
+    }
+
+    /// The termination message of a run that exited with `code`, as the kubelet
+    /// reads it: the end of the container's termination message file, or with
+    /// `FallbackToLogsOnError` and a failure, the end of its log when the file
+    /// says nothing.
+    fn termination_message(
+        &self,
+        spec: &ContainerSpec,
+        launch: &Launch,
+        code: i32,
+    ) -> Option<String> {
+        use std::io::{Read, Seek};
+        let from_file = launch.termination_log.as_deref().and_then(|rel| {
+            let f = crate::sandbox::open_beneath(
+                &self.sandbox.root(),
+                rel,
+                rustix::fs::OFlags::RDONLY,
+                rustix::fs::Mode::empty(),
+            );
+            let mut f = match f {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+                Err(e) => {
+                    self.note(&format!(
+                        "container {}: reading the termination message /{}: {e}",
+                        spec.name,
+                        rel.display()
+                    ));
+                    return None;
+                }
+            };
+            if !self.owned_by_pod(&f) {
+                return None;
+            }
+            let max = vkd_provider::MAX_TERMINATION_MESSAGE as u64;
+            let len = f.metadata().map_or(0, |m| m.len());
+            let mut buf = Vec::new();
+            f.seek(std::io::SeekFrom::Start(len.saturating_sub(max)))
+                .and_then(|_| f.take(max).read_to_end(&mut buf))
+                .ok()?;
+            Some(String::from_utf8_lossy(&buf).into_owned())
+        });
+        let fallback = spec.termination_message_policy
+            == vkd_provider::TerminationMessagePolicy::FallbackToLogsOnError
+            && code != 0;
+        match from_file {
+            Some(m) if !m.is_empty() => Some(m),
+            _ if fallback => {
+                let tail = crate::logs::tail(
+                    &self.sandbox.logs(&spec.name),
+                    vkd_provider::TERMINATION_MESSAGE_LOG_LINES,
+                    vkd_provider::TERMINATION_MESSAGE_LOG_BYTES,
+                );
+                (!tail.is_empty()).then(|| String::from_utf8_lossy(&tail).into_owned())
+            }
+            _ => None,
+        }
     }
 
     /// What the kubelet would send as an Event goes to the shim's own log (`shim.log`).
@@ -1048,6 +1339,7 @@ mod tests {
             argv: vec!["/bin/true".into()],
             env: Vec::new(),
             cwd: dir.join("root/no-such-dir"),
+            termination_log: None,
         };
         let shim_spec = ShimSpec {
             spec,

@@ -23,6 +23,7 @@ fn provider() -> (ProcessProvider, PathBuf) {
             pattern: "busybox*".into(),
             path: None,
             entrypoint: vec!["sleep".into(), "3600".into()],
+            args: vec![],
         }],
         cgroup_parent: "none".into(),
         ..Default::default()
@@ -214,6 +215,7 @@ async fn a_new_provider_adopts_running_pods() {
                 pattern: "busybox*".into(),
                 path: None,
                 entrypoint: vec![],
+                args: vec![],
             }],
             cgroup_parent: "none".into(),
             ..Default::default()
@@ -577,6 +579,7 @@ async fn a_pod_cannot_start_more_processes_than_its_limit() {
             pattern: "busybox*".into(),
             path: None,
             entrypoint: vec![],
+            args: vec![],
         }],
         cgroup_parent: "none".into(),
         // Also counts what other tests run as the same user at the same moment.
@@ -754,5 +757,300 @@ async fn a_dead_shims_processes_end_and_its_sandbox_waits_for_delete() {
     assert!(dir.join("pods/u-read").exists(), "removed before a delete");
     remove(&p, "u-read").await;
     assert!(!dir.join("pods/u-read").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+fn scratch(s: &mut InstanceSpec) -> vkd_provider::Mount {
+    s.volumes = vec![vkd_provider::Volume {
+        name: "scratch".into(),
+        source: vkd_provider::VolumeSource::EmptyDir { size_limit: None },
+    }];
+    vkd_provider::Mount {
+        volume: "scratch".into(),
+        path: "/data".into(),
+        ..Default::default()
+    }
+}
+
+/// A failing init container of a restartPolicy=Always Pod is restarted with
+/// back-off and reported (CrashLoopBackOff, its last exit), and the container
+/// waits in PodInitializing: what `kubectl get` shows as Init:CrashLoopBackOff.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_init_container_backs_off_and_is_reported() {
+    let (p, dir) = provider();
+    let mut s = spec("u-initloop", &["sleep", "60"]);
+    s.init_containers = vec![ContainerSpec {
+        name: "setup".into(),
+        image: "busybox".into(),
+        command: sh("echo setting up; exit 3"),
+        ..Default::default()
+    }];
+    p.create(&fence(), &s).await.unwrap();
+    let i = wait_for("the init container's back-off", async || {
+        let i = p.get("u-initloop").await.unwrap()?;
+        let c = i.init_containers.first()?;
+        matches!(&c.state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff")
+            .then_some(i)
+    })
+    .await;
+    let c = &i.init_containers[0];
+    assert!(c.restart_count >= 1, "{c:?}");
+    assert_eq!(c.last_termination.as_ref().unwrap().exit_code, 3);
+    assert_eq!(i.phase, InstancePhase::Pending);
+    assert!(
+        matches!(&i.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "PodInitializing"),
+        "{:?}",
+        i.containers[0]
+    );
+    let logs = p
+        .logs("u-initloop", "setup", LogRequest::default())
+        .await
+        .unwrap();
+    assert!(
+        !logs.history.is_empty(),
+        "the init container's log is served"
+    );
+    remove(&p, "u-initloop").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Sidecars (restartable init containers): the next init container starts
+/// once the sidecar started (its postStart done); a sidecar that exits is
+/// restarted although the Pod's restartPolicy is Never; once the container
+/// completed, the sidecars are stopped (SIGTERM) and the Pod succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn sidecars_start_in_order_restart_and_stop_after_the_containers() {
+    let (p, dir) = provider();
+    let mut s = spec("u-sidecar", &[]);
+    let mount = scratch(&mut s);
+    s.restart_policy = RestartPolicy::Never;
+    s.containers[0].command = sh("cat data/order; sleep 1.5");
+    s.containers[0].mounts = vec![mount.clone()];
+    s.init_containers = vec![
+        ContainerSpec {
+            name: "proxy".into(),
+            image: "busybox".into(),
+            restart_always: true,
+            command: sh(
+                "trap 'echo proxy-stopped >> data/order; exit 0' TERM; while :; do sleep 0.1; done",
+            ),
+            post_start: Some(Box::new(vkd_provider::Handler::Exec {
+                command: sh("sleep 0.3; echo proxy >> data/order"),
+            })),
+            mounts: vec![mount.clone()],
+            ..Default::default()
+        },
+        ContainerSpec {
+            name: "setup".into(),
+            image: "busybox".into(),
+            command: sh("echo setup >> data/order"),
+            mounts: vec![mount.clone()],
+            ..Default::default()
+        },
+        ContainerSpec {
+            name: "flaky".into(),
+            image: "busybox".into(),
+            restart_always: true,
+            command: sh("sleep 0.2; exit 1"),
+            ..Default::default()
+        },
+    ];
+    p.create(&fence(), &s).await.unwrap();
+    let i = running(&p, "u-sidecar").await;
+    let proxy = &i.init_containers[0];
+    assert!(proxy.has_started() && proxy.ready, "{proxy:?}");
+    assert!(
+        matches!(&i.init_containers[1].state, ContainerState::Terminated(t) if t.exit_code == 0)
+    );
+    let i = wait_for("the Pod to complete", async || {
+        let i = p.get("u-sidecar").await.unwrap()?;
+        (i.phase == InstancePhase::Succeeded).then_some(i)
+    })
+    .await;
+    let logs = p
+        .logs("u-sidecar", "main", LogRequest::default())
+        .await
+        .unwrap();
+    let text: Vec<u8> = logs.history.iter().flat_map(|l| l.bytes.to_vec()).collect();
+    assert_eq!(String::from_utf8(text).unwrap(), "proxy\nsetup\n");
+    let ContainerState::Terminated(t) = &i.init_containers[0].state else {
+        panic!("the sidecar is stopped: {:?}", i.init_containers[0]);
+    };
+    assert_eq!((t.exit_code, t.reason.as_str()), (0, "Completed"));
+    let ContainerState::Terminated(main) = &i.containers[0].state else {
+        panic!("{:?}", i.containers[0]);
+    };
+    assert!(
+        t.finished_at >= main.finished_at,
+        "stopped after the container"
+    );
+    assert!(
+        i.init_containers[2].restart_count >= 1,
+        "a sidecar restarts whatever the Pod's restartPolicy: {:?}",
+        i.init_containers[2]
+    );
+    let order = std::fs::read_to_string(dir.join("pods/u-sidecar/volumes/scratch/order")).unwrap();
+    assert_eq!(order, "proxy\nsetup\nproxy-stopped\n");
+    remove(&p, "u-sidecar").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An init container after a sidecar fails a restartPolicy=Never Pod: the
+/// Pod fails and its sidecar is stopped, not left running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_init_container_stops_the_sidecars() {
+    let (p, dir) = provider();
+    let mut s = spec("u-sidefail", &["sleep", "60"]);
+    s.restart_policy = RestartPolicy::Never;
+    s.init_containers = vec![
+        ContainerSpec {
+            name: "proxy".into(),
+            image: "busybox".into(),
+            restart_always: true,
+            command: vec!["sleep".into(), "60".into()],
+            ..Default::default()
+        },
+        ContainerSpec {
+            name: "check".into(),
+            image: "busybox".into(),
+            command: sh("sleep 0.2; exit 7"),
+            ..Default::default()
+        },
+    ];
+    p.create(&fence(), &s).await.unwrap();
+    let i = wait_for("failed", async || {
+        let i = p.get("u-sidefail").await.unwrap()?;
+        (i.phase == InstancePhase::Failed).then_some(i)
+    })
+    .await;
+    assert_eq!(i.message.as_deref(), Some("init container check failed"));
+    assert!(
+        matches!(&i.init_containers[0].state, ContainerState::Terminated(_)),
+        "{:?}",
+        i.init_containers[0]
+    );
+    assert!(
+        matches!(&i.init_containers[1].state, ContainerState::Terminated(t) if t.exit_code == 7)
+    );
+    assert!(processes_with("u-sidefail").is_empty());
+    remove(&p, "u-sidefail").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// terminationMessagePath (mapped into the Pod's root, as mountPaths are) and
+/// FallbackToLogsOnError become the end's message, as the kubelet reads them:
+/// the file's last 4096 bytes; the log's tail only for a failure with no file.
+/// A file the container turned into a link is not followed.
+#[tokio::test(flavor = "multi_thread")]
+async fn termination_messages_come_from_the_file_or_the_log() {
+    use vkd_provider::TerminationMessagePolicy::FallbackToLogsOnError;
+    let (p, dir) = provider();
+    let mut s = spec("u-msg", &[]);
+    s.restart_policy = RestartPolicy::Never;
+    let c = |name: &str, path: Option<&str>, fallback: bool, script: &str| ContainerSpec {
+        name: name.into(),
+        image: "busybox".into(),
+        command: sh(script),
+        termination_message_path: path.map(Into::into),
+        termination_message_policy: if fallback {
+            FallbackToLogsOnError
+        } else {
+            Default::default()
+        },
+        ..Default::default()
+    };
+    s.containers = vec![
+        c("file", None, false, "printf bye > dev/termination-log"),
+        c(
+            "custom",
+            Some("/tmp/custom-log"),
+            true,
+            "echo noise; printf custom > tmp/custom-log; exit 1",
+        ),
+        c(
+            "logs",
+            Some("/l/log"),
+            true,
+            "echo one; echo two >&2; exit 2",
+        ),
+        c("quiet", Some("/q/log"), true, "echo out; exit 0"),
+        c(
+            "big",
+            Some("/big/log"),
+            false,
+            "head -c 10000 /dev/zero | tr '\\0' x > big/log; printf END >> big/log",
+        ),
+        c(
+            "sneaky",
+            Some("/s/log"),
+            false,
+            "printf leaked > s/target; rm s/log; ln -s target s/log; exit 1",
+        ),
+    ];
+    p.create(&fence(), &s).await.unwrap();
+    let i = wait_for("every container to end", async || {
+        let i = p.get("u-msg").await.unwrap()?;
+        (i.phase == InstancePhase::Failed).then_some(i)
+    })
+    .await;
+    let message = |name: &str| {
+        let c = i.containers.iter().find(|c| c.name == name).unwrap();
+        let ContainerState::Terminated(t) = &c.state else {
+            panic!("{c:?}");
+        };
+        t.message.clone()
+    };
+    assert_eq!(message("file").as_deref(), Some("bye"));
+    assert_eq!(message("custom").as_deref(), Some("custom"));
+    assert_eq!(message("logs").as_deref(), Some("one\ntwo\n"));
+    assert_eq!(message("quiet"), None, "no fallback when it succeeded");
+    let big = message("big").unwrap();
+    assert_eq!(big.len(), vkd_provider::MAX_TERMINATION_MESSAGE);
+    assert!(big.ends_with("xxEND"));
+    assert_eq!(message("sneaky"), None, "a link is not followed");
+    remove(&p, "u-msg").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A deleted instance shows how each container ended (the Pod's final status
+/// is written from it) before it is gone: the container first, the sidecar
+/// after it; the phase follows the containers alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_instance_shows_how_its_containers_ended() {
+    let (p, dir) = provider();
+    let mut s = spec("u-ends", &[]);
+    s.containers[0].command = sh("trap 'exit 0' TERM; sleep 3600 & wait");
+    s.init_containers = vec![ContainerSpec {
+        name: "proxy".into(),
+        image: "busybox".into(),
+        restart_always: true,
+        command: vec!["sleep".into(), "3600".into()],
+        ..Default::default()
+    }];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-ends").await;
+    p.delete(&fence(), "u-ends", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let i = wait_for("the stopped instance", async || {
+        let i = p.get("u-ends").await.unwrap()?;
+        (i.phase == InstancePhase::Succeeded).then_some(i)
+    })
+    .await;
+    let (ContainerState::Terminated(main), ContainerState::Terminated(proxy)) =
+        (&i.containers[0].state, &i.init_containers[0].state)
+    else {
+        panic!("{i:?}");
+    };
+    assert_eq!((main.exit_code, proxy.exit_code), (0, 143));
+    assert!(proxy.finished_at >= main.finished_at);
+    wait_for("deletion", async || {
+        p.get("u-ends").await.unwrap().is_none().then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -6,7 +6,9 @@
 //! restarted vkd finds the same instances, and `vkd sim list --state-dir DIR`
 //! shows them from outside the daemon. Container states are derived from the
 //! creation time (see [`behaviour`]), so the simulation keeps "running" while no
-//! daemon is up.
+//! daemon is up. Init containers complete (exit 0) the moment an instance
+//! starts; sidecars (`restart_always`) start then and stop when the last
+//! container ends for good.
 //!
 //! A record that no longer parses (a truncated file, say) is moved aside to
 //! `<uid>.json.corrupt-<unix-ms>` with an error in the log naming it; only its
@@ -447,19 +449,31 @@ impl SimProvider {
                 _ => o.last_termination.as_ref().and_then(|t| t.started_at),
             })
             .min();
+        let init_containers = Self::observe_init(rec, lat, &observed, phase, now);
+        let has_init = !rec.spec.init_containers.is_empty();
         let containers = rec
             .spec
             .containers
             .iter()
             .zip(observed)
-            .map(|(c, o)| ContainerStatus {
-                name: c.name.clone(),
-                container_id: (!matches!(&o.state, vkd_provider::ContainerState::Waiting { reason, .. } if reason == "ContainerCreating"))
-                    .then(|| format!("sim://{}-{}", rec.id, c.name)),
-                state: o.state,
-                last_termination: o.last_termination,
-                ready: o.ready && rec.stop_at.is_none(),
-                restart_count: o.restart_count,
+            .map(|(c, mut o)| {
+                let creating = matches!(&o.state, vkd_provider::ContainerState::Waiting { reason, .. } if reason == "ContainerCreating");
+                if creating && has_init {
+                    // As the kubelet: a container waits for the init containers.
+                    o.state = vkd_provider::ContainerState::Waiting {
+                        reason: "PodInitializing".into(),
+                        message: None,
+                    };
+                }
+                ContainerStatus {
+                    name: c.name.clone(),
+                    container_id: (!creating).then(|| format!("sim://{}-{}", rec.id, c.name)),
+                    state: o.state,
+                    last_termination: o.last_termination,
+                    ready: o.ready && rec.stop_at.is_none(),
+                    restart_count: o.restart_count,
+                    started: None,
+                }
             })
             .collect();
         let instance = Instance {
@@ -474,8 +488,83 @@ impl SimProvider {
             created_at: rec.created_at,
             started_at,
             message: None,
+            init_containers,
+            // Not simulated: start_ephemeral answers Unsupported.
+            ephemeral_containers: Vec::new(),
         };
         (instance, next)
+    }
+
+    /// The init containers: each regular one completes the moment the instance
+    /// starts; a sidecar (`restart_always`) starts then, is ready once the
+    /// containers would be, and is stopped (exit 0) when the last container ends
+    /// for good.
+    fn observe_init(
+        rec: &Record,
+        lat: &fleet::Latency,
+        containers: &[behaviour::Observed],
+        phase: vkd_provider::InstancePhase,
+        now: SystemTime,
+    ) -> Vec<ContainerStatus> {
+        use vkd_provider::{ContainerState, InstancePhase, Terminated};
+        let start = rec.created_at.checked_add(lat.start).filter(|s| now >= *s);
+        let ended = matches!(phase, InstancePhase::Succeeded | InstancePhase::Failed);
+        let last_end = containers
+            .iter()
+            .filter_map(|o| match &o.state {
+                ContainerState::Terminated(t) => Some(t.finished_at),
+                _ => None,
+            })
+            .max();
+        rec.spec
+            .init_containers
+            .iter()
+            .map(|c| {
+                let (state, ready, started) = match start {
+                    None => (
+                        ContainerState::Waiting {
+                            reason: "PodInitializing".into(),
+                            message: None,
+                        },
+                        false,
+                        false,
+                    ),
+                    Some(start) if c.restart_always && !ended => (
+                        ContainerState::Running { started_at: start },
+                        rec.stop_at.is_none()
+                            && start.checked_add(lat.ready).is_some_and(|r| now >= r),
+                        true,
+                    ),
+                    Some(start) => {
+                        let finished_at = if c.restart_always {
+                            last_end.unwrap_or(start)
+                        } else {
+                            start
+                        };
+                        (
+                            ContainerState::Terminated(Terminated {
+                                exit_code: 0,
+                                reason: "Completed".into(),
+                                message: None,
+                                started_at: Some(start),
+                                finished_at,
+                            }),
+                            false,
+                            false,
+                        )
+                    }
+                };
+                ContainerStatus {
+                    name: c.name.clone(),
+                    container_id: start.map(|_| format!("sim://{}-{}", rec.id, c.name)),
+                    state,
+                    last_termination: None,
+                    ready,
+                    restart_count: 0,
+                    started: Some(started),
+                }
+            })
+            .collect()
     }
 
     /// Removes the record if its stop time has passed; true if it is gone.

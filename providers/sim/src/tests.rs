@@ -326,3 +326,72 @@ async fn a_held_fence_lock_does_not_stall_the_runtime() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[tokio::test]
+async fn init_containers_complete_and_sidecars_run_until_the_pod_ends() {
+    use vkd_provider::{ContainerSpec, ContainerState, RestartPolicy};
+    let dir = tempdir();
+    let p = provider(&dir);
+    let mut spec = sample_spec("n", "pod-init");
+    spec.restart_policy = RestartPolicy::Never;
+    spec.annotations
+        .insert(behaviour::BEHAVIOR.into(), "exit".into());
+    spec.annotations
+        .insert(behaviour::RUN_FOR.into(), "200ms".into());
+    spec.init_containers = vec![
+        ContainerSpec {
+            name: "setup".into(),
+            image: "busybox".into(),
+            ..Default::default()
+        },
+        ContainerSpec {
+            name: "proxy".into(),
+            image: "envoy".into(),
+            restart_always: true,
+            ..Default::default()
+        },
+    ];
+    let i = p.create(&fence(1), &spec).await.unwrap();
+    assert_eq!(i.init_containers.len(), 2);
+    for c in i.init_containers.iter().chain(&i.containers) {
+        assert!(
+            matches!(&c.state, ContainerState::Waiting { reason, .. } if reason == "PodInitializing"),
+            "{c:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let i = p.get("pod-init").await.unwrap().unwrap();
+    assert!(
+        matches!(&i.init_containers[0].state, ContainerState::Terminated(t) if t.exit_code == 0)
+    );
+    assert!(i.init_containers[1].has_started() && i.init_containers[1].ready);
+    assert_eq!(i.phase, InstancePhase::Running);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let i = p.get("pod-init").await.unwrap().unwrap();
+    assert_eq!(i.phase, InstancePhase::Succeeded);
+    let ContainerState::Terminated(t) = &i.init_containers[1].state else {
+        panic!("the sidecar stops with the Pod: {:?}", i.init_containers[1]);
+    };
+    let ContainerState::Terminated(main) = &i.containers[0].state else {
+        panic!("{:?}", i.containers[0]);
+    };
+    assert_eq!((t.exit_code, t.finished_at), (0, main.finished_at));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn records_from_before_init_statuses_still_parse() {
+    // An Instance (and a ContainerStatus) written without the newer fields.
+    let old = serde_json::json!({
+        "id": "sim-1", "owner": {"uid": "u", "namespace": "ns", "name": "p"},
+        "node": "n", "epoch": 1, "phase": "Running",
+        "containers": [{"name": "a", "state": {"Running": {"started_at": {"secs_since_epoch": 1, "nanos_since_epoch": 0}}},
+                        "last_termination": null, "ready": true, "restart_count": 0, "container_id": null}],
+        "ip": null, "host": null,
+        "created_at": {"secs_since_epoch": 1, "nanos_since_epoch": 0}, "started_at": null, "message": null
+    });
+    let i: vkd_provider::Instance = serde_json::from_value(old).unwrap();
+    assert!(i.init_containers.is_empty());
+    assert_eq!(i.containers[0].started, None);
+    assert!(i.containers[0].has_started());
+}

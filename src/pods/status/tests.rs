@@ -39,6 +39,7 @@ fn instance(phase: InstancePhase, states: [(ContainerState, bool); 2]) -> Instan
                 ready,
                 restart_count: 0,
                 container_id: Some(format!("sim://sim-abc-{name}")),
+                started: None,
             })
             .collect(),
         ip: Some("10.100.0.2".into()),
@@ -46,6 +47,8 @@ fn instance(phase: InstancePhase, states: [(ContainerState, bool); 2]) -> Instan
         created_at: t0,
         started_at: Some(t0),
         message: None,
+        init_containers: Vec::new(),
+        ephemeral_containers: Vec::new(),
     }
 }
 
@@ -223,4 +226,316 @@ fn failed_admission_view() {
     );
     assert_eq!(v.phase, "Failed");
     assert_eq!(v.reason.as_deref(), Some("TopologyUnsatisfiable"));
+}
+
+/// A Pod with two init containers (the second a sidecar) and one container.
+fn init_record(restart_policy: &str) -> PodRecord {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "namespace": "ns", "uid": "u1"},
+        "spec": {
+            "restartPolicy": restart_policy,
+            "initContainers": [
+                {"name": "init1", "image": "busybox"},
+                {"name": "proxy", "image": "envoy", "restartPolicy": "Always"}
+            ],
+            "containers": [{"name": "app", "image": "nginx"}]
+        },
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap();
+    PodRecord::from_pod(&pod, "vk", None, SystemTime::now()).unwrap()
+}
+
+fn status_of(name: &str, state: ContainerState) -> ContainerStatus {
+    ContainerStatus {
+        name: name.into(),
+        state,
+        last_termination: None,
+        ready: false,
+        restart_count: 0,
+        container_id: Some(format!("process://{name}")),
+        started: None,
+    }
+}
+
+fn waiting(reason: &str) -> ContainerState {
+    ContainerState::Waiting {
+        reason: reason.into(),
+        message: None,
+    }
+}
+
+fn ended(code: i32) -> ContainerState {
+    ContainerState::Terminated(Terminated {
+        exit_code: code,
+        reason: if code == 0 { "Completed" } else { "Error" }.into(),
+        message: None,
+        started_at: None,
+        finished_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_002),
+    })
+}
+
+fn init_instance(
+    phase: InstancePhase,
+    init: Vec<ContainerStatus>,
+    app: ContainerStatus,
+) -> Instance {
+    let mut i = instance(phase, [(running(), true), (running(), true)]);
+    i.containers = vec![app];
+    i.init_containers = init;
+    i
+}
+
+fn condition(body: &serde_json::Value, t: &str) -> serde_json::Value {
+    body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == t)
+        .cloned()
+        .unwrap()
+}
+
+/// What was written reads back from the Pod as the same view (no patch loop).
+fn round_trips(rec: &PodRecord, v: &StatusView, inst: Option<&Instance>) {
+    let body = patch_body(rec, v, inst, "127.0.0.1", SystemTime::now());
+    let mut pod = json!({"metadata": {"name": "web-1", "namespace": "ns", "uid": "u1"},
+        "spec": {"containers": [{"name": "app", "image": "nginx"}]}});
+    pod["metadata"]["annotations"] = body["metadata"]["annotations"].clone();
+    let mut status = body["status"].clone();
+    strip_nulls(&mut status);
+    pod["status"] = status;
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    assert_eq!(&view_of_pod(&pod), v);
+}
+
+#[test]
+fn init_containers_have_statuses_and_hold_initialized() {
+    let rec = init_record("Always");
+    // Before the instance exists: everything waits, Initialized is False.
+    let v = desired_view(&rec, None, &Waiting::Creating);
+    assert_eq!(v.init_containers.len(), 2);
+    assert!(v.init_containers.iter().chain(&v.containers).all(
+        |c| matches!(&c.state, StateView::Waiting { reason, .. } if reason == "PodInitializing")
+    ));
+    assert_eq!(v.conditions[1], Some(false));
+    let body = patch_body(&rec, &v, None, "127.0.0.1", SystemTime::now());
+    let init = condition(&body, "Initialized");
+    assert_eq!(init["reason"], "ContainersNotInitialized");
+    assert_eq!(
+        init["message"],
+        "containers with incomplete status: [init1 proxy]"
+    );
+    assert_eq!(body["status"]["initContainerStatuses"][1]["name"], "proxy");
+    round_trips(&rec, &v, None);
+    // Queued: the first init container says why (kubectl: Init:BackendQueued).
+    let v = desired_view(&rec, None, &Waiting::Queued("no GPU".into()));
+    assert!(
+        matches!(&v.init_containers[0].state, StateView::Waiting { reason, .. } if reason == "BackendQueued")
+    );
+
+    // init1 runs; the backend's "ContainerCreating" for app reads PodInitializing.
+    let inst = init_instance(
+        InstancePhase::Pending,
+        vec![
+            status_of("init1", running()),
+            status_of("proxy", waiting("PodInitializing")),
+        ],
+        status_of("app", waiting("ContainerCreating")),
+    );
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    assert_eq!(v.phase, "Pending");
+    assert_eq!(
+        v.conditions,
+        [Some(true), Some(false), Some(false), Some(false)]
+    );
+    assert!(
+        matches!(&v.containers[0].state, StateView::Waiting { reason, .. } if reason == "PodInitializing")
+    );
+    assert!(
+        !v.init_containers[0].ready,
+        "a running init container is not ready"
+    );
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert!(
+        body["status"]["initContainerStatuses"][0]["state"]["running"]["startedAt"].is_string()
+    );
+    round_trips(&rec, &v, Some(&inst));
+
+    // init1 completed, the sidecar started but not ready: Initialized, not Ready.
+    let mut proxy = status_of("proxy", running());
+    proxy.started = Some(true);
+    let inst = init_instance(
+        InstancePhase::Running,
+        vec![status_of("init1", ended(0)), proxy.clone()],
+        ContainerStatus {
+            ready: true,
+            ..status_of("app", running())
+        },
+    );
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    assert_eq!(
+        v.conditions,
+        [Some(true), Some(true), Some(false), Some(false)]
+    );
+    assert!(
+        v.init_containers[0].ready,
+        "a completed init container is ready"
+    );
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert_eq!(
+        condition(&body, "Ready")["message"],
+        "containers with unready status: [proxy]"
+    );
+    assert_eq!(body["status"]["initContainerStatuses"][1]["started"], true);
+    round_trips(&rec, &v, Some(&inst));
+    // The sidecar's readiness counts toward the Pod's.
+    let mut inst = inst;
+    inst.init_containers[1].ready = true;
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    assert_eq!(v.conditions, [Some(true); 4]);
+}
+
+#[test]
+fn a_failing_init_container_is_reported_as_the_kubelet_does() {
+    // restartPolicy Always: back-off, the Pod stays Pending, both incomplete.
+    let rec = init_record("Always");
+    let mut init1 = status_of(
+        "init1",
+        ContainerState::Waiting {
+            reason: "CrashLoopBackOff".into(),
+            message: Some("back-off 10s restarting failed container".into()),
+        },
+    );
+    init1.restart_count = 2;
+    init1.last_termination = Some(Terminated {
+        exit_code: 1,
+        reason: "Error".into(),
+        message: None,
+        started_at: None,
+        finished_at: SystemTime::UNIX_EPOCH,
+    });
+    let inst = init_instance(
+        InstancePhase::Pending,
+        vec![init1, status_of("proxy", waiting("PodInitializing"))],
+        status_of("app", waiting("PodInitializing")),
+    );
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    assert_eq!(v.phase, "Pending");
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    let init = condition(&body, "Initialized");
+    assert_eq!(init["status"], "False");
+    assert_eq!(
+        init["message"],
+        "containers with incomplete status: [init1 proxy]"
+    );
+    let s = &body["status"]["initContainerStatuses"][0];
+    assert_eq!(s["state"]["waiting"]["reason"], "CrashLoopBackOff");
+    assert_eq!(s["lastState"]["terminated"]["exitCode"], 1);
+    assert_eq!(s["restartCount"], 2);
+
+    // restartPolicy Never: the Pod fails, the container never leaves PodInitializing.
+    let rec = init_record("Never");
+    let inst = init_instance(
+        InstancePhase::Failed,
+        vec![status_of("init1", ended(0)), status_of("proxy", ended(2))],
+        status_of("app", waiting("PodInitializing")),
+    );
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    assert_eq!(v.phase, "Failed");
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert_eq!(
+        condition(&body, "Initialized")["message"],
+        "containers with incomplete status: [proxy]"
+    );
+    assert_eq!(condition(&body, "Ready")["reason"], "PodFailed");
+    assert_eq!(
+        body["status"]["containerStatuses"][0]["state"]["waiting"]["reason"],
+        "PodInitializing"
+    );
+}
+
+#[test]
+fn a_stopped_instance_gives_the_final_status() {
+    let rec = init_record("Always");
+    let mut proxy = status_of("proxy", ended(0));
+    proxy.started = Some(false);
+    // The backend saw every end: exit codes as they were, Succeeded when all exited 0.
+    let inst = init_instance(
+        InstancePhase::Running,
+        vec![status_of("init1", ended(0)), proxy.clone()],
+        status_of("app", ended(0)),
+    );
+    let end = terminal_instance(&rec, Some(inst), SystemTime::now());
+    assert_eq!(end.phase, InstancePhase::Succeeded);
+    let v = desired_view(&rec, Some(&end), &Waiting::Creating);
+    assert_eq!(v.phase, "Succeeded");
+    assert_eq!(v.conditions[1], Some(true));
+    let body = patch_body(&rec, &v, Some(&end), "127.0.0.1", SystemTime::now());
+    assert_eq!(condition(&body, "Initialized")["reason"], "PodCompleted");
+    assert_eq!(
+        body["status"]["containerStatuses"][0]["state"]["terminated"]["reason"],
+        "Completed"
+    );
+    // The instance went before its end was seen: what still ran ended unknown (137).
+    let mut sidecar = status_of("proxy", running());
+    sidecar.started = Some(true);
+    let inst = init_instance(
+        InstancePhase::Running,
+        vec![status_of("init1", ended(0)), sidecar],
+        status_of("app", running()),
+    );
+    let end = terminal_instance(&rec, Some(inst), SystemTime::now());
+    assert_eq!(end.phase, InstancePhase::Failed);
+    for c in end.containers.iter().chain(&end.init_containers[1..]) {
+        assert!(
+            matches!(&c.state, ContainerState::Terminated(t) if t.exit_code == 137 && t.reason == "ContainerStatusUnknown"),
+            "{c:?}"
+        );
+        assert!(!c.ready && !c.has_started());
+    }
+    assert!(
+        matches!(&end.init_containers[0].state, ContainerState::Terminated(t) if t.exit_code == 0)
+    );
+    let v = desired_view(&rec, Some(&end), &Waiting::Creating);
+    assert_eq!(v.phase, "Failed");
+    round_trips(&rec, &v, Some(&end));
+    // Never seen at all (deleted while queued): Failed, with no instance named.
+    let end = terminal_instance(&record(), None, SystemTime::now());
+    assert_eq!(end.phase, InstancePhase::Failed);
+    let v = desired_view(&record(), Some(&end), &Waiting::Creating);
+    assert_eq!(v.instance_id, None);
+    assert!(
+        v.containers
+            .iter()
+            .all(|c| matches!(&c.state, StateView::Terminated { exit_code: 137, .. }))
+    );
+    // Not initialized: the containers keep waiting, the init container that ran ends unknown.
+    let inst = init_instance(
+        InstancePhase::Pending,
+        vec![
+            status_of("init1", running()),
+            ContainerStatus {
+                container_id: None,
+                ..status_of("proxy", waiting("PodInitializing"))
+            },
+        ],
+        ContainerStatus {
+            container_id: None,
+            ..status_of("app", waiting("PodInitializing"))
+        },
+    );
+    let end = terminal_instance(&rec, Some(inst), SystemTime::now());
+    assert_eq!(end.phase, InstancePhase::Failed);
+    assert!(matches!(
+        end.containers[0].state,
+        ContainerState::Waiting { .. }
+    ));
+    assert!(matches!(
+        end.init_containers[1].state,
+        ContainerState::Waiting { .. }
+    ));
+    assert!(
+        matches!(&end.init_containers[0].state, ContainerState::Terminated(t) if t.exit_code == 137)
+    );
 }
