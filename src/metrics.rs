@@ -138,7 +138,7 @@ const RECONCILE_CAUSES: [&str; 7] = [
     "transient",
     "kube_api",
 ];
-const OPERATIONS: [&str; 13] = [
+const OPERATIONS: [&str; 14] = [
     "capacity",
     "admit",
     "create",
@@ -152,6 +152,7 @@ const OPERATIONS: [&str; 13] = [
     "attach",
     "port_forward",
     "stats",
+    "start_ephemeral",
 ];
 
 impl Metrics {
@@ -423,6 +424,18 @@ impl Provider for Instrumented {
     async fn stats(&self, uid: &str) -> Result<PodStats> {
         timed!(self, "stats", self.inner.stats(uid))
     }
+    async fn start_ephemeral(
+        &self,
+        fence: &Fence,
+        uid: &str,
+        container: &vkd_provider::ContainerSpec,
+    ) -> Result<()> {
+        timed!(
+            self,
+            "start_ephemeral",
+            self.inner.start_ephemeral(fence, uid, container)
+        )
+    }
 }
 
 #[cfg(test)]
@@ -454,6 +467,28 @@ mod tests {
         );
         // Calls that answer are untouched.
         assert_eq!(provider.list("vk").await.unwrap().len(), 0);
+    }
+
+    /// Every optional call reaches the provider: one the wrapper did not
+    /// forward would answer with the trait's default, Unsupported.
+    #[tokio::test]
+    async fn ephemeral_containers_reach_the_provider() {
+        let fake = FakeProvider::new(0);
+        let provider = Instrumented::wrap(
+            Arc::clone(&fake) as Arc<dyn Provider>,
+            Arc::new(Metrics::default()),
+            Duration::from_secs(120),
+        );
+        let fence = Fence {
+            node: "vk".into(),
+            epoch: 1,
+        };
+        let c = vkd_provider::ContainerSpec {
+            name: "debugger".into(),
+            ..Default::default()
+        };
+        provider.start_ephemeral(&fence, "u1", &c).await.unwrap();
+        assert_eq!(fake.calls(Some("start_ephemeral")), 1);
     }
 
     #[test]

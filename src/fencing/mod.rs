@@ -135,6 +135,8 @@ mod tests {
             created_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 - age_s),
             started_at: None,
             message: None,
+            init_containers: Vec::new(),
+            ephemeral_containers: Vec::new(),
         }
     }
 

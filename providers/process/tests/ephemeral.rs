@@ -1,0 +1,303 @@
+//! Ephemeral containers (`kubectl debug`) in the process provider, with real
+//! processes: started in a running Pod's sandbox as its containers are, logged,
+//! exec'd into, recorded when they exit, seen by a provider opened afresh (as
+//! after a restart of vkd), and ended with the Pod.
+#![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use vkd_process::{ProcessConfig, ProcessProvider, config};
+use vkd_provider::conformance::sample_spec;
+use vkd_provider::{
+    ContainerSpec, ContainerState, ContainerStatus, Fence, InstancePhase, InstanceSpec, LogRequest,
+    Provider, ProviderError, RestartPolicy, StreamIo, Support,
+};
+
+fn shim_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vkd-process-shim"))
+}
+
+fn config() -> ProcessConfig {
+    ProcessConfig {
+        images: vec![config::ImageMap {
+            pattern: "busybox*".into(),
+            path: None,
+            entrypoint: vec!["sleep".into(), "3600".into()],
+            args: vec![],
+        }],
+        cgroup_parent: "none".into(),
+        ..Default::default()
+    }
+}
+
+fn provider() -> (ProcessProvider, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("vkd-ephemeral-{}", uuid::Uuid::new_v4().simple()));
+    let p = ProcessProvider::open(config(), &dir, shim_exe()).unwrap();
+    (p, dir)
+}
+
+fn fence() -> Fence {
+    Fence {
+        node: "node-p".into(),
+        epoch: 1,
+    }
+}
+
+fn pod(uid: &str, command: &[&str]) -> InstanceSpec {
+    let mut s = sample_spec("node-p", uid);
+    s.containers = vec![ContainerSpec {
+        name: "main".into(),
+        image: "busybox".into(),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        env: vec![("WHO".into(), "main".into())],
+        ..Default::default()
+    }];
+    s.termination_grace = Duration::from_secs(2);
+    s
+}
+
+fn debugger(name: &str, script: &str) -> ContainerSpec {
+    ContainerSpec {
+        name: name.into(),
+        image: "busybox".into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: vec![("WHO".into(), name.into())],
+        ..Default::default()
+    }
+}
+
+async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..200 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn ephemeral(p: &ProcessProvider, uid: &str, name: &str) -> Option<ContainerStatus> {
+    let i = p.get(uid).await.unwrap()?;
+    i.ephemeral_containers.into_iter().find(|c| c.name == name)
+}
+
+async fn log_text(p: &ProcessProvider, uid: &str, name: &str) -> String {
+    let logs = p.logs(uid, name, LogRequest::default()).await.unwrap();
+    let bytes: Vec<u8> = logs.history.iter().flat_map(|l| l.bytes.to_vec()).collect();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// Live processes whose command line is exactly `cmdline` (NUL-separated).
+fn processes(cmdline: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            });
+            String::from_utf8_lossy(&cmd).replace('\0', " ").trim_end() == cmdline && !zombie
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ephemeral_container_runs_in_the_pods_sandbox_and_ends_with_it() {
+    let (p, dir) = provider();
+    assert_eq!(p.capabilities().ephemeral_containers, Support::Supported);
+    let uid = "u-eph";
+    p.create(&fence(), &pod(uid, &["sleep", "60"]))
+        .await
+        .unwrap();
+    wait_for("running", async || {
+        let i = p.get(uid).await.unwrap()?;
+        (i.phase == InstancePhase::Running).then_some(())
+    })
+    .await;
+
+    // One that keeps running (as the e2e spec's "while true; do echo polo"),
+    // and one that exits on its own.
+    let polo = debugger(
+        "debugger",
+        "echo polo from $WHO as $(id -u) in $PWD; exec sleep 3017",
+    );
+    p.start_ephemeral(&fence(), uid, &polo).await.unwrap();
+    let c = wait_for("the debugger running", async || {
+        let c = ephemeral(&p, uid, "debugger").await?;
+        matches!(c.state, ContainerState::Running { .. }).then_some(c)
+    })
+    .await;
+    assert!(
+        c.container_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("process://")),
+        "{c:?}"
+    );
+    // Started once: asking again (a retried reconcile, a restarted vkd) is a no-op.
+    p.start_ephemeral(&fence(), uid, &polo).await.unwrap();
+    let text = wait_for("its log", async || {
+        let t = log_text(&p, uid, "debugger").await;
+        t.contains("polo").then_some(t)
+    })
+    .await;
+    assert!(
+        text.starts_with("polo from debugger as 65534 in "),
+        "{text:?}"
+    );
+    assert!(
+        text.trim_end().ends_with(&format!("{uid}/root")),
+        "{text:?}"
+    );
+    assert_eq!(processes("sleep 3017"), 1);
+
+    // kubectl exec into it: its own environment, the Pod's user.
+    let (w, mut r) = tokio::io::duplex(4096);
+    let code = p
+        .exec(
+            uid,
+            "debugger",
+            vec!["sh".into(), "-c".into(), "echo marco $WHO; exit 3".into()],
+            StreamIo {
+                stdin: None,
+                stdout: Some(Box::new(w)),
+                stderr: None,
+                tty: false,
+                resize: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 3);
+    let mut out = String::new();
+    r.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "marco debugger\n");
+
+    let quick = debugger("quick", "echo bye; echo oops >&2; exit 7");
+    p.start_ephemeral(&fence(), uid, &quick).await.unwrap();
+    let t = wait_for("quick to exit", async || {
+        match ephemeral(&p, uid, "quick").await?.state {
+            ContainerState::Terminated(t) => Some(t),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!((t.exit_code, t.reason.as_str()), (7, "Error"), "{t:?}");
+    assert!(t.started_at.is_some());
+    let text = log_text(&p, uid, "quick").await;
+    assert!(
+        text.contains("bye\n") && text.contains("oops\n"),
+        "{text:?}"
+    );
+    // Never restarted, and the Pod's own container goes on.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let i = p.get(uid).await.unwrap().unwrap();
+    assert_eq!(i.phase, InstancePhase::Running);
+    let q = i
+        .ephemeral_containers
+        .iter()
+        .find(|c| c.name == "quick")
+        .unwrap();
+    assert_eq!(q.restart_count, 0);
+    assert!(matches!(q.state, ContainerState::Terminated(_)));
+
+    // What cannot run is refused, naming why.
+    let mut unmapped = debugger("other", "true");
+    unmapped.image = "nginx".into();
+    match p.start_ephemeral(&fence(), uid, &unmapped).await {
+        Err(ProviderError::Invalid { reason, .. }) => assert_eq!(reason, "ImageNotRunnable"),
+        other => panic!("{other:?}"),
+    }
+    match p
+        .start_ephemeral(&fence(), uid, &debugger("main", "true"))
+        .await
+    {
+        Err(ProviderError::Invalid { reason, .. }) => assert_eq!(reason, "InvalidSpec"),
+        other => panic!("{other:?}"),
+    }
+    match p
+        .start_ephemeral(&fence(), "u-none", &debugger("x", "true"))
+        .await
+    {
+        Err(ProviderError::NotFound { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+
+    // A provider opened afresh (vkd restarted) sees what the shim recorded.
+    let again = ProcessProvider::open(config(), &dir, shim_exe()).unwrap();
+    let i = again.get(uid).await.unwrap().unwrap();
+    let names: Vec<&str> = i
+        .ephemeral_containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(names, ["debugger", "quick"]);
+    assert!(matches!(
+        i.ephemeral_containers[0].state,
+        ContainerState::Running { .. }
+    ));
+    drop(again);
+
+    // The Pod ends: its ephemeral container ends with it, recorded.
+    p.delete(&fence(), uid, Duration::from_secs(1))
+        .await
+        .unwrap();
+    wait_for("deletion", async || {
+        p.get(uid).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert_eq!(
+        processes("sleep 3017"),
+        0,
+        "the ephemeral container outlived its Pod"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ephemeral_container_stops_when_the_pods_containers_end() {
+    let (p, dir) = provider();
+    let uid = "u-eph-end";
+    let mut s = pod(uid, &["sh", "-c", "sleep 2"]);
+    s.restart_policy = RestartPolicy::Never;
+    p.create(&fence(), &s).await.unwrap();
+    wait_for("running", async || {
+        let i = p.get(uid).await.unwrap()?;
+        (i.phase == InstancePhase::Running).then_some(())
+    })
+    .await;
+    p.start_ephemeral(&fence(), uid, &debugger("dbg", "exec sleep 3018"))
+        .await
+        .unwrap();
+    let i = wait_for("the Pod to end", async || {
+        let i = p.get(uid).await.unwrap()?;
+        let ended = matches!(i.phase, InstancePhase::Succeeded | InstancePhase::Failed);
+        let recorded = i
+            .ephemeral_containers
+            .iter()
+            .any(|c| matches!(c.state, ContainerState::Terminated(_)));
+        (ended && recorded).then_some(i)
+    })
+    .await;
+    // Ephemeral containers do not count toward the phase.
+    assert_eq!(i.phase, InstancePhase::Succeeded);
+    let ContainerState::Terminated(t) = &i.ephemeral_containers[0].state else {
+        unreachable!()
+    };
+    assert_eq!(t.exit_code, 128 + 15, "{t:?}");
+    assert_eq!(processes("sleep 3018"), 0);
+    // Nothing starts in a Pod that has ended.
+    match p
+        .start_ephemeral(&fence(), uid, &debugger("late", "true"))
+        .await
+    {
+        Err(ProviderError::Invalid { reason, .. }) => assert_eq!(reason, "PodNotRunning"),
+        other => panic!("{other:?}"),
+    }
+    p.delete(&fence(), uid, Duration::ZERO).await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
