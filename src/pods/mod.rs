@@ -1112,6 +1112,8 @@ impl PodController {
         waiting: &Waiting,
     ) -> Result<(), ReconcileError> {
         let mut view = status::desired_view(rec, instance, waiting);
+        // A spec change (a new generation) is answered even when nothing else moved.
+        view.observed_generation = (rec.generation > 0).then_some(rec.generation);
         if view.pod_ip.is_none() && instance.is_some() {
             // A backend without Pod networking (processes) shares the host's, as
             // hostNetwork Pods do: the kubelet reports the host IP as the Pod IP.

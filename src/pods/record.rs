@@ -167,6 +167,8 @@ pub struct PodRecord {
     pub active_deadline: Option<ActiveDeadline>,
     /// `spec.ephemeralContainers` and what became of them (`None`: it has none).
     pub ephemeral: Option<Box<super::ephemeral::Ephemeral>>,
+    /// `metadata.generation`: what `status.observedGeneration` says was seen.
+    pub generation: i64,
 }
 
 /// `spec.activeDeadlineSeconds`, and the grace period the containers get
@@ -327,6 +329,7 @@ impl PodRecord {
                 node,
                 previous.and_then(|p| p.ephemeral.as_deref()),
             ),
+            generation: meta.generation.unwrap_or(0),
         })
     }
 }

@@ -98,6 +98,9 @@ pub struct StatusView {
     pub ephemeral: Vec<ContainerView>,
     pub pod_ip: Option<String>,
     pub instance_id: Option<String>,
+    /// `status.observedGeneration`: the Pod's generation the status answers to
+    /// (the kubelet writes it, and into each condition, since 1.34).
+    pub observed_generation: Option<i64>,
 }
 
 impl StatusView {
@@ -130,6 +133,7 @@ pub fn view_of_pod(pod: &Pod) -> StatusView {
         init_containers,
         ephemeral,
         pod_ip: status.pod_ip,
+        observed_generation: status.observed_generation,
         instance_id: pod
             .metadata
             .annotations
@@ -320,6 +324,7 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
         ephemeral: super::ephemeral::views(rec, Some(inst)),
         pod_ip: inst.ip.clone(),
         instance_id: (!inst.id.is_empty()).then(|| inst.id.clone()),
+        observed_generation: None,
     }
 }
 
@@ -465,6 +470,9 @@ pub fn patch_body(
 ) -> Value {
     let mut status = serde_json::Map::new();
     status.insert("phase".into(), json!(view.phase));
+    if let Some(g) = view.observed_generation {
+        status.insert("observedGeneration".into(), json!(g));
+    }
     status.insert("reason".into(), json!(view.reason));
     status.insert("message".into(), json!(view.message));
     status.insert("hostIP".into(), json!(host_ip));
@@ -487,6 +495,9 @@ pub fn patch_body(
                 "lastTransitionTime": time(since),
                 "lastProbeTime": null,
             });
+            if let Some(g) = view.observed_generation {
+                c["observedGeneration"] = json!(g);
+            }
             let (reason, message) = condition_reason(rec, view, t, s);
             c["reason"] = json!(reason);
             c["message"] = json!(message);

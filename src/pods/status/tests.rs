@@ -539,3 +539,33 @@ fn a_stopped_instance_gives_the_final_status() {
         matches!(&end.init_containers[0].state, ContainerState::Terminated(t) if t.exit_code == 137)
     );
 }
+
+#[test]
+fn observed_generation_is_written_and_read_back() {
+    // Since 1.34 the kubelet answers each spec generation in status and conditions;
+    // a new generation alone must make the status differ from what is stored.
+    let mut rec = record();
+    rec.generation = 3;
+    let inst = instance(
+        InstancePhase::Running,
+        [(running(), true), (running(), true)],
+    );
+    let mut v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    v.observed_generation = Some(rec.generation);
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert_eq!(body["status"]["observedGeneration"], 3);
+    assert_eq!(condition(&body, "Ready")["observedGeneration"], 3);
+    let mut pod = json!({
+        "metadata": {"name": "web-1", "namespace": "ns", "uid": "u1", "generation": 3},
+        "spec": {"containers": [{"name": "app", "image": "nginx"}, {"name": "side", "image": "envoy"}]},
+    });
+    pod["metadata"]["annotations"] = body["metadata"]["annotations"].clone();
+    let mut status = body["status"].clone();
+    strip_nulls(&mut status);
+    pod["status"] = status;
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    assert_eq!(view_of_pod(&pod).digest(), v.digest());
+    let mut next = v.clone();
+    next.observed_generation = Some(4);
+    assert_ne!(view_of_pod(&pod).digest(), next.digest());
+}
