@@ -403,6 +403,32 @@ fn attach(c: &Cluster) -> Result<()> {
 }
 
 fn port_forward(c: &Cluster) -> Result<()> {
+    over_port_forward(c, |conn| {
+        let payload = b"round trip through kubectl, the apiserver and vkd\n";
+        let t = Instant::now();
+        conn.write_all(payload)?;
+        let mut back = vec![0u8; payload.len()];
+        conn.read_exact(&mut back)?;
+        ensure!(
+            back == payload,
+            "echo gave {:?}",
+            String::from_utf8_lossy(&back)
+        );
+        eprintln!(
+            "port-forward round trip {:.1} ms",
+            t.elapsed().as_secs_f64() * 1000.0
+        );
+        Ok(())
+    })
+}
+
+/// `kubectl port-forward` to port 8080 of pod/steady, and `talk` over a
+/// connection to its listener (a 10 s read timeout); the port-forward ends
+/// with it.
+fn over_port_forward(
+    c: &Cluster,
+    talk: impl FnOnce(&mut std::net::TcpStream) -> Result<()>,
+) -> Result<()> {
     vkd(c)?;
     let port = common::free_port()?;
     let mut child = kubectl_cmd(c)?
@@ -421,21 +447,7 @@ fn port_forward(c: &Cluster) -> Result<()> {
             Ok(std::net::TcpStream::connect(("127.0.0.1", port)).ok())
         })?;
         conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let payload = b"round trip through kubectl, the apiserver and vkd\n";
-        let t = Instant::now();
-        conn.write_all(payload)?;
-        let mut back = vec![0u8; payload.len()];
-        conn.read_exact(&mut back)?;
-        ensure!(
-            back == payload,
-            "echo gave {:?}",
-            String::from_utf8_lossy(&back)
-        );
-        eprintln!(
-            "port-forward round trip {:.1} ms",
-            t.elapsed().as_secs_f64() * 1000.0
-        );
-        Ok(())
+        talk(&mut conn)
     })();
     let _ = child.kill();
     let _ = child.wait();
@@ -589,24 +601,7 @@ fn auth_refusals(c: &Cluster) -> Result<()> {
 /// its side too, and kubectl must see that (data and error streams ended) to
 /// close the client's connection.
 fn port_forward_pod_side_close(c: &Cluster) -> Result<()> {
-    vkd(c)?;
-    let port = common::free_port()?;
-    let mut child = kubectl_cmd(c)?
-        .args([
-            "port-forward",
-            "-n",
-            NS,
-            "pod/steady",
-            &format!("{port}:8080"),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let result = (|| -> Result<()> {
-        let mut conn = wait_for("the port-forward listener", Duration::from_secs(20), || {
-            Ok(std::net::TcpStream::connect(("127.0.0.1", port)).ok())
-        })?;
-        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    over_port_forward(c, |conn| {
         conn.write_all(b"abc")?;
         conn.shutdown(std::net::Shutdown::Write)?;
         let t = Instant::now();
@@ -619,10 +614,7 @@ fn port_forward_pod_side_close(c: &Cluster) -> Result<()> {
         })?;
         ensure!(back == b"abc", "got {:?}", String::from_utf8_lossy(&back));
         Ok(())
-    })();
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+    })
 }
 
 type Wss =

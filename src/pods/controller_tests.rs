@@ -1,108 +1,14 @@
 //! The reconcile loop against a fake API server and a scripted provider:
 //! active deadlines and containers that cannot be configured.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
-use futures::StreamExt;
-use futures::stream::BoxStream;
-use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-use vkd_provider::{
-    Admission, Capacity, CapacityKind, Fence, Health, Instance, InstanceEvent, InstanceSpec,
-    Provider, ProviderError, Result,
-};
+use serde_json::json;
+use vkd_provider::Instance;
 
-use super::{Action, Lane, PodController, Settings, Shared};
-use crate::testing::{Log, Seen, fake_api, status};
-
-/// A provider whose one instance the test sets; `delete` only records the
-/// request (the backend stops the instance later, when the test says so).
-#[derive(Debug, Default)]
-struct Scripted {
-    instance: Mutex<Option<Instance>>,
-    deletes: Mutex<Vec<(String, Duration)>>,
-}
-
-#[async_trait]
-impl Provider for Scripted {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-    async fn health(&self) -> Health {
-        Health::Healthy
-    }
-    async fn capacity(&self) -> Result<Capacity> {
-        Ok(Capacity {
-            hosts: Vec::new(),
-            kind: CapacityKind::Live,
-            observed_at: SystemTime::now(),
-            refresh_interval: Duration::from_secs(10),
-        })
-    }
-    async fn admit(&self, _spec: &InstanceSpec) -> Result<Admission> {
-        Ok(Admission::Queued {
-            reason: "scripted".into(),
-        })
-    }
-    async fn create(&self, _fence: &Fence, _spec: &InstanceSpec) -> Result<Instance> {
-        Err(ProviderError::transient("scripted"))
-    }
-    async fn get(&self, _uid: &str) -> Result<Option<Instance>> {
-        Ok(self.instance.lock().unwrap().clone())
-    }
-    async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
-        self.deletes.lock().unwrap().push((uid.to_owned(), grace));
-        Ok(())
-    }
-    async fn list(&self, _node: &str) -> Result<Vec<Instance>> {
-        Ok(Vec::new())
-    }
-    fn events(&self) -> BoxStream<'static, InstanceEvent> {
-        futures::stream::pending().boxed()
-    }
-}
-
-fn controller(provider: Arc<Scripted>) -> (Arc<PodController>, Log) {
-    let (client, log) = fake_api(|req: &Seen| match req.method.as_str() {
-        "PATCH" => (
-            200,
-            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
-        ),
-        "POST" => (201, req.body.clone()),
-        _ => status(404, "NotFound"),
-    });
-    let c = PodController::new(
-        Settings {
-            node: "vk".into(),
-            host_ip: "192.0.2.1".into(),
-            epoch: 1,
-            concurrency: 1,
-            create_concurrency: 0,
-            qps: 1000,
-            burst: 1000,
-            policy: super::spec::Policy::default(),
-            host: None,
-            queue_timeout: Duration::from_secs(600),
-            gc_interval: Duration::from_secs(60),
-            brake: crate::fencing::Brake::default(),
-            partition_fence_after: Duration::from_secs(30),
-            lifecycle_events: false,
-        },
-        client.clone(),
-        client,
-        provider,
-        Shared {
-            metrics: Arc::default(),
-            term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
-            last_lease_renewal: Arc::default(),
-            partition_fenced: Arc::default(),
-            services: None,
-        },
-    );
-    (c, log)
-}
+use super::test_support::{Scripted, controller, events, patches, wait_events};
+use super::{Action, Lane};
 
 fn running_instance() -> Instance {
     let t = json!({"secs_since_epoch": 1_767_225_600, "nanos_since_epoch": 0});
@@ -122,36 +28,6 @@ fn running_instance() -> Instance {
         "message": null
     }))
     .unwrap()
-}
-
-fn patches(log: &Log) -> Vec<Value> {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.method == "PATCH")
-        .map(|s| s.body.clone())
-        .collect()
-}
-
-fn events(log: &Log) -> Vec<Value> {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.method == "POST" && s.path.ends_with("/events"))
-        .map(|s| s.body.clone())
-        .collect()
-}
-
-/// Events are sent by a task; wait for `n` of them.
-async fn wait_events(log: &Log, n: usize) -> Vec<Value> {
-    for _ in 0..200 {
-        let e = events(log);
-        if e.len() >= n {
-            return e;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    events(log)
 }
 
 /// A running Pod whose activeDeadlineSeconds has passed: the instance is

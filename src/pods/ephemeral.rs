@@ -315,20 +315,7 @@ impl PodController {
         pending: &Pending,
         instance: &Instance,
     ) -> Result<(), ReconcileError> {
-        let capabilities = self.provider.capabilities();
-        let allocatable = if pending.reads_allocatable {
-            Some(self.admitter.allocatable().await?)
-        } else {
-            None
-        };
-        let resolver = spec::Resolver {
-            client: &self.client,
-            policy: &self.settings.policy,
-            host_ip: &self.settings.host_ip,
-            volumes: capabilities.volumes == vkd_provider::Support::Supported,
-            services: self.shared.services.as_ref(),
-            allocatable,
-        };
+        let resolver = self.resolver(pending).await?;
         for (i, c) in pending.spec.containers.iter().enumerate() {
             let name = c.name.as_str();
             if !eph.waits(name) {
@@ -667,140 +654,23 @@ mod tests {
 
     /// The reconcile loop against a fake API server and a scripted backend.
     mod controller {
-        use std::sync::{Arc, Mutex};
+        use std::sync::Arc;
         use std::time::Duration;
 
-        use async_trait::async_trait;
-        use futures::StreamExt;
-        use futures::stream::BoxStream;
         use serde_json::{Value, json};
-        use tokio_util::sync::CancellationToken;
-        use vkd_provider::{
-            Admission, Capacity, CapacityKind, ContainerSpec, ContainerState, Fence, Health,
-            Instance, InstanceEvent, InstancePhase, InstanceSpec, Provider, ProviderError, Result,
+        use vkd_provider::{ContainerState, InstancePhase};
+
+        use super::super::super::test_support::{
+            Scripted, controller, events, patches, wait_events,
         };
-
-        use super::super::super::{Action, Lane, PodController, Settings, Shared};
+        use super::super::super::{Action, Lane};
         use super::{UNSUPPORTED_REASON, instance, status};
-        use crate::testing::{Log, Seen, fake_api};
-
-        /// A backend with one running instance; with `runs`, it takes
-        /// ephemeral containers (recorded), else it has the trait's default.
-        #[derive(Debug, Default)]
-        struct Scripted {
-            runs: bool,
-            instance: Mutex<Option<Instance>>,
-            started: Mutex<Vec<ContainerSpec>>,
-        }
-
-        #[async_trait]
-        impl Provider for Scripted {
-            fn name(&self) -> &str {
-                "scripted"
-            }
-            async fn health(&self) -> Health {
-                Health::Healthy
-            }
-            async fn capacity(&self) -> Result<Capacity> {
-                Ok(Capacity {
-                    hosts: Vec::new(),
-                    kind: CapacityKind::Live,
-                    observed_at: std::time::SystemTime::now(),
-                    refresh_interval: Duration::from_secs(10),
-                })
-            }
-            async fn admit(&self, _spec: &InstanceSpec) -> Result<Admission> {
-                Err(ProviderError::transient("scripted"))
-            }
-            async fn create(&self, _fence: &Fence, _spec: &InstanceSpec) -> Result<Instance> {
-                Err(ProviderError::transient("scripted"))
-            }
-            async fn get(&self, _uid: &str) -> Result<Option<Instance>> {
-                Ok(self.instance.lock().unwrap().clone())
-            }
-            async fn delete(&self, _fence: &Fence, _uid: &str, _grace: Duration) -> Result<()> {
-                Ok(())
-            }
-            async fn list(&self, _node: &str) -> Result<Vec<Instance>> {
-                Ok(Vec::new())
-            }
-            fn events(&self) -> BoxStream<'static, InstanceEvent> {
-                futures::stream::pending().boxed()
-            }
-            async fn start_ephemeral(
-                &self,
-                _fence: &Fence,
-                _uid: &str,
-                container: &ContainerSpec,
-            ) -> Result<()> {
-                if !self.runs {
-                    return Err(self.unsupported("ephemeral containers"));
-                }
-                self.started.lock().unwrap().push(container.clone());
-                Ok(())
-            }
-        }
-
-        fn controller(provider: Arc<Scripted>) -> (Arc<PodController>, Log) {
-            let (client, log) = fake_api(|req: &Seen| match req.method.as_str() {
-                "PATCH" => (
-                    200,
-                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
-                ),
-                "POST" => (201, req.body.clone()),
-                _ => crate::testing::status(404, "NotFound"),
-            });
-            let c = PodController::new(
-                Settings {
-                    node: "vk".into(),
-                    host_ip: "192.0.2.1".into(),
-                    epoch: 1,
-                    concurrency: 1,
-                    create_concurrency: 0,
-                    qps: 1000,
-                    burst: 1000,
-                    policy: super::super::super::spec::Policy::default(),
-                    host: None,
-                    queue_timeout: Duration::from_secs(600),
-                    gc_interval: Duration::from_secs(60),
-                    brake: crate::fencing::Brake::default(),
-                    partition_fence_after: Duration::from_secs(30),
-                    lifecycle_events: false,
-                },
-                client.clone(),
-                client,
-                provider,
-                Shared {
-                    metrics: Arc::default(),
-                    term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
-                    last_lease_renewal: Arc::default(),
-                    partition_fenced: Arc::default(),
-                    services: None,
-                },
-            );
-            (c, log)
-        }
+        use crate::testing::Log;
 
         fn pod_with_debugger() -> k8s_openapi::api::core::v1::Pod {
             let mut p = super::pod(json!([super::debugger()]));
             p.spec.as_mut().unwrap().node_name = Some("vk".into());
             p
-        }
-
-        fn patches(log: &Log) -> Vec<Value> {
-            let log = log.lock().unwrap();
-            log.iter()
-                .filter(|s| s.method == "PATCH")
-                .map(|s| s.body.clone())
-                .collect()
-        }
-
-        fn events(log: &Log) -> Vec<Value> {
-            let log = log.lock().unwrap();
-            log.iter()
-                .filter(|s| s.method == "POST" && s.path.ends_with("/events"))
-                .map(|s| s.body.clone())
-                .collect()
         }
 
         fn ephemeral_status(log: &Log) -> Value {
@@ -814,7 +684,7 @@ mod tests {
         #[tokio::test]
         async fn a_new_ephemeral_container_is_started_once_and_reported() {
             let provider = Arc::new(Scripted {
-                runs: true,
+                runs_ephemeral: true,
                 ..Default::default()
             });
             *provider.instance.lock().unwrap() = Some(instance(Vec::new(), InstancePhase::Running));
@@ -872,14 +742,7 @@ mod tests {
                     .contains("backend scripted does not run ephemeral containers"),
                 "{st}"
             );
-            let mut e = Vec::new();
-            for _ in 0..200 {
-                e = events(&log);
-                if !e.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            let e = wait_events(&log, 1).await;
             assert_eq!(e.len(), 1);
             assert_eq!(e[0]["type"], "Warning");
             assert_eq!(e[0]["reason"], "Failed");

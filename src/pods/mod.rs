@@ -10,6 +10,8 @@ pub mod record;
 pub mod services;
 pub mod spec;
 pub mod status;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -965,6 +967,27 @@ impl PodController {
         Ok(Action::Done)
     }
 
+    /// What resolves `pending` (ConfigMaps, Secrets, Services, fieldRefs) for
+    /// this node; with the node's allocatable when the spec reads it.
+    async fn resolver(
+        &self,
+        pending: &spec::Pending,
+    ) -> Result<spec::Resolver<'_>, ReconcileError> {
+        let allocatable = if pending.reads_allocatable {
+            Some(self.admitter.allocatable().await?)
+        } else {
+            None
+        };
+        Ok(spec::Resolver {
+            client: &self.client,
+            policy: &self.settings.policy,
+            host_ip: &self.settings.host_ip,
+            volumes: self.provider.capabilities().volumes == Support::Supported,
+            services: self.shared.services.as_ref(),
+            allocatable,
+        })
+    }
+
     /// Admits and creates the instance.
     async fn start(&self, rec: &PodRecord) -> Result<Start, ReconcileError> {
         let Some(pending) = rec.pending.as_deref() else {
@@ -973,19 +996,7 @@ impl PodController {
                 "no spec to create the instance from".into(),
             ));
         };
-        let allocatable = if pending.reads_allocatable {
-            Some(self.admitter.allocatable().await?)
-        } else {
-            None
-        };
-        let resolver = spec::Resolver {
-            client: &self.client,
-            policy: &self.settings.policy,
-            host_ip: &self.settings.host_ip,
-            volumes: self.provider.capabilities().volumes == Support::Supported,
-            services: self.shared.services.as_ref(),
-            allocatable,
-        };
+        let resolver = self.resolver(pending).await?;
         let spec = match resolver.resolve(pending).await {
             Ok(s) => s,
             Err(spec::ResolveError::Spec(e)) => {

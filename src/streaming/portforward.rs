@@ -235,34 +235,13 @@ mod tests {
     use super::*;
     use crate::streaming::spdy::frame::{FLAG_FIN, Frame};
     use crate::streaming::spdy::headers::HeaderEncoder;
-    use bytes::{Bytes, BytesMut};
+    use crate::streaming::spdy::testing::data;
+    use bytes::BytesMut;
     use tokio::io::{AsyncReadExt, DuplexStream};
 
     fn syn(enc: &mut HeaderEncoder, id: u32, kind: &str, request: &str, port: &str) -> Vec<u8> {
-        let block = enc
-            .encode(&[("streamtype", kind), ("requestid", request), ("port", port)])
-            .unwrap();
-        let mut b = BytesMut::new();
-        Frame::SynStream {
-            stream_id: id,
-            associated: 0,
-            priority: 0,
-            flags: 0,
-            block: block.into(),
-        }
-        .encode(&mut b);
-        b.to_vec()
-    }
-
-    fn data(id: u32, bytes: &[u8], fin: bool) -> Vec<u8> {
-        let mut b = BytesMut::new();
-        Frame::Data {
-            stream_id: id,
-            flags: if fin { FLAG_FIN } else { 0 },
-            data: Bytes::copy_from_slice(bytes),
-        }
-        .encode(&mut b);
-        b.to_vec()
+        let headers = [("streamtype", kind), ("requestid", request), ("port", port)];
+        crate::streaming::spdy::testing::syn(enc, id, &headers, false)
     }
 
     /// What a stream carried toward the client: its data and whether it ended.

@@ -13,7 +13,7 @@
 //! the Pod ends. Where there is cgroup v2 the Pod's cgroup ends them all, `kubectl
 //! exec` sessions included.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -121,6 +121,21 @@ enum Ended {
     Exited(ExitStatus),
     /// The process could not be started at all.
     StartFailed(String),
+}
+
+/// A container's started process, and what its end cleans up.
+struct Run {
+    child_pid: Option<u32>,
+    /// Its process group.
+    process: Option<ProcessId>,
+    /// The container's ID in its status (`process://…`).
+    id: String,
+    started_at: SystemTime,
+    cgroup: Option<PathBuf>,
+    /// The cgroup's OOM kills before the start.
+    oom_before: u64,
+    /// The tasks that copy its stdout and stderr into its log.
+    pumps: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Shim {
@@ -507,32 +522,7 @@ impl Shim {
             let started = Instant::now();
             let (ended, oom, started_at) = self.run_once(i, init, restarts > 0).await;
             let finished_at = SystemTime::now();
-            let term = match ended {
-                Ended::Exited(st) => {
-                    let code = exit_code(st);
-                    let reason = if oom {
-                        "OOMKilled"
-                    } else if code == 0 {
-                        "Completed"
-                    } else {
-                        "Error"
-                    };
-                    Terminated {
-                        exit_code: code,
-                        reason: reason.into(),
-                        message: self.termination_message(spec, launch, code),
-                        started_at,
-                        finished_at,
-                    }
-                }
-                Ended::StartFailed(message) => Terminated {
-                    exit_code: 128,
-                    reason: "StartError".into(),
-                    message: Some(message),
-                    started_at: None,
-                    finished_at,
-                },
-            };
+            let term = self.terminated(spec, launch, ended, oom, started_at, finished_at);
             let ok = term.exit_code == 0;
             // A sidecar restarts whenever it ends, whatever the Pod's restartPolicy.
             let restart = !self.stopping_for(sidecar)
@@ -584,6 +574,45 @@ impl Shim {
             backoff = Some(backoff.map_or(BACKOFF_START, |d| (d * 2).min(BACKOFF_MAX)));
             restarts += 1;
             self.set(i, init, |c| c.status.restart_count = restarts);
+        }
+    }
+
+    /// How a run ended, as the container's state: `Completed`, `Error` or
+    /// `OOMKilled` with its termination message, or `StartError`.
+    fn terminated(
+        &self,
+        spec: &ContainerSpec,
+        launch: &Launch,
+        ended: Ended,
+        oom: bool,
+        started_at: Option<SystemTime>,
+        finished_at: SystemTime,
+    ) -> Terminated {
+        match ended {
+            Ended::Exited(st) => {
+                let code = exit_code(st);
+                let reason = if oom {
+                    "OOMKilled"
+                } else if code == 0 {
+                    "Completed"
+                } else {
+                    "Error"
+                };
+                Terminated {
+                    exit_code: code,
+                    reason: reason.into(),
+                    message: self.termination_message(spec, launch, code),
+                    started_at,
+                    finished_at,
+                }
+            }
+            Ended::StartFailed(message) => Terminated {
+                exit_code: 128,
+                reason: "StartError".into(),
+                message: Some(message),
+                started_at: None,
+                finished_at,
+            },
         }
     }
 
@@ -656,62 +685,15 @@ impl Shim {
         restarted: bool,
     ) -> (Ended, bool, Option<SystemTime>) {
         let (spec, launch) = self.container(i, init);
-        let log_dir = self.sandbox.logs(&spec.name);
-        let writer = match LogWriter::start_run(&log_dir, self.spec.log_max_bytes, restarted) {
-            Ok(w) => Arc::new(Mutex::new(w)),
-            Err(e) => {
-                return (
-                    Ended::StartFailed(format!("opening the log: {e}")),
-                    false,
-                    None,
-                );
-            }
+        let (writer, cgroup) = match self.prepare_run(spec, launch, restarted) {
+            Ok(p) => p,
+            Err(why) => return (Ended::StartFailed(why), false, None),
         };
-        if !launch.cwd.is_dir() {
-            return (
-                Ended::StartFailed(format!(
-                    "workingDir {} is not a directory in the Pod's root",
-                    launch.cwd.display()
-                )),
-                false,
-                None,
-            );
-        }
-        let cgroup = match self.cgroup(spec) {
-            Ok(cg) => cg,
-            Err(e) => return (Ended::StartFailed(e), false, None),
+        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref()) {
+            Ok(r) => r,
+            Err(why) => return (Ended::StartFailed(why), false, None),
         };
-        self.fresh_termination_log(launch);
-        let oom_before = cgroup.as_deref().map_or(0, oom_kills);
-        let program = launch.argv.first().map_or("", String::as_str);
-        let spawned = self
-            .command(launch, &launch.argv, spec, cgroup.as_deref())
-            .and_then(|mut cmd| {
-                cmd.stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                self.spawn(&mut cmd)
-            });
-        let mut child = match spawned {
-            Ok(c) => c,
-            Err(e) => {
-                return (
-                    Ended::StartFailed(format!("starting {program}: {e}")),
-                    false,
-                    None,
-                );
-            }
-        };
-        let child_pid = child.id();
-        let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-        let process = ProcessId::of(pid);
-        let started_at = SystemTime::now();
-        let mut pumps = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            pumps.push(tokio::spawn(pump(out, "stdout", Arc::clone(&writer))));
-        }
-        if let Some(err) = child.stderr.take() {
-            pumps.push(tokio::spawn(pump(err, "stderr", Arc::clone(&writer))));
-        }
+        let (process, started_at) = (run.process, run.started_at);
         let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
         let sidecar = self.sidecar(i, init);
         // A regular init container is never ready while it runs; a sidecar is,
@@ -719,19 +701,13 @@ impl Shim {
         let may_be_ready = !init || sidecar;
         // Started (the kubelet's `started`): past postStart and the startupProbe.
         let started_now = spec.post_start.is_none() && spec.startup_probe.is_none();
-        let id = format!(
-            "process://{}-{}-{}",
-            &self.spec.spec.pod.uid[..self.spec.spec.pod.uid.len().min(8)],
-            spec.name,
-            pid
-        );
         self.set(i, init, |c| {
             c.status.state = ContainerState::Running { started_at };
             c.status.ready = no_readiness && may_be_ready;
             c.status.started = Some(started_now);
-            c.status.container_id = Some(id.clone());
+            c.status.container_id = Some(run.id.clone());
             c.process = process;
-            c.cgroup = cgroup.clone();
+            c.cgroup = run.cgroup.clone();
             c.started_at = Some(started_at);
         });
         let group = process;
@@ -812,33 +788,117 @@ impl Shim {
                 }
             }
         };
-        self.forget(child_pid);
+        self.end_run(run, status).await
+    }
+
+    /// Before a container's process starts: its log (a new run, or the next
+    /// one after a restart), its working directory checked, its cgroup made,
+    /// its termination message file emptied. Fails with why it cannot start.
+    fn prepare_run(
+        &self,
+        spec: &ContainerSpec,
+        launch: &Launch,
+        restarted: bool,
+    ) -> Result<(Arc<Mutex<LogWriter>>, Option<PathBuf>), String> {
+        let writer = LogWriter::start_run(
+            &self.sandbox.logs(&spec.name),
+            self.spec.log_max_bytes,
+            restarted,
+        )
+        .map_err(|e| format!("opening the log: {e}"))?;
+        if !launch.cwd.is_dir() {
+            return Err(format!(
+                "workingDir {} is not a directory in the Pod's root",
+                launch.cwd.display()
+            ));
+        }
+        let cgroup = self.cgroup(spec)?;
+        self.fresh_termination_log(launch);
+        Ok((Arc::new(Mutex::new(writer)), cgroup))
+    }
+
+    /// Starts the container's process, in `cgroup`, its output pumped into
+    /// `writer`. Fails with why it did not start.
+    fn spawn_run(
+        &self,
+        spec: &ContainerSpec,
+        launch: &Launch,
+        writer: &Arc<Mutex<LogWriter>>,
+        cgroup: Option<&Path>,
+    ) -> Result<(tokio::process::Child, Run), String> {
+        let oom_before = cgroup.map_or(0, oom_kills);
+        let program = launch.argv.first().map_or("", String::as_str);
+        let mut child = self
+            .command(launch, &launch.argv, spec, cgroup)
+            .and_then(|mut cmd| {
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                self.spawn(&mut cmd)
+            })
+            .map_err(|e| format!("starting {program}: {e}"))?;
+        let child_pid = child.id();
+        let pid = child_pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let started_at = SystemTime::now();
+        let mut pumps = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            pumps.push(tokio::spawn(pump(out, "stdout", Arc::clone(writer))));
+        }
+        if let Some(err) = child.stderr.take() {
+            pumps.push(tokio::spawn(pump(err, "stderr", Arc::clone(writer))));
+        }
+        let uid = &self.spec.spec.pod.uid;
+        let run = Run {
+            child_pid,
+            process: ProcessId::of(pid),
+            id: format!("process://{}-{}-{pid}", &uid[..uid.len().min(8)], spec.name),
+            started_at,
+            cgroup: cgroup.map(Path::to_path_buf),
+            oom_before,
+            pumps,
+        };
+        Ok((child, run))
+    }
+
+    /// After a container's process exited (`status`): what it left in its
+    /// process group and its cgroup is killed, orphans reaped, its log
+    /// flushed, its cgroup removed. Returns how it ended, whether the kernel
+    /// killed it for memory, and when it started.
+    async fn end_run(
+        &self,
+        run: Run,
+        status: std::io::Result<ExitStatus>,
+    ) -> (Ended, bool, Option<SystemTime>) {
+        self.forget(run.child_pid);
         // Whatever the container left in its group goes with it, as with a container's cgroup.
-        if let Some(pid) = group.and_then(|g| rustix::process::Pid::from_raw(g.pid)) {
+        if let Some(pid) = run
+            .process
+            .and_then(|g| rustix::process::Pid::from_raw(g.pid))
+        {
             let _ = rustix::process::kill_process_group(pid, Signal::KILL);
         }
-        if let Some(cg) = &cgroup {
+        if let Some(cg) = &run.cgroup {
             crate::cgroup::kill(cg);
         }
         // What the run left re-parented here is reaped before a restart counts
         // its processes against the Pod's limit again.
         tokio::time::sleep(Duration::from_millis(50)).await;
         self.reap_orphans(false);
-        for p in pumps {
+        for p in run.pumps {
             let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
         }
-        let oom = cgroup
+        let oom = run
+            .cgroup
             .as_deref()
-            .is_some_and(|cg| oom_kills(cg) > oom_before);
-        if let Some(cg) = &cgroup {
+            .is_some_and(|cg| oom_kills(cg) > run.oom_before);
+        if let Some(cg) = &run.cgroup {
             let _ = std::fs::remove_dir(cg);
         }
         match status {
-            Ok(st) => (Ended::Exited(st), oom, Some(started_at)),
+            Ok(st) => (Ended::Exited(st), oom, Some(run.started_at)),
             Err(e) => (
                 Ended::StartFailed(format!("waiting for the process: {e}")),
                 oom,
-                Some(started_at),
+                Some(run.started_at),
             ),
         }
     }

@@ -4,56 +4,24 @@
 //! after a restart of vkd), and ended with the Pod.
 #![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
+use common::{
+    config, fence, log_text, provider, remove, running, shim_exe, spec, stream_io, wait_for,
+};
 use tokio::io::AsyncReadExt;
-use vkd_process::{ProcessConfig, ProcessProvider, config};
-use vkd_provider::conformance::sample_spec;
+use vkd_process::ProcessProvider;
 use vkd_provider::{
-    ContainerSpec, ContainerState, ContainerStatus, Fence, InstancePhase, InstanceSpec, LogRequest,
-    Provider, ProviderError, RestartPolicy, StreamIo, Support,
+    ContainerSpec, ContainerState, ContainerStatus, InstancePhase, InstanceSpec, Provider,
+    ProviderError, RestartPolicy, Support,
 };
 
-fn shim_exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vkd-process-shim"))
-}
-
-fn config() -> ProcessConfig {
-    ProcessConfig {
-        images: vec![config::ImageMap {
-            pattern: "busybox*".into(),
-            path: None,
-            entrypoint: vec!["sleep".into(), "3600".into()],
-            args: vec![],
-        }],
-        cgroup_parent: "none".into(),
-        ..Default::default()
-    }
-}
-
-fn provider() -> (ProcessProvider, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("vkd-ephemeral-{}", uuid::Uuid::new_v4().simple()));
-    let p = ProcessProvider::open(config(), &dir, shim_exe()).unwrap();
-    (p, dir)
-}
-
-fn fence() -> Fence {
-    Fence {
-        node: "node-p".into(),
-        epoch: 1,
-    }
-}
-
+/// `main` with `WHO=main` in its environment, and a short grace period.
 fn pod(uid: &str, command: &[&str]) -> InstanceSpec {
-    let mut s = sample_spec("node-p", uid);
-    s.containers = vec![ContainerSpec {
-        name: "main".into(),
-        image: "busybox".into(),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        env: vec![("WHO".into(), "main".into())],
-        ..Default::default()
-    }];
+    let mut s = spec(uid, command);
+    s.containers[0].env = vec![("WHO".into(), "main".into())];
     s.termination_grace = Duration::from_secs(2);
     s
 }
@@ -68,25 +36,9 @@ fn debugger(name: &str, script: &str) -> ContainerSpec {
     }
 }
 
-async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..200 {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 async fn ephemeral(p: &ProcessProvider, uid: &str, name: &str) -> Option<ContainerStatus> {
     let i = p.get(uid).await.unwrap()?;
     i.ephemeral_containers.into_iter().find(|c| c.name == name)
-}
-
-async fn log_text(p: &ProcessProvider, uid: &str, name: &str) -> String {
-    let logs = p.logs(uid, name, LogRequest::default()).await.unwrap();
-    let bytes: Vec<u8> = logs.history.iter().flat_map(|l| l.bytes.to_vec()).collect();
-    String::from_utf8(bytes).unwrap()
 }
 
 /// Live processes whose command line is exactly `cmdline` (NUL-separated).
@@ -114,11 +66,7 @@ async fn an_ephemeral_container_runs_in_the_pods_sandbox_and_ends_with_it() {
     p.create(&fence(), &pod(uid, &["sleep", "60"]))
         .await
         .unwrap();
-    wait_for("running", async || {
-        let i = p.get(uid).await.unwrap()?;
-        (i.phase == InstancePhase::Running).then_some(())
-    })
-    .await;
+    running(&p, uid).await;
 
     // One that keeps running (as the e2e spec's "while true; do echo polo"),
     // and one that exits on its own.
@@ -162,13 +110,7 @@ async fn an_ephemeral_container_runs_in_the_pods_sandbox_and_ends_with_it() {
             uid,
             "debugger",
             vec!["sh".into(), "-c".into(), "echo marco $WHO; exit 3".into()],
-            StreamIo {
-                stdin: None,
-                stdout: Some(Box::new(w)),
-                stderr: None,
-                tty: false,
-                resize: None,
-            },
+            stream_io(w, false),
         )
         .await
         .unwrap();
@@ -243,13 +185,7 @@ async fn an_ephemeral_container_runs_in_the_pods_sandbox_and_ends_with_it() {
     drop(again);
 
     // The Pod ends: its ephemeral container ends with it, recorded.
-    p.delete(&fence(), uid, Duration::from_secs(1))
-        .await
-        .unwrap();
-    wait_for("deletion", async || {
-        p.get(uid).await.unwrap().is_none().then_some(())
-    })
-    .await;
+    remove(&p, uid).await;
     assert_eq!(
         processes("sleep 3017"),
         0,
@@ -265,11 +201,7 @@ async fn an_ephemeral_container_stops_when_the_pods_containers_end() {
     let mut s = pod(uid, &["sh", "-c", "sleep 2"]);
     s.restart_policy = RestartPolicy::Never;
     p.create(&fence(), &s).await.unwrap();
-    wait_for("running", async || {
-        let i = p.get(uid).await.unwrap()?;
-        (i.phase == InstancePhase::Running).then_some(())
-    })
-    .await;
+    running(&p, uid).await;
     p.start_ephemeral(&fence(), uid, &debugger("dbg", "exec sleep 3018"))
         .await
         .unwrap();

@@ -1,64 +1,18 @@
 //! The process provider against real processes: conformance, logs, restarts, exec, adoption.
 #![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
+use common::{fence, provider, remove, running, shim_exe, spec, stream_io, wait_for};
 use tokio::io::AsyncReadExt;
 use vkd_process::{ProcessConfig, ProcessProvider, config};
 use vkd_provider::conformance::{Kit, sample_spec};
 use vkd_provider::{
-    Admission, ContainerSpec, ContainerState, Fence, InstancePhase, InstanceSpec, LogRequest,
-    Provider, RestartPolicy, StreamIo,
+    Admission, ContainerSpec, ContainerState, InstancePhase, InstanceSpec, LogRequest, Provider,
+    RestartPolicy, StreamIo,
 };
-
-fn shim_exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vkd-process-shim"))
-}
-
-fn provider() -> (ProcessProvider, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("vkd-process-{}", uuid::Uuid::new_v4().simple()));
-    let config = ProcessConfig {
-        images: vec![config::ImageMap {
-            pattern: "busybox*".into(),
-            path: None,
-            entrypoint: vec!["sleep".into(), "3600".into()],
-            args: vec![],
-        }],
-        cgroup_parent: "none".into(),
-        ..Default::default()
-    };
-    let p = ProcessProvider::open(config, &dir, shim_exe()).unwrap();
-    (p, dir)
-}
-
-fn fence() -> Fence {
-    Fence {
-        node: "node-p".into(),
-        epoch: 1,
-    }
-}
-
-fn spec(uid: &str, command: &[&str]) -> InstanceSpec {
-    let mut s = sample_spec("node-p", uid);
-    s.containers = vec![ContainerSpec {
-        name: "main".into(),
-        image: "busybox".into(),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }];
-    s
-}
-
-async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..200 {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conforms() {
@@ -245,34 +199,6 @@ async fn a_new_provider_adopts_running_pods() {
     })
     .await;
     let _ = std::fs::remove_dir_all(dir);
-}
-
-fn stream_io(stdout: tokio::io::DuplexStream, tty: bool) -> StreamIo {
-    StreamIo {
-        stdin: None,
-        stdout: Some(Box::new(stdout)),
-        stderr: None,
-        tty,
-        resize: None,
-    }
-}
-
-async fn running(p: &ProcessProvider, uid: &str) -> vkd_provider::Instance {
-    wait_for("running", async || {
-        let i = p.get(uid).await.unwrap()?;
-        (i.phase == InstancePhase::Running).then_some(i)
-    })
-    .await
-}
-
-async fn remove(p: &ProcessProvider, uid: &str) {
-    p.delete(&fence(), uid, Duration::from_secs(1))
-        .await
-        .unwrap();
-    wait_for("deletion", async || {
-        p.get(uid).await.unwrap().is_none().then_some(())
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

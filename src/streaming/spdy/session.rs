@@ -310,6 +310,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
 mod tests {
     use super::*;
     use crate::streaming::spdy::headers::get;
+    use crate::streaming::spdy::testing::data;
 
     /// A minimal client: encodes frames with its own header context.
     struct Client {
@@ -319,29 +320,8 @@ mod tests {
 
     impl Client {
         fn syn(&mut self, id: u32, kind: &str, fin: bool) -> Vec<u8> {
-            let block = self.enc.encode(&[("streamtype", kind)]).unwrap();
-            let mut b = BytesMut::new();
-            Frame::SynStream {
-                stream_id: id,
-                associated: 0,
-                priority: 0,
-                flags: if fin { FLAG_FIN } else { 0 },
-                block: block.into(),
-            }
-            .encode(&mut b);
-            b.to_vec()
+            super::super::testing::syn(&mut self.enc, id, &[("streamtype", kind)], fin)
         }
-    }
-
-    fn data(id: u32, bytes: &[u8], fin: bool) -> Vec<u8> {
-        let mut b = BytesMut::new();
-        Frame::Data {
-            stream_id: id,
-            flags: if fin { FLAG_FIN } else { 0 },
-            data: Bytes::copy_from_slice(bytes),
-        }
-        .encode(&mut b);
-        b.to_vec()
     }
 
     async fn read_frames(

@@ -19,10 +19,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vkd_provider::{ContainerState, Terminated};
 
-use super::{Ended, Shim, after, exit_code, far_future, lock, oom_kills, pump, run_of, waiting};
+use super::{Ended, Shim, after, far_future, lock, run_of, waiting};
 use crate::ephemeral::{EphemeralRequest, read_request, requested};
-use crate::logs::LogWriter;
-use crate::procfs::ProcessId;
 
 /// How often the shim looks for new requests.
 const POLL: Duration = Duration::from_millis(500);
@@ -150,38 +148,13 @@ impl Shim {
     ) {
         let (spec, launch) = (&request.spec, &request.launch);
         let (ended, oom, started_at) = self.run_ephemeral_once(&request, over).await;
-        let term = match ended {
-            Ended::Exited(st) => {
-                let code = exit_code(st);
-                let reason = if oom {
-                    "OOMKilled"
-                } else if code == 0 {
-                    "Completed"
-                } else {
-                    "Error"
-                };
-                Terminated {
-                    exit_code: code,
-                    reason: reason.into(),
-                    message: self.termination_message(spec, launch, code),
-                    started_at,
-                    finished_at: SystemTime::now(),
-                }
-            }
-            Ended::StartFailed(message) => {
-                self.note(&format!(
-                    "ephemeral container {} did not start: {message}",
-                    spec.name
-                ));
-                Terminated {
-                    exit_code: 128,
-                    reason: "StartError".into(),
-                    message: Some(message),
-                    started_at: None,
-                    finished_at: SystemTime::now(),
-                }
-            }
-        };
+        if let Ended::StartFailed(message) = &ended {
+            self.note(&format!(
+                "ephemeral container {} did not start: {message}",
+                spec.name
+            ));
+        }
+        let term = self.terminated(spec, launch, ended, oom, started_at, SystemTime::now());
         self.set_ephemeral(&spec.name, |c| {
             c.status.state = ContainerState::Terminated(term);
             c.status.ready = false;
@@ -210,61 +183,25 @@ impl Shim {
         if self.stopping() || *over.borrow() {
             return fail("the Pod stopped before the container could start".into());
         }
-        let writer = match LogWriter::start_run(
-            &self.sandbox.logs(&spec.name),
-            self.spec.log_max_bytes,
-            false,
-        ) {
-            Ok(w) => Arc::new(Mutex::new(w)),
-            Err(e) => return fail(format!("opening the log: {e}")),
+        let (writer, cgroup) = match self.prepare_run(spec, launch, false) {
+            Ok(p) => p,
+            Err(why) => return fail(why),
         };
-        if !launch.cwd.is_dir() {
-            return fail(format!(
-                "workingDir {} is not a directory in the Pod's root",
-                launch.cwd.display()
-            ));
-        }
-        let cgroup = match self.cgroup(spec) {
-            Ok(cg) => cg,
-            Err(e) => return fail(e),
-        };
-        self.fresh_termination_log(launch);
-        let oom_before = cgroup.as_deref().map_or(0, oom_kills);
-        let program = launch.argv.first().map_or("", String::as_str);
-        let spawned = self
-            .command(launch, &launch.argv, spec, cgroup.as_deref())
-            .and_then(|mut cmd| {
-                cmd.stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                self.spawn(&mut cmd)
-            });
-        let mut child = match spawned {
-            Ok(c) => c,
-            Err(e) => {
+        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref()) {
+            Ok(r) => r,
+            Err(why) => {
                 if let Some(cg) = &cgroup {
                     let _ = std::fs::remove_dir(cg);
                 }
-                return fail(format!("starting {program}: {e}"));
+                return fail(why);
             }
         };
-        let child_pid = child.id();
-        let pid = child_pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-        let process = ProcessId::of(pid);
-        let started_at = SystemTime::now();
-        let mut pumps = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            pumps.push(tokio::spawn(pump(out, "stdout", Arc::clone(&writer))));
-        }
-        if let Some(err) = child.stderr.take() {
-            pumps.push(tokio::spawn(pump(err, "stderr", Arc::clone(&writer))));
-        }
-        let uid = &self.spec.spec.pod.uid;
-        let id = format!("process://{}-{}-{pid}", &uid[..uid.len().min(8)], spec.name);
+        let (process, started_at) = (run.process, run.started_at);
         self.set_ephemeral(&spec.name, |c| {
             c.status.state = ContainerState::Running { started_at };
-            c.status.container_id = Some(id);
+            c.status.container_id = Some(run.id.clone());
             c.process = process;
-            c.cgroup = cgroup.clone();
+            c.cgroup = run.cgroup.clone();
             c.started_at = Some(started_at);
         });
         let exit = child.wait();
@@ -291,32 +228,6 @@ impl Shim {
                 }
             }
         };
-        self.forget(child_pid);
-        // What it left in its process group and its cgroup goes with it.
-        if let Some(p) = process.and_then(|g| rustix::process::Pid::from_raw(g.pid)) {
-            let _ = rustix::process::kill_process_group(p, Signal::KILL);
-        }
-        if let Some(cg) = &cgroup {
-            crate::cgroup::kill(cg);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        self.reap_orphans(false);
-        for p in pumps {
-            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
-        }
-        let oom = cgroup
-            .as_deref()
-            .is_some_and(|cg| oom_kills(cg) > oom_before);
-        if let Some(cg) = &cgroup {
-            let _ = std::fs::remove_dir(cg);
-        }
-        match status {
-            Ok(st) => (Ended::Exited(st), oom, Some(started_at)),
-            Err(e) => (
-                Ended::StartFailed(format!("waiting for the process: {e}")),
-                oom,
-                Some(started_at),
-            ),
-        }
+        self.end_run(run, status).await
     }
 }
