@@ -241,6 +241,7 @@ fn report_then_clean(
 
 /// The process provider's config: which images run here. agnhost is copied where
 /// the unprivileged run-as user can execute it (the cache may be in a private home).
+/// `@AGNHOST@` and `@BUSYBOX@` in the template are replaced with their paths.
 fn provider_config(cluster: &Cluster, tools: &Path, bin: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(bin)?;
     let agnhost = bin.join("agnhost");
@@ -250,10 +251,19 @@ fn provider_config(cluster: &Cluster, tools: &Path, bin: &Path) -> Result<PathBu
     std::fs::set_permissions(&agnhost, std::fs::Permissions::from_mode(0o755))?;
     let template = std::fs::read_to_string(repo_root().join("e2e/conformance/process.yaml"))
         .context("reading e2e/conformance/process.yaml")?;
+    // busybox's sh keeps variables whose names are not shell identifiers (envFrom
+    // keys like `data-1`); the host's sh may be dash, which drops them, and bash
+    // keeps them: it stands in for busybox's sh.
+    let shell = bin.join("busybox");
+    std::fs::create_dir_all(&shell)?;
+    std::os::unix::fs::symlink("/bin/bash", shell.join("sh")).context("linking sh to bash")?;
+    std::fs::set_permissions(&shell, std::fs::Permissions::from_mode(0o755))?;
     let path = cluster.dir().join("process.yaml");
     std::fs::write(
         &path,
-        template.replace("@AGNHOST@", &agnhost.display().to_string()),
+        template
+            .replace("@AGNHOST@", &agnhost.display().to_string())
+            .replace("@BUSYBOX@", &shell.display().to_string()),
     )?;
     Ok(path)
 }
