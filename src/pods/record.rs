@@ -169,6 +169,9 @@ pub struct PodRecord {
     pub ephemeral: Option<Box<super::ephemeral::Ephemeral>>,
     /// `metadata.generation`: what `status.observedGeneration` says was seen.
     pub generation: i64,
+    /// Every condition `spec.readinessGates` names is True in the Pod's status
+    /// (true when it names none): Ready waits for it, as on the kubelet.
+    pub readiness_gates_ready: bool,
 }
 
 /// `spec.activeDeadlineSeconds`, and the grace period the containers get
@@ -330,8 +333,23 @@ impl PodRecord {
                 previous.and_then(|p| p.ephemeral.as_deref()),
             ),
             generation: meta.generation.unwrap_or(0),
+            readiness_gates_ready: readiness_gates_ready(spec, api_status),
         })
     }
+}
+
+/// Whether each condition type `spec.readinessGates` lists is True in `status`.
+fn readiness_gates_ready(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    status: Option<&k8s_openapi::api::core::v1::PodStatus>,
+) -> bool {
+    spec.readiness_gates.iter().flatten().all(|gate| {
+        status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == gate.condition_type && c.status == "True")
+    })
 }
 
 #[cfg(test)]
@@ -367,6 +385,37 @@ mod tests {
                 .starts_with("bound=2025-12-31T23:59:59Z observed=+")
         );
         assert_eq!(r.active_deadline, None);
+    }
+
+    /// Ready waits for every condition spec.readinessGates names to be True.
+    #[test]
+    fn readiness_gates_hold_ready_until_their_conditions_are_true() {
+        let with = |conditions: serde_json::Value| {
+            let p = pod(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                "spec": {"readinessGates": [{"conditionType": "k8s.io/a"}, {"conditionType": "k8s.io/b"}],
+                    "containers": [{"name": "a", "image": "x"}]},
+                "status": {"phase": "Running", "conditions": conditions}
+            }));
+            PodRecord::from_pod(&p, "vk", None, SystemTime::now())
+                .unwrap()
+                .readiness_gates_ready
+        };
+        assert!(!with(json!([])));
+        assert!(!with(json!([{"type": "k8s.io/a", "status": "True"}])));
+        assert!(!with(json!([{"type": "k8s.io/a", "status": "True"},
+            {"type": "k8s.io/b", "status": "False"}])));
+        assert!(with(json!([{"type": "k8s.io/a", "status": "True"},
+            {"type": "k8s.io/b", "status": "True"}])));
+        let none = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "a", "image": "x"}]}
+        }));
+        assert!(
+            PodRecord::from_pod(&none, "vk", None, SystemTime::now())
+                .unwrap()
+                .readiness_gates_ready
+        );
     }
 
     /// activeDeadlineSeconds is tenant input: any i64 is read without overflow,

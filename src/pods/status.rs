@@ -317,7 +317,7 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
             Some(sandbox_ready && !terminal),
             Some(initialized),
             Some(all_ready),
-            Some(all_ready),
+            Some(all_ready && rec.readiness_gates_ready),
         ],
         containers,
         init_containers,
@@ -578,7 +578,12 @@ fn condition_reason(
                 .map(|c| c.name.as_str())
                 .collect();
             if not_ready.is_empty() {
-                (None, None)
+                if t == "Ready" && !rec.readiness_gates_ready {
+                    // The containers are ready; a readiness gate is not (yet) True.
+                    (Some("ReadinessGatesNotReady"), None)
+                } else {
+                    (None, None)
+                }
             } else {
                 (
                     Some("ContainersNotReady"),

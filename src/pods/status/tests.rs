@@ -569,3 +569,22 @@ fn observed_generation_is_written_and_read_back() {
     next.observed_generation = Some(4);
     assert_ne!(view_of_pod(&pod).digest(), next.digest());
 }
+
+#[test]
+fn an_unmet_readiness_gate_keeps_ready_false() {
+    let mut rec = record();
+    rec.readiness_gates_ready = false;
+    let inst = instance(
+        InstancePhase::Running,
+        [(running(), true), (running(), true)],
+    );
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert_eq!(condition(&body, "ContainersReady")["status"], "True");
+    assert_eq!(condition(&body, "Ready")["status"], "False");
+    assert_eq!(condition(&body, "Ready")["reason"], "ReadinessGatesNotReady");
+    rec.readiness_gates_ready = true;
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert_eq!(condition(&body, "Ready")["status"], "True");
+}
