@@ -582,7 +582,10 @@ fn an_unmet_readiness_gate_keeps_ready_false() {
     let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
     assert_eq!(condition(&body, "ContainersReady")["status"], "True");
     assert_eq!(condition(&body, "Ready")["status"], "False");
-    assert_eq!(condition(&body, "Ready")["reason"], "ReadinessGatesNotReady");
+    assert_eq!(
+        condition(&body, "Ready")["reason"],
+        "ReadinessGatesNotReady"
+    );
     rec.readiness_gates_ready = true;
     let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
     let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
