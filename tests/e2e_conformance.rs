@@ -51,10 +51,12 @@ fn main() -> ExitCode {
         .map(String::as_str)
         .filter(|s| selected_by(&args, s))
         .collect();
-    let outcome = if args.list {
+    let check_lists = selected_by(&args, COVER);
+    let outcome = if args.list || (wanted.is_empty() && !check_lists) {
+        // Nothing of this suite is selected: build nothing, start nothing.
         None
     } else {
-        Some(run_suite(&lists, &wanted, selected_by(&args, COVER)).map_err(|e| format!("{e:#}")))
+        Some(run_suite(&lists, &wanted, check_lists).map_err(|e| format!("{e:#}")))
     };
     let verdict = |spec: &str| -> std::result::Result<(), Failed> {
         match &outcome {
@@ -92,20 +94,21 @@ fn main() -> ExitCode {
         let result = verdict(spec);
         trials.push(Trial::test(spec.clone(), move || result));
     }
-    for (spec, why) in &lists.defects {
-        trials.push(
-            Trial::test(
-                format!("{spec} (not run, a known defect: {why})"),
-                || Ok(()),
-            )
-            .with_ignored_flag(true),
-        );
-    }
-    for (spec, why) in &lists.skip {
-        trials.push(
-            Trial::test(format!("{spec} (skipped: {why})"), || Ok(())).with_ignored_flag(true),
-        );
-    }
+    // Shown as ignored; asked for with --ignored they fail, since they never run.
+    let not_run = |label: &str, list: &[(String, String)]| {
+        let label = label.to_owned();
+        list.iter()
+            .map(|(spec, why)| {
+                let message = format!("not run ({label}): {why}");
+                Trial::test(format!("{spec} ({label}: {why})"), move || {
+                    Err(message.into())
+                })
+                .with_ignored_flag(true)
+            })
+            .collect::<Vec<_>>()
+    };
+    trials.extend(not_run("a known defect", &lists.defects));
+    trials.extend(not_run("skipped", &lists.skip));
     let conclusion = libtest_mimic::run(&args, trials);
     if conclusion.has_failed() {
         ExitCode::FAILURE

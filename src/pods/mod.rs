@@ -1122,10 +1122,24 @@ impl PodController {
         instance: Option<&Instance>,
         waiting: &Waiting,
     ) -> Result<(), ReconcileError> {
+        self.write_status_of(rec, instance, waiting, instance.is_some())
+            .await
+    }
+
+    /// [`Self::write_status`]; `host_ip_as_pod_ip` says whether an instance with
+    /// no IP of its own shares the host's (false when the instance is gone and
+    /// its IP unknown: the Pod keeps the IP it has, never a second one).
+    async fn write_status_of(
+        &self,
+        rec: &PodRecord,
+        instance: Option<&Instance>,
+        waiting: &Waiting,
+        host_ip_as_pod_ip: bool,
+    ) -> Result<(), ReconcileError> {
         let mut view = status::desired_view(rec, instance, waiting);
         // A spec change (a new generation) is answered even when nothing else moved.
         view.observed_generation = (rec.generation > 0).then_some(rec.generation);
-        if view.pod_ip.is_none() && instance.is_some() {
+        if view.pod_ip.is_none() && host_ip_as_pod_ip {
             // A backend without Pod networking (processes) shares the host's, as
             // hostNetwork Pods do: the kubelet reports the host IP as the Pod IP.
             view.pod_ip = Some(self.settings.host_ip.clone());
@@ -1281,8 +1295,11 @@ impl PodController {
         rec: &PodRecord,
         seen: Option<Instance>,
     ) -> Result<(), ReconcileError> {
+        // An instance already gone (removed in a partition, say) left no IP to
+        // report: the status keeps the IP it has.
+        let known = seen.is_some();
         let inst = status::terminal_instance(rec, seen, SystemTime::now());
-        self.write_status(rec, Some(&inst), &Waiting::Creating)
+        self.write_status_of(rec, Some(&inst), &Waiting::Creating, known)
             .await
     }
 

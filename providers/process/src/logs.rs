@@ -140,7 +140,7 @@ pub fn read_file(path: &Path, from: u64) -> std::io::Result<(Vec<LogLine>, u64)>
 pub fn tail(dir: &Path, lines: usize, max_bytes: usize) -> Vec<u8> {
     use std::io::{Read, Seek};
     // A log line's prefix (time, stream, tag) is under 64 bytes.
-    let window = (lines * (MAX_LINE + 64)).min(4 << 20) as u64;
+    let window = lines.saturating_mul(MAX_LINE + 64).min(4 << 20) as u64;
     let mut out: Vec<LogLine> = Vec::new();
     for path in [current(dir), rotated(dir)] {
         let Ok(mut f) = std::fs::File::open(&path) else {
