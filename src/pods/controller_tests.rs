@@ -150,3 +150,35 @@ async fn a_config_error_has_the_kubelets_event_once() {
     assert_eq!(patches(&log).len(), 1);
     assert_eq!(events(&log).len(), 1);
 }
+
+/// A deleted Pod whose instance is already gone (removed in a partition, say):
+/// its final status says the containers ended, and keeps the Pod's IP rather
+/// than adding the host's as a second one (which the API server refuses).
+#[tokio::test]
+async fn the_final_status_of_a_gone_instance_keeps_the_pod_ip() {
+    let provider = Arc::new(Scripted::default());
+    let (c, log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+            "deletionTimestamp": "2026-01-01T00:00:00Z", "deletionGracePeriodSeconds": 30,
+            "annotations": {"vkd.io/instance-id": "i-1"}},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Running", "podIP": "10.100.0.2", "podIPs": [{"ip": "10.100.0.2"}],
+            "startTime": "2026-01-01T00:00:00Z"}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    for _ in 0..5 {
+        if c.reconcile("u1", Lane::Any).await.unwrap() == Action::Done {
+            break;
+        }
+    }
+    let p = patches(&log);
+    let last = p.last().expect("a final status was written");
+    let s = &last["status"];
+    assert_eq!(
+        s["containerStatuses"][0]["state"]["terminated"]["exitCode"], 137,
+        "{s}"
+    );
+    assert!(s.get("podIP").is_none() && s.get("podIPs").is_none(), "{s}");
+}
