@@ -216,19 +216,28 @@ fn dry_run(tools: &Path, lists: &Lists) -> Result<Vec<SpecResult>> {
         out.status.success(),
         "e2e.test --ginkgo.dry-run failed ({}): {}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
-            .lines()
-            .rev()
-            .take(10)
-            .collect::<Vec<_>>()
-            .join("\n")
+        last_lines(&out.stderr)
     );
-    let (description, specs) = conformance::read_report(&serde_json::from_slice(&report)?)?;
+    ensure!(
+        !report.is_empty(),
+        "e2e.test --ginkgo.dry-run wrote no report; its output ends: {}",
+        last_lines(&out.stdout)
+    );
+    let (description, specs) = conformance::read_report(
+        &serde_json::from_slice(&report).context("the dry run's report is not JSON")?,
+    )?;
     ensure!(
         description == SUITE,
         "e2e.test calls itself {description:?}, not {SUITE:?}: the focus would match nothing"
     );
     Ok(specs)
+}
+
+/// The last lines of a command's output, for an error message.
+fn last_lines(output: &[u8]) -> String {
+    let text = String::from_utf8_lossy(output);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
 /// The dry run's output and report, with its scratch directory removed either way.

@@ -813,11 +813,11 @@ fn spawn_reaped(cmd: std::process::Command) -> std::io::Result<u32> {
     Ok(pid)
 }
 
-/// Polls the sandboxes and announces changes; stops when the provider is dropped.
 /// How long a deleted instance whose shim has ended stays readable before the
 /// watcher removes it (when no delete call removes it first).
 const STOPPED_KEPT: Duration = Duration::from_secs(2);
 
+/// Polls the sandboxes and announces changes; stops when the provider is dropped.
 fn watch(inner: std::sync::Weak<Inner>) {
     let mut seen: HashMap<String, (Option<SystemTime>, bool)> = HashMap::new();
     // Sandboxes whose dead shim's leftovers were killed already.
