@@ -850,7 +850,12 @@ impl Shim {
         let run = Run {
             child_pid,
             process: ProcessId::of(pid),
-            id: format!("process://{}-{}-{pid}", &uid[..uid.len().min(8)], spec.name),
+            // By characters: a byte slice could split one and panic.
+            id: format!(
+                "process://{}-{}-{pid}",
+                uid.chars().take(8).collect::<String>(),
+                spec.name
+            ),
             started_at,
             cgroup: cgroup.map(Path::to_path_buf),
             oom_before,
