@@ -873,7 +873,7 @@ impl PodController {
         rec: &PodRecord,
         deadline: record::ActiveDeadline,
     ) -> Result<Action, ReconcileError> {
-        use vkd_provider::{ContainerState, InstancePhase, Terminated};
+        use vkd_provider::InstancePhase;
         let uid = &*rec.uid;
         self.admitter.release(uid);
         let current = self.provider.get(uid).await?;
@@ -901,26 +901,12 @@ impl PodController {
         let now = SystemTime::now();
         let last_instance = instance.clone().map(Box::new);
         let (view, body) = match instance {
-            Some(mut inst) => {
+            Some(inst) => {
+                // Every container ended as a deleted Pod's do; the deadline fails
+                // the Pod whatever they did.
+                let mut inst = status::terminal_instance(rec, Some(inst), now);
                 inst.phase = InstancePhase::Failed;
                 inst.message = None;
-                for c in &mut inst.containers {
-                    c.ready = false;
-                    let started_at = match &c.state {
-                        ContainerState::Terminated(_) => continue,
-                        ContainerState::Running { started_at } => Some(*started_at),
-                        ContainerState::Waiting { .. } => None,
-                    };
-                    c.state = ContainerState::Terminated(Terminated {
-                        exit_code: 137,
-                        reason: "ContainerStatusUnknown".into(),
-                        message: Some(
-                            "The container could not be located when the pod was terminated".into(),
-                        ),
-                        started_at,
-                        finished_at: now,
-                    });
-                }
                 let mut view = status::desired_view(rec, Some(&inst), &Waiting::Creating);
                 view.reason = Some(DEADLINE_REASON.into());
                 view.message = Some(DEADLINE_MESSAGE.into());
