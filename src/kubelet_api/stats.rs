@@ -49,7 +49,7 @@ pub async fn summary(pods: &PodController) -> Value {
         .map(|s| {
             let (nc, ns, ws, rss) = sums(s);
             node = (node.0 + nc, node.1 + ns, node.2 + ws, node.3 + rss);
-            json!({
+            let mut pod = json!({
                 "podRef": {"name": s.pod.name, "namespace": s.pod.namespace, "uid": s.pod.uid},
                 "startTime": time(s.start_time),
                 "containers": s.containers.iter().map(|c| json!({
@@ -60,7 +60,19 @@ pub async fn summary(pods: &PodController) -> Value {
                 })).collect::<Vec<_>>(),
                 "cpu": cpu(s.time, nc, ns),
                 "memory": memory(s.time, ws, rss),
-            })
+            });
+            // Where the backend measures disk, as the kubelet's summary has it.
+            if let Some(used) = s.ephemeral_storage_bytes {
+                pod["ephemeral-storage"] = json!({"time": time(s.time), "usedBytes": used});
+            }
+            if !s.volumes.is_empty() {
+                pod["volume"] = s
+                    .volumes
+                    .iter()
+                    .map(|v| json!({"time": time(s.time), "name": v.name, "usedBytes": v.used_bytes}))
+                    .collect();
+            }
+            pod
         })
         .collect();
     json!({

@@ -223,10 +223,11 @@ impl NodeAgent {
             cpu_millis: cpu,
             memory_bytes: mem,
         } = crate::topology::allocatable(hosts);
-        let (mut gpus, mut pods) = (0usize, 0u64);
+        let (mut gpus, mut pods, mut disk) = (0usize, 0u64, 0u64);
         for h in hosts {
             gpus += h.gpus.len();
             pods += u64::from(h.max_pods);
+            disk = disk.saturating_add(h.ephemeral_storage_bytes);
         }
         if let Some(max) = self.settings.max_pods {
             pods = u64::from(max);
@@ -234,6 +235,7 @@ impl NodeAgent {
         json!({
             "cpu": vkd_provider::quantity::format_cpu(cpu),
             "memory": mem.to_string(),
+            "ephemeral-storage": disk.to_string(),
             "pods": pods.to_string(),
             "nvidia.com/gpu": gpus.to_string(),
         })

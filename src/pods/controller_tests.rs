@@ -83,7 +83,7 @@ async fn a_passed_active_deadline_stops_the_instance_then_fails_the_pod() {
     let e = wait_events(&log, 1).await;
     assert_eq!(e[0]["reason"], "DeadlineExceeded");
     assert_eq!(e[0]["type"], "Normal");
-    assert!(c.deadline_stopping().is_empty());
+    assert!(c.stopping_to_fail().is_empty());
     // Terminal now: nothing more is done.
     assert_eq!(c.reconcile("u1", Lane::Any).await.unwrap(), Action::Done);
     assert_eq!(patches(&log).len(), 1);

@@ -5,6 +5,7 @@
 #[cfg(test)]
 mod controller_tests;
 pub mod ephemeral;
+pub mod eviction;
 pub mod queue;
 pub mod record;
 pub mod services;
@@ -51,6 +52,22 @@ pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the s
 /// (and on every resync), so no timer is kept for years.
 const DEADLINE_RECHECK_MAX: Duration = Duration::from_secs(3600);
 /// Pod Events being sent at once, beside the reconciles.
+/// Why a Pod fails while its containers may still run, and how they stop.
+struct Failure<'a> {
+    reason: &'a str,
+    message: &'a str,
+    /// The grace period its containers get.
+    grace: Duration,
+    event_type: EventType,
+}
+
+/// The reporting controller of vkd's Pod Events: the kubelet's own name, as
+/// the node's kubelet is what vkd is. Users and tools find a node's Pod
+/// Events by it (`kubectl get events --field-selector source=kubelet`, which
+/// the API server answers from reportingController for events.k8s.io Events).
+/// The reporting instance is the node name, so which vkd reported it stays plain.
+const EVENT_REPORTER: &str = "kubelet";
+
 const EVENTS_IN_FLIGHT: usize = 32;
 /// Pod Events waiting to be sent (about a kilobyte each). Beyond this many an
 /// Event is dropped and counted (`vkd_events_dropped_total`), as the kubelet's
@@ -162,9 +179,12 @@ pub struct PodController {
     gc_wake: tokio::sync::Notify,
     /// Orphans a collection pass decided to delete.
     approved_orphans: Mutex<HashSet<String>>,
-    /// Instances being stopped for their Pod's active deadline, as last seen:
-    /// the ends of their containers go into the Pod's final status.
-    deadline_stopping: Mutex<HashMap<String, Box<Instance>>>,
+    /// Instances being stopped because their Pod fails (its active deadline
+    /// passed, or it is evicted), as last seen: the ends of their containers
+    /// go into the Pod's final status.
+    stopping_to_fail: Mutex<HashMap<String, Box<Instance>>>,
+    /// Pods being evicted for breaking a storage limit, with the message.
+    evicting: Mutex<HashMap<String, String>>,
     /// Instances without a Pod of their own (orphans and duplicates) by phase,
     /// as the last collection pass found them; with the Pods' own instances
     /// this is `vkd_backend_instances`, so a scrape never lists the backend.
@@ -197,7 +217,7 @@ impl PodController {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
-                controller: "vkd".into(),
+                controller: EVENT_REPORTER.into(),
                 instance: Some(settings.node.clone()),
             },
         );
@@ -207,7 +227,8 @@ impl PodController {
             shared,
             gc_wake: tokio::sync::Notify::new(),
             approved_orphans: Mutex::default(),
-            deadline_stopping: Mutex::default(),
+            stopping_to_fail: Mutex::default(),
+            evicting: Mutex::default(),
             unowned_phases: Mutex::default(),
             settings,
             client,
@@ -302,6 +323,7 @@ impl PodController {
         task!("resync", resync);
         task!("collector", collect);
         task!("partition watch", partition_watch);
+        task!("storage watch", storage_watch);
         let result = tasks.join().await;
         if let Some(why) = self.shared.term.unrenewed() {
             self.fence_for_partition(&why).await;
@@ -731,7 +753,8 @@ impl PodController {
             }
             // The Pod is gone: a collection pass (with its brake) decides.
             self.admitter.release(uid);
-            self.deadline_stopping().remove(uid);
+            self.stopping_to_fail().remove(uid);
+            self.evicting().remove(uid);
             self.gc_wake.notify_one();
             return Ok(Action::Done);
         };
@@ -749,6 +772,16 @@ impl PodController {
                 .is_some_and(|left| left.is_zero())
         {
             return self.exceed_deadline(&rec, d).await;
+        }
+        let eviction = self.evicting().get(uid).cloned();
+        if let Some(message) = eviction {
+            let failure = Failure {
+                reason: eviction::REASON,
+                message: &message,
+                grace: eviction::GRACE,
+                event_type: EventType::Warning,
+            };
+            return self.stop_and_fail(&rec, &failure).await;
         }
         let instance = match self.provider.get(uid).await? {
             Some(i) => i,
@@ -855,23 +888,43 @@ impl PodController {
         }
     }
 
-    fn deadline_stopping(&self) -> MutexGuard<'_, HashMap<String, Box<Instance>>> {
-        self.deadline_stopping
+    fn stopping_to_fail(&self) -> MutexGuard<'_, HashMap<String, Box<Instance>>> {
+        self.stopping_to_fail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    fn evicting(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.evicting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// `activeDeadlineSeconds` passed: as the kubelet, stop the containers
     /// (with the Pod's grace period) and fail the Pod with `DeadlineExceeded`.
+    async fn exceed_deadline(
+        &self,
+        rec: &PodRecord,
+        deadline: record::ActiveDeadline,
+    ) -> Result<Action, ReconcileError> {
+        let failure = Failure {
+            reason: DEADLINE_REASON,
+            message: DEADLINE_MESSAGE,
+            grace: Duration::from_secs(deadline.grace_seconds.into()),
+            event_type: EventType::Normal,
+        };
+        self.stop_and_fail(rec, &failure).await
+    }
+
+    /// As the kubelet's killPod with a status function: stop the containers
+    /// within `failure.grace` and fail the Pod with its reason and message.
     /// As the kubelet's status manager, the phase turns terminal only once no
     /// container can still run: until the backend confirms, the Pod is looked
     /// at again every [`DELETE_CONFIRM`]. Containers whose end the backend did
     /// not report read as the kubelet writes those it cannot find when it
     /// terminates a Pod (`ContainerStatusUnknown`, exit code 137).
-    async fn exceed_deadline(
+    async fn stop_and_fail(
         &self,
         rec: &PodRecord,
-        deadline: record::ActiveDeadline,
+        failure: &Failure<'_>,
     ) -> Result<Action, ReconcileError> {
         use vkd_provider::InstancePhase;
         let uid = &*rec.uid;
@@ -881,35 +934,29 @@ impl PodController {
             && !matches!(i.phase, InstancePhase::Succeeded | InstancePhase::Failed)
         {
             let first = self
-                .deadline_stopping()
+                .stopping_to_fail()
                 .insert(uid.to_owned(), Box::new(i.clone()))
                 .is_none();
             if first {
-                info!(instance = %i.id, seconds = deadline.seconds, "active deadline passed; stopping the instance");
+                info!(instance = %i.id, reason = failure.reason, "stopping the instance");
             }
-            self.provider
-                .delete(
-                    &self.fence(),
-                    uid,
-                    Duration::from_secs(deadline.grace_seconds.into()),
-                )
-                .await?;
+            self.provider.delete(&self.fence(), uid, failure.grace).await?;
             return Ok(Action::After(DELETE_CONFIRM));
         }
-        let last_seen = self.deadline_stopping().remove(uid);
+        let last_seen = self.stopping_to_fail().remove(uid);
         let instance = current.or(last_seen.map(|i| *i));
         let now = SystemTime::now();
         let last_instance = instance.clone().map(Box::new);
         let (view, body) = match instance {
             Some(inst) => {
-                // Every container ended as a deleted Pod's do; the deadline fails
-                // the Pod whatever they did.
+                // Every container ended as a deleted Pod's do; the failure
+                // fails the Pod whatever they did.
                 let mut inst = status::terminal_instance(rec, Some(inst), now);
                 inst.phase = InstancePhase::Failed;
                 inst.message = None;
                 let mut view = status::desired_view(rec, Some(&inst), &Waiting::Creating);
-                view.reason = Some(DEADLINE_REASON.into());
-                view.message = Some(DEADLINE_MESSAGE.into());
+                view.reason = Some(failure.reason.into());
+                view.message = Some(failure.message.into());
                 if view.pod_ip.is_none() {
                     view.pod_ip = Some(self.settings.host_ip.clone());
                 }
@@ -917,12 +964,12 @@ impl PodController {
                 (view, body)
             }
             None => {
-                let view = status::failed_view(DEADLINE_REASON, DEADLINE_MESSAGE);
+                let view = status::failed_view(failure.reason, failure.message);
                 let body = serde_json::json!({
                     "status": {
                         "phase": "Failed",
-                        "reason": DEADLINE_REASON,
-                        "message": DEADLINE_MESSAGE,
+                        "reason": failure.reason,
+                        "message": failure.message,
                         "hostIP": self.settings.host_ip,
                         "startTime": status::time(rec.start_time.map_or(now, Stamp::time)),
                     }
@@ -930,24 +977,21 @@ impl PodController {
                 (view, body)
             }
         };
-        warn!(
-            reason = DEADLINE_REASON,
-            seconds = deadline.seconds,
-            "pod failed"
-        );
+        warn!(reason = failure.reason, message = failure.message, "pod failed");
         if let Err(e) = self.patch_status(rec, body).await {
             // Kept for the retry: the instance is gone, its last states are not.
             if let Some(i) = last_instance {
-                self.deadline_stopping().insert(uid.to_owned(), i);
+                self.stopping_to_fail().insert(uid.to_owned(), i);
             }
             return Err(e);
         }
+        self.evicting().remove(uid);
         self.touch(&rec.uid, |r| r.observe(&view));
         self.event(
             rec,
-            EventType::Normal,
-            DEADLINE_REASON,
-            DEADLINE_MESSAGE,
+            failure.event_type,
+            failure.reason,
+            failure.message,
             "Kill",
         );
         Ok(Action::Done)
@@ -1366,7 +1410,7 @@ impl PodController {
             reason: Some(reason.to_owned()),
             note: Some(note.chars().take(1000).collect()),
             action: Some(action.to_owned()),
-            reporting_controller: Some("vkd".to_owned()),
+            reporting_controller: Some(EVENT_REPORTER.to_owned()),
             reporting_instance: Some(self.settings.node.clone()),
             regarding: Some(Self::pod_reference(rec)),
             ..Event::default()

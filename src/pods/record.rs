@@ -165,6 +165,8 @@ pub struct PodRecord {
     pub delete_sent: bool,
     /// `spec.activeDeadlineSeconds` (mutable: read from every update).
     pub active_deadline: Option<ActiveDeadline>,
+    /// Local ephemeral storage limits, enforced by eviction (`None`: it has none).
+    pub storage_limits: Option<Box<super::eviction::StorageLimits>>,
     /// `spec.ephemeralContainers` and what became of them (`None`: it has none).
     pub ephemeral: Option<Box<super::ephemeral::Ephemeral>>,
     /// `metadata.generation`: what `status.observedGeneration` says was seen.
@@ -327,6 +329,7 @@ impl PodRecord {
                 .is_some_and(|v| v == "fence"),
             delete_sent: previous.is_some_and(|p| p.delete_sent),
             active_deadline: ActiveDeadline::of(spec),
+            storage_limits: super::eviction::StorageLimits::of(spec),
             ephemeral: super::ephemeral::Ephemeral::of(
                 pod,
                 node,

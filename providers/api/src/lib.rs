@@ -424,6 +424,10 @@ pub struct HostSlice {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub cached_models: Vec<String>,
+    /// Local ephemeral storage on the host, in bytes (the Node's
+    /// `ephemeral-storage`); 0 when the backend does not say.
+    #[serde(default)]
+    pub ephemeral_storage_bytes: u64,
     /// How many Pods the host can run.
     pub max_pods: u32,
     /// How many it runs now.
@@ -605,6 +609,10 @@ pub struct ContainerStats {
     pub cpu_usage_nano_cores: u64,
     pub memory_working_set_bytes: u64,
     pub memory_rss_bytes: u64,
+    /// Local ephemeral storage the container alone uses (its writable layer
+    /// and logs); `None` where the backend cannot tell it from the Pod's.
+    #[serde(default)]
+    pub ephemeral_storage_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -613,6 +621,22 @@ pub struct PodStats {
     pub start_time: SystemTime,
     pub time: SystemTime,
     pub containers: Vec<ContainerStats>,
+    /// Local ephemeral storage the Pod uses now, in bytes: what it wrote
+    /// outside its persistent volumes (its writable files, emptyDirs on disk,
+    /// logs), as the kubelet sums it. `None`: the backend does not measure it,
+    /// and no ephemeral-storage limit is enforced for the Pod.
+    #[serde(default)]
+    pub ephemeral_storage_bytes: Option<u64>,
+    /// Usage of the Pod's local volumes the backend measures (emptyDirs).
+    #[serde(default)]
+    pub volumes: Vec<VolumeStats>,
+}
+
+/// Bytes used in one of a Pod's volumes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeStats {
+    pub name: String,
+    pub used_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]

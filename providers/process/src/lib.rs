@@ -584,6 +584,13 @@ impl ProcessProvider {
         (cpu, mem, n)
     }
 
+    /// The size of the filesystem the Pods' sandboxes are on: the Node's
+    /// ephemeral-storage, as the kubelet reports its root directory's.
+    fn disk_total(&self) -> u64 {
+        rustix::fs::statvfs(&self.pods_dir())
+            .map_or(0, |v| v.f_blocks.saturating_mul(v.f_frsize))
+    }
+
     fn totals(&self) -> (u64, u64) {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         (cpus * 1000, procfs::mem_total().unwrap_or(0))
@@ -729,7 +736,8 @@ impl ProcessProvider {
         let not_found = || ProviderError::NotFound {
             uid: uid.to_owned(),
         };
-        let (_, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let (sb, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let (disk, volumes) = sb.disk_usage();
         let now = SystemTime::now();
         let page = procfs::page_size();
         let mut containers = Vec::new();
@@ -769,6 +777,9 @@ impl ProcessProvider {
                 cpu_usage_nano_cores: rate,
                 memory_working_set_bytes: rss,
                 memory_rss_bytes: rss,
+                // The containers share the Pod's writable directory: only the
+                // Pod's total is known.
+                ephemeral_storage_bytes: None,
             });
         }
         Ok(PodStats {
@@ -776,6 +787,11 @@ impl ProcessProvider {
             start_time: st.and_then(|s| s.started_at).unwrap_or(rec.created_at),
             time: now,
             containers,
+            ephemeral_storage_bytes: Some(disk),
+            volumes: volumes
+                .into_iter()
+                .map(|(name, used_bytes)| vkd_provider::VolumeStats { name, used_bytes })
+                .collect(),
         })
     }
 
@@ -936,6 +952,7 @@ impl Provider for ProcessProvider {
                 rdma_domain: None,
                 labels: Default::default(),
                 cached_models: Vec::new(),
+                ephemeral_storage_bytes: self.disk_total(),
                 max_pods: self.inner.config.max_pods,
                 pods_running: n,
             }],

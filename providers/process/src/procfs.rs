@@ -77,6 +77,31 @@ impl ProcessId {
         }
     }
 
+    /// Whether the process is still the shim's launcher (`/proc/self/exe
+    /// process-launch ...`), which has not yet replaced itself with the
+    /// container's program. A stop then has nobody to be graceful to.
+    pub fn still_launching(&self) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", self.pid)) else {
+            return false;
+        };
+        if !is_launcher_cmdline(&cmdline) {
+            return false;
+        }
+        // Where the executable can be read (not always, as another user), it
+        // must be this very binary too.
+        use std::os::unix::fs::MetadataExt;
+        match (
+            std::fs::metadata(format!("/proc/{}/exe", self.pid)),
+            std::fs::metadata("/proc/self/exe"),
+        ) {
+            (Ok(theirs), Ok(ours)) => theirs.dev() == ours.dev() && theirs.ino() == ours.ino(),
+            _ => true,
+        }
+    }
+
     pub fn signal(&self, signal: rustix::process::Signal) -> bool {
         if !self.alive() {
             return false;
@@ -86,6 +111,12 @@ impl ProcessId {
             None => false,
         }
     }
+}
+
+/// Whether a /proc/PID/cmdline is the launcher's, as the shim starts it.
+fn is_launcher_cmdline(cmdline: &[u8]) -> bool {
+    let mut args = cmdline.split(|b| *b == 0);
+    args.next() == Some(b"/proc/self/exe") && args.next() == Some(b"process-launch")
 }
 
 /// Clock ticks per second (USER_HZ); 100 on every Linux vkd targets.
@@ -182,6 +213,25 @@ pub fn descendants(pid: i32) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_launcher_is_known_by_its_command_line() {
+        assert!(is_launcher_cmdline(
+            b"/proc/self/exe\0process-launch\0--cwd\0/\0--\0/bin/false\0"
+        ));
+        assert!(!is_launcher_cmdline(b"/bin/false\0"));
+        assert!(!is_launcher_cmdline(b"/proc/self/exe\0exec\0"));
+        assert!(!is_launcher_cmdline(b""));
+        // After exec the process is the program, not the launcher.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let id = ProcessId::of(child.id() as i32).unwrap();
+        assert!(!id.still_launching());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 
     #[test]
     fn both_ways_of_finding_children_agree() {

@@ -742,7 +742,7 @@ impl Shim {
             {
                 turn_by = None;
                 if let Some(g) = group {
-                    g.signal_group(Signal::TERM);
+                    g.signal_group(stop_signal(g));
                 }
                 // The kubelet's floor: never less than 2 s between SIGTERM and SIGKILL.
                 kill_at = Some(by.max(after(Duration::from_secs(2))));
@@ -935,7 +935,7 @@ impl Shim {
     ) -> Instant {
         let deadline = self.pre_stop(pre_stop, launch, spec).await;
         if let Some(g) = group {
-            g.signal_group(Signal::TERM);
+            g.signal_group(stop_signal(g));
         }
         // Like the kubelet, a preStop hook that used the whole grace period still
         // leaves the process 2 s between SIGTERM and SIGKILL.
@@ -1153,6 +1153,19 @@ fn far_future() -> Instant {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How a container is asked to stop: SIGTERM, or SIGKILL while its launcher has
+/// not yet become the program. A SIGTERM then would end the launcher with 143,
+/// as if the program had run and been terminated; the program never ran, so
+/// there is nothing to be graceful to, and the kubelet's runtime reports such a
+/// container as killed (137).
+fn stop_signal(group: ProcessId) -> Signal {
+    if group.still_launching() {
+        Signal::KILL
+    } else {
+        Signal::TERM
+    }
 }
 
 /// The exit code the kubelet reports: the program's, or 128 + the signal that killed it.

@@ -81,6 +81,9 @@ struct RawHost {
     name: String,
     cpu: String,
     memory: String,
+    /// Local disk for Pods (the Node's ephemeral-storage), as a quantity.
+    #[serde(default)]
+    ephemeral_storage: Option<String>,
     #[serde(default)]
     max_pods: Option<u32>,
     #[serde(default)]
@@ -147,6 +150,9 @@ pub struct Fleet {
     /// The file it was loaded from; the sim reads its hosts again when it changes.
     pub source: Option<std::path::PathBuf>,
 }
+
+/// A simulated host's local disk for Pods when the fleet does not say.
+const DEFAULT_EPHEMERAL_STORAGE: u64 = 100 << 30;
 
 impl Fleet {
     pub fn load(path: &Path) -> Result<Self, FleetError> {
@@ -224,6 +230,11 @@ impl Fleet {
                 quantity::cpu_millis(&h.cpu).map_err(|e| invalid(at("cpu"), e.to_string()))?;
             let memory =
                 quantity::bytes(&h.memory).map_err(|e| invalid(at("memory"), e.to_string()))?;
+            let ephemeral_storage = match &h.ephemeral_storage {
+                None => DEFAULT_EPHEMERAL_STORAGE,
+                Some(q) => quantity::bytes(q)
+                    .map_err(|e| invalid(at("ephemeral_storage"), e.to_string()))?,
+            };
             let mut gpus = Vec::new();
             for (g, group) in h.gpus.iter().enumerate() {
                 let memory = quantity::bytes(&group.memory)
@@ -256,6 +267,7 @@ impl Fleet {
                 rdma_domain: h.rdma_domain,
                 labels: h.labels,
                 cached_models: h.cached_models,
+                ephemeral_storage_bytes: ephemeral_storage,
                 max_pods: h.max_pods.unwrap_or(110),
                 pods_running: 0,
             });

@@ -336,6 +336,7 @@ impl SimProvider {
                         .max(1),
                     memory_working_set_bytes: memory,
                     memory_rss_bytes: memory - memory / 4,
+                    ephemeral_storage_bytes: None,
                 }
             })
             .collect();
@@ -344,6 +345,8 @@ impl SimProvider {
             start_time: inst.started_at.unwrap_or(inst.created_at),
             time: now,
             containers,
+            ephemeral_storage_bytes: None,
+            volumes: Vec::new(),
         })
     }
 }
