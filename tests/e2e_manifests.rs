@@ -158,7 +158,8 @@ fn under_service_account(c: &Cluster) -> Result<()> {
         token_len > 100,
         "no ServiceAccount token in the volume: {out}"
     );
-    // Events: a Pod that cannot run fails with an Event.
+    // Events: a Pod whose image cannot run gets the kubelet's Warning, found
+    // as a kubelet's Events are.
     c.apply(&pod(&ns, "unrunnable", "sa", "nginx:1.27"))?;
     wait_for("the failure Event", Duration::from_secs(60), || {
         let ev = c.kubectl_json(&[
@@ -167,7 +168,7 @@ fn under_service_account(c: &Cluster) -> Result<()> {
             "-n",
             &ns,
             "--field-selector",
-            "involvedObject.name=unrunnable,reason=ImageNotRunnable",
+            "involvedObject.name=unrunnable,reason=Failed,source=kubelet,type=Warning",
         ])?;
         Ok((!common::items(&ev).is_empty()).then_some(()))
     })?;

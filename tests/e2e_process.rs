@@ -30,7 +30,7 @@ fn main() -> ExitCode {
             termination,
         ),
         (
-            "config_map_and_secret_content_reaches_the_process",
+            "config_map_and_secret_content_reaches_the_process_and_follows_updates",
             config_and_secrets,
         ),
         ("bad_input_fails_clearly_and_leaks_nothing", bad_input),
@@ -593,7 +593,10 @@ stringData: {{password: s3cr3t-value}}
   - {name: config, configMap: {name: app-config}}
   - {name: secret, secret: {secretName: app-secret}}
   - name: info
-    downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}"#,
+    downwardAPI:
+      items:
+      - {path: name, fieldRef: {fieldPath: metadata.name}}
+      - {path: labels, fieldRef: {fieldPath: metadata.labels}}"#,
     ))?;
     wait_running(c, "configured")?;
     let out = c.kubectl(&[
@@ -624,6 +627,60 @@ stringData: {{password: s3cr3t-value}}
     );
     eprintln!(
         "config: configMap, secret (0600), downwardAPI, env refs and the ServiceAccount token all present"
+    );
+
+    // The volumes follow their sources while the Pod runs, as on the kubelet:
+    // a changed ConfigMap and Secret within the sync period (a key removed
+    // takes its file with it), new labels at once.
+    let read =
+        |script: &str| c.kubectl(&["exec", "configured", "-n", NS, "--", "sh", "-c", script]);
+    c.kubectl(&[
+        "patch", "configmap", "app-config", "-n", NS, "--type=json",
+        "-p", r#"[{"op":"replace","path":"/data/greeting","value":"hello again"},{"op":"remove","path":"/data/mode"}]"#,
+    ])?;
+    c.kubectl(&[
+        "patch",
+        "secret",
+        "app-secret",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"stringData":{"password":"rotated-value"}}"#,
+    ])?;
+    let changed = Instant::now();
+    wait_for(
+        "the configMap and secret volumes to follow",
+        Duration::from_secs(100),
+        || {
+            let out =
+                read("cat etc/app/greeting; echo; cat etc/secret/password; echo; ls etc/app")?;
+            Ok(
+                (out.lines().collect::<Vec<_>>() == ["hello again", "rotated-value", "greeting"])
+                    .then_some(()),
+            )
+        },
+    )?;
+    let followed_in = changed.elapsed();
+    let mode = read("stat -L -c %a etc/secret/password")?;
+    ensure!(
+        mode.trim() == "600",
+        "the rewritten secret file's mode: {mode:?}"
+    );
+    c.kubectl(&["label", "pod", "configured", "-n", NS, "tier=gold"])?;
+    let labelled = Instant::now();
+    wait_for(
+        "the downwardAPI labels to follow",
+        Duration::from_secs(30),
+        || {
+            let out = read("cat etc/podinfo/labels")?;
+            Ok(out.contains("tier=\"gold\"").then_some(()))
+        },
+    )?;
+    eprintln!(
+        "config: volumes followed a ConfigMap and Secret change in {:.1}s and a label in {:.1}s",
+        followed_in.as_secs_f64(),
+        labelled.elapsed().as_secs_f64()
     );
     delete_now(c, "configured")
 }
@@ -793,12 +850,6 @@ fn bad_input(c: &Cluster) -> Result<()> {
             "  containers:\n  - {name: main, image: busybox, command: [definitely-not-a-program]}",
         ),
         (
-            "unknown-image",
-            NS,
-            "ImageNotRunnable",
-            "  containers:\n  - {name: main, image: nginx:1.27, command: [nginx]}",
-        ),
-        (
             "nfs-volume",
             NS,
             "UnsupportedVolume",
@@ -836,6 +887,59 @@ fn bad_input(c: &Cluster) -> Result<()> {
         uids.push(str_at(&p, "metadata.uid").to_owned());
         eprintln!("bad input {name}: {reason}: {message}");
     }
+    // An image the node cannot run is a failed pull: the Pod waits, saying
+    // why, and runs once its image is fixed.
+    c.apply(&pod(
+        "unknown-image",
+        NS,
+        "proc",
+        "  containers:\n  - {name: main, image: nginx:1.27, command: [sleep, '60']}",
+    ))?;
+    let p = wait_for(
+        "unknown-image to wait for its image",
+        Duration::from_secs(60),
+        || {
+            let p = c.kubectl_json(&["get", "pod", "unknown-image", "-n", NS])?;
+            let reason = at(&p, "status.containerStatuses.0.state.waiting.reason");
+            Ok((reason == "ErrImagePull" || reason == "ImagePullBackOff").then_some(p))
+        },
+    )?;
+    ensure!(at(&p, "status.phase") == "Pending", "{}", at(&p, "status"));
+    ensure!(
+        str_at(&p, "status.containerStatuses.0.state.waiting.message").contains("nginx"),
+        "{}",
+        at(&p, "status")
+    );
+    let waiting_uid = str_at(&p, "metadata.uid").to_owned();
+    ensure!(
+        !state.join("process/pods").join(&waiting_uid).exists(),
+        "a sandbox was made for an image the node cannot run"
+    );
+    c.kubectl(&[
+        "set",
+        "image",
+        "pod/unknown-image",
+        "main=busybox",
+        "-n",
+        NS,
+    ])?;
+    wait_for(
+        "unknown-image to run once fixed",
+        Duration::from_secs(60),
+        || {
+            let p = c.kubectl_json(&["get", "pod", "unknown-image", "-n", NS])?;
+            Ok(running_and_ready(&p).then_some(()))
+        },
+    )?;
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "unknown-image",
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
     // Nothing was started for any of them: no sandbox and no process.
     for uid in &uids {
         let sandbox = state.join("process/pods").join(uid);
@@ -1207,7 +1311,7 @@ fn ephemeral_containers(c: &Cluster) -> Result<()> {
     // An image this node cannot run: it waits, saying why, with a Warning Event.
     debug("nope", "nginx", &["true"])?;
     let s = wait_ephemeral(c, name, "nope", "to wait with a reason", |s| {
-        s["state"]["waiting"]["reason"] == "ImageNotRunnable"
+        s["state"]["waiting"]["reason"] == "ErrImagePull"
     })?;
     ensure!(str_at(&s, "state.waiting.message").contains("nginx"), "{s}");
     wait_for("the Failed event of nope", Duration::from_secs(30), || {

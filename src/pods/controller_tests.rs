@@ -182,3 +182,97 @@ async fn the_final_status_of_a_gone_instance_keeps_the_pod_ip() {
     );
     assert!(s.get("podIP").is_none() && s.get("podIPs").is_none(), "{s}");
 }
+
+/// A Pod over its storage limit is evicted as the kubelet evicts it: its
+/// containers get one second, and once the backend no longer runs them the
+/// Pod is Failed with reason Evicted and a Warning Event.
+#[tokio::test]
+async fn an_evicted_pod_is_stopped_then_failed_as_evicted() {
+    let provider = Arc::new(Scripted::default());
+    *provider.instance.lock().unwrap() = Some(running_instance());
+    let (c, log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+            "annotations": {"vkd.io/instance-id": "i-1"}},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x",
+            "resources": {"limits": {"ephemeral-storage": "5Mi"}}}]},
+        "status": {"phase": "Running", "startTime": super::status::time(SystemTime::now())}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    let message = "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. ";
+    c.evicting().insert("u1".into(), message.into());
+
+    assert_eq!(
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+        Action::After(super::DELETE_CONFIRM)
+    );
+    assert_eq!(
+        *provider.deletes.lock().unwrap(),
+        vec![("u1".to_owned(), super::eviction::GRACE)]
+    );
+    *provider.instance.lock().unwrap() = None;
+    assert_eq!(c.reconcile("u1", Lane::Any).await.unwrap(), Action::Done);
+    let p = patches(&log);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0]["status"]["phase"], "Failed");
+    assert_eq!(p[0]["status"]["reason"], "Evicted");
+    assert_eq!(p[0]["status"]["message"], message);
+    let e = wait_events(&log, 1).await;
+    assert_eq!(e[0]["reason"], "Evicted");
+    assert_eq!(e[0]["type"], "Warning");
+    assert_eq!(e[0]["reportingController"], "kubelet");
+    assert!(
+        c.evicting().is_empty(),
+        "nothing is kept once the Pod failed"
+    );
+}
+
+/// An image the backend cannot run leaves the Pod Pending as a failed pull
+/// does on the kubelet: ErrImagePull, then ImagePullBackOff, retried with a
+/// doubling back-off; it never fails the Pod.
+#[tokio::test]
+async fn an_image_the_backend_cannot_run_waits_as_a_failed_pull() {
+    let provider = Arc::new(Scripted::default());
+    *provider.admission.lock().unwrap() = Some(vkd_provider::Admission::Rejected {
+        reason: vkd_provider::IMAGE_NOT_RUNNABLE.into(),
+        message: "container main: image \"nope\" is not mapped".into(),
+    });
+    let (c, log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "nope"}]},
+    }))
+    .unwrap();
+    c.upsert(&pod);
+
+    let waits: Vec<Action> = vec![
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+    ];
+    assert_eq!(
+        waits,
+        [
+            Action::After(Duration::from_secs(10)),
+            Action::After(Duration::from_secs(20))
+        ]
+    );
+    let p = patches(&log);
+    let reasons: Vec<&str> = p
+        .iter()
+        .map(|p| {
+            assert_eq!(p["status"]["phase"], "Pending", "{p}");
+            p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(reasons, ["ErrImagePull", "ImagePullBackOff"]);
+    let e = wait_events(&log, 2).await;
+    let e: Vec<(&str, &str)> = e
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["reason"].as_str().unwrap()))
+        .collect();
+    assert!(e.contains(&("Warning", "Failed")), "{e:?}");
+    assert!(e.contains(&("Normal", "BackOff")), "{e:?}");
+}

@@ -364,7 +364,13 @@ impl PodController {
                     self.refused(rec, eph, name, UNSUPPORTED_REASON, &message, false);
                 }
                 Err(ProviderError::Invalid { reason, message }) => {
-                    self.refused(rec, eph, name, &reason, &message, false);
+                    // An image it cannot run reads as the kubelet's failed pull.
+                    let reason = if reason == vkd_provider::IMAGE_NOT_RUNNABLE {
+                        "ErrImagePull"
+                    } else {
+                        &reason
+                    };
+                    self.refused(rec, eph, name, reason, &message, false);
                 }
                 Err(ProviderError::Rejected { message }) => {
                     self.refused(rec, eph, name, "BackendRejected", &message, true);

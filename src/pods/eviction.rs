@@ -37,7 +37,12 @@ pub struct StorageLimits {
 }
 
 fn ephemeral_limit(c: &Container) -> Option<u64> {
-    let q = c.resources.as_ref()?.limits.as_ref()?.get("ephemeral-storage")?;
+    let q = c
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get("ephemeral-storage")?;
     vkd_provider::quantity::bytes(&q.0).ok().filter(|b| *b > 0)
 }
 
@@ -46,7 +51,10 @@ impl StorageLimits {
     pub fn of(spec: &PodSpec) -> Option<Box<Self>> {
         let inits = spec.init_containers.as_deref().unwrap_or_default();
         let sidecar = |c: &Container| c.restart_policy.as_deref() == Some("Always");
-        let long_running = spec.containers.iter().chain(inits.iter().filter(|c| sidecar(c)));
+        let long_running = spec
+            .containers
+            .iter()
+            .chain(inits.iter().filter(|c| sidecar(c)));
         let containers: Box<[(Box<str>, u64)]> = long_running
             .filter_map(|c| Some((c.name.as_str().into(), ephemeral_limit(c)?)))
             .collect();
@@ -130,7 +138,14 @@ impl StorageLimits {
 
 /// Bytes as a Kubernetes quantity, in the largest binary unit that divides them.
 fn quantity(bytes: u64) -> String {
-    for (shift, unit) in [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+    for (shift, unit) in [
+        (60, "Ei"),
+        (50, "Pi"),
+        (40, "Ti"),
+        (30, "Gi"),
+        (20, "Mi"),
+        (10, "Ki"),
+    ] {
         if bytes != 0 && bytes.trailing_zeros() >= shift {
             return format!("{}{unit}", bytes >> shift);
         }
@@ -155,9 +170,7 @@ impl PodController {
             let watched: Vec<(String, String, Box<StorageLimits>)> = self
                 .records()
                 .values()
-                .filter(|r| {
-                    r.instance_id.is_some() && r.deletion_grace.is_none() && !r.terminal()
-                })
+                .filter(|r| r.instance_id.is_some() && r.deletion_grace.is_none() && !r.terminal())
                 .filter_map(|r| Some((r.uid.to_string(), r.key(), r.storage_limits.clone()?)))
                 .collect();
             for (uid, key, limits) in watched {
@@ -252,14 +265,22 @@ mod tests {
             ],
         }));
         let l = StorageLimits::of(&s).unwrap();
-        assert_eq!(l.empty_dirs.len(), 1, "a memory emptyDir is the memory limit's");
-        assert_eq!(l.exceeded(&stats(Some(5 << 20), &[("scratch", 1 << 20)])), None);
+        assert_eq!(
+            l.empty_dirs.len(),
+            1,
+            "a memory emptyDir is the memory limit's"
+        );
+        assert_eq!(
+            l.exceeded(&stats(Some(5 << 20), &[("scratch", 1 << 20)])),
+            None
+        );
         assert_eq!(
             l.exceeded(&stats(Some(10 << 20), &[])).as_deref(),
             Some("Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. ")
         );
         assert_eq!(
-            l.exceeded(&stats(Some(10 << 20), &[("scratch", 2 << 20)])).as_deref(),
+            l.exceeded(&stats(Some(10 << 20), &[("scratch", 2 << 20)]))
+                .as_deref(),
             Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "),
             "the emptyDir is looked at first"
         );

@@ -13,6 +13,7 @@ pub mod spec;
 pub mod status;
 #[cfg(test)]
 mod test_support;
+pub mod volume_refresh;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -52,6 +53,11 @@ pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the s
 /// (and on every resync), so no timer is kept for years.
 const DEADLINE_RECHECK_MAX: Duration = Duration::from_secs(3600);
 /// Pod Events being sent at once, beside the reconciles.
+/// The first wait before a start that failed on an image is tried again;
+/// it doubles up to [`IMAGE_BACKOFF_MAX`], as the kubelet's image back-off.
+const IMAGE_BACKOFF: Duration = Duration::from_secs(10);
+const IMAGE_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
 /// Why a Pod fails while its containers may still run, and how they stop.
 struct Failure<'a> {
     reason: &'a str,
@@ -854,6 +860,7 @@ impl PodController {
                     }
                     return Ok(self.deadline_action(uid, Some(CONFIG_RECHECK)));
                 }
+                Start::ImagePull(message) => return self.image_unavailable(&rec, message).await,
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
             },
         };
@@ -865,7 +872,59 @@ impl PodController {
         let rec = self.start_ephemeral(rec, &instance).await?;
         self.write_status(&rec, Some(&instance), &Waiting::Creating)
             .await?;
-        Ok(self.deadline_action(uid, ephemeral::recheck(&rec)))
+        let refresh_in = if instance.phase == vkd_provider::InstancePhase::Running {
+            self.refresh_volumes(&rec).await?
+        } else {
+            None
+        };
+        let recheck = match (ephemeral::recheck(&rec), refresh_in) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(self.deadline_action(uid, recheck))
+    }
+
+    /// The backend cannot run a container's image. As the kubelet after a
+    /// failed pull, the Pod stays Pending with its containers waiting in
+    /// `ErrImagePull`, then `ImagePullBackOff`, and the start is tried again
+    /// after a back-off that doubles from [`IMAGE_BACKOFF`] to
+    /// [`IMAGE_BACKOFF_MAX`]; an update of the Pod (a fixed image) tries at once.
+    async fn image_unavailable(
+        &self,
+        rec: &PodRecord,
+        message: String,
+    ) -> Result<Action, ReconcileError> {
+        let backoff = rec.image_failures > 0;
+        let waiting = Waiting::ImagePull {
+            message: message.clone(),
+            backoff,
+        };
+        self.write_status(rec, None, &waiting).await?;
+        let failures = rec.image_failures.saturating_add(1);
+        self.touch(&rec.uid, |r| r.image_failures = failures);
+        warn!(%message, failures, "image not runnable; waiting as after a failed pull");
+        // The kubelet's pair of Events, once each rather than at every retry.
+        match failures {
+            1 => self.event(
+                rec,
+                EventType::Warning,
+                "Failed",
+                &format!("Failed to pull image: {message}"),
+                "Pull",
+            ),
+            2 => self.event(
+                rec,
+                EventType::Normal,
+                "BackOff",
+                &format!("Back-off pulling image: {message}"),
+                "Pull",
+            ),
+            _ => {}
+        }
+        let wait = IMAGE_BACKOFF
+            .saturating_mul(1 << u32::from(failures.min(8) - 1))
+            .min(IMAGE_BACKOFF_MAX);
+        Ok(self.deadline_action(&rec.uid, Some(wait)))
     }
 
     /// What follows a reconcile that leaves the Pod running or waiting: it is
@@ -940,7 +999,9 @@ impl PodController {
             if first {
                 info!(instance = %i.id, reason = failure.reason, "stopping the instance");
             }
-            self.provider.delete(&self.fence(), uid, failure.grace).await?;
+            self.provider
+                .delete(&self.fence(), uid, failure.grace)
+                .await?;
             return Ok(Action::After(DELETE_CONFIRM));
         }
         let last_seen = self.stopping_to_fail().remove(uid);
@@ -977,7 +1038,11 @@ impl PodController {
                 (view, body)
             }
         };
-        warn!(reason = failure.reason, message = failure.message, "pod failed");
+        warn!(
+            reason = failure.reason,
+            message = failure.message,
+            "pod failed"
+        );
         if let Err(e) = self.patch_status(rec, body).await {
             // Kept for the retry: the instance is gone, its last states are not.
             if let Some(i) = last_instance {
@@ -1046,7 +1111,7 @@ impl PodController {
         let admission = match admission {
             Ok(a) => a,
             Err(ProviderError::Invalid { reason, message }) => {
-                return Ok(Start::Failed(reason, message));
+                return Ok(Start::failed(reason, message));
             }
             Err(e) => return Err(e.into()),
         };
@@ -1054,7 +1119,7 @@ impl PodController {
         let placement = match admission {
             Admission::Fits(p) => p,
             Admission::Queued { reason } => return Ok(Start::Queued(reason)),
-            Admission::Rejected { reason, message } => return Ok(Start::Failed(reason, message)),
+            Admission::Rejected { reason, message } => return Ok(Start::failed(reason, message)),
         };
         let gpus = if placement.gpu_ids.is_empty() {
             String::new()
@@ -1071,15 +1136,22 @@ impl PodController {
             }
             Err(ProviderError::Invalid { reason, message }) => {
                 self.admitter.release(&rec.uid);
-                return Ok(Start::Failed(reason, message));
+                return Ok(Start::failed(reason, message));
             }
             // Kept: the backend may have made it (see `held_placement` above).
             Err(e) => return Err(e.into()),
         };
         self.admitter.created(&rec.uid);
+        let written = rec
+            .volume_refresh
+            .is_some()
+            .then(|| volume_refresh::created_digest(pending, &spec));
         self.touch(&rec.uid, |r| {
             r.timeline.accepted = Some(Stamp::now());
             r.pending = None;
+            if let Some(v) = r.volume_refresh.as_deref_mut() {
+                v.written = v.written.or(written);
+            }
         });
         if self.settings.lifecycle_events {
             // One Normal Event per Pod: admission and creation together, so the
@@ -1478,5 +1550,19 @@ enum Start {
     Running(Box<Instance>),
     Queued(String),
     ConfigError(String),
+    /// The backend cannot run an image: waits as after a failed image pull.
+    ImagePull(String),
     Failed(String, String),
+}
+
+impl Start {
+    /// The start cannot succeed as the spec is: the Pod fails, unless only an
+    /// image is missing, which the kubelet waits out.
+    fn failed(reason: String, message: String) -> Self {
+        if reason == vkd_provider::IMAGE_NOT_RUNNABLE {
+            Self::ImagePull(message)
+        } else {
+            Self::Failed(reason, message)
+        }
+    }
 }

@@ -165,6 +165,10 @@ pub struct PodRecord {
     pub delete_sent: bool,
     /// `spec.activeDeadlineSeconds` (mutable: read from every update).
     pub active_deadline: Option<ActiveDeadline>,
+    /// For a Pod whose volumes follow their sources (`None`: it has none).
+    pub volume_refresh: Option<Box<super::volume_refresh::VolumeRefresh>>,
+    /// How many starts in a row failed on an image the backend cannot run.
+    pub image_failures: u8,
     /// Local ephemeral storage limits, enforced by eviction (`None`: it has none).
     pub storage_limits: Option<Box<super::eviction::StorageLimits>>,
     /// `spec.ephemeralContainers` and what became of them (`None`: it has none).
@@ -330,6 +334,12 @@ impl PodRecord {
             delete_sent: previous.is_some_and(|p| p.delete_sent),
             active_deadline: ActiveDeadline::of(spec),
             storage_limits: super::eviction::StorageLimits::of(spec),
+            image_failures: previous.map_or(0, |p| p.image_failures),
+            volume_refresh: super::volume_refresh::VolumeRefresh::of(
+                pod,
+                previous.and_then(|p| p.volume_refresh.as_deref()),
+                now,
+            ),
             ephemeral: super::ephemeral::Ephemeral::of(
                 pod,
                 node,

@@ -697,6 +697,24 @@ pub fn expand_sub_path(expr: &str, env: &[(String, String)]) -> Result<String, S
     Ok(expanded)
 }
 
+/// A volume whose files vkd writes from the API's objects and the Pod's own
+/// fields, which can change while the Pod runs: configMap, secret,
+/// downwardAPI, and projected ones of those. A projected ServiceAccount token
+/// is not refreshed with them (each read would request a new token), so a
+/// volume that holds one keeps its first content.
+pub fn refreshable(v: &KubeVolume) -> bool {
+    let token = v
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+        .any(|s| s.service_account_token.is_some());
+    !token
+        && (v.config_map.is_some()
+            || v.secret.is_some()
+            || v.downward_api.is_some()
+            || v.projected.is_some())
+}
+
 /// Reads what a pending spec refers to and returns the spec a provider gets.
 /// `volumes` is whether the provider materializes volume content.
 #[allow(missing_debug_implementations)]
@@ -754,11 +772,7 @@ impl Resolver<'_> {
         }
         let mut fetched = Fetched::default();
         let mut spec = p.spec.clone();
-        let mut fields = p.fields.clone();
-        fields.insert("status.hostIP".into(), self.host_ip.to_owned());
-        fields.insert("status.hostIPs".into(), self.host_ip.to_owned());
-        fields.insert("status.podIP".into(), self.host_ip.to_owned());
-        fields.insert("status.podIPs".into(), self.host_ip.to_owned());
+        let fields = self.fields(p);
         let services = match self.services {
             Some(s) => s
                 .env(ns, p.service_links)
@@ -799,6 +813,38 @@ impl Resolver<'_> {
             }
         }
         Ok(spec)
+    }
+
+    /// The downward-API values of `p`, with the ones the node knows.
+    fn fields(&self, p: &Pending) -> BTreeMap<String, String> {
+        let mut fields = p.fields.clone();
+        for f in [
+            "status.hostIP",
+            "status.hostIPs",
+            "status.podIP",
+            "status.podIPs",
+        ] {
+            fields.insert(f.into(), self.host_ip.to_owned());
+        }
+        fields
+    }
+
+    /// The [`refreshable`] volumes of `p` as they read now: what a running
+    /// Pod's volumes are refreshed to.
+    pub async fn file_volumes(&self, p: &Pending) -> Result<Vec<Volume>, ResolveError> {
+        let fields = self.fields(p);
+        let mut fetched = Fetched::default();
+        let mut out = Vec::new();
+        for v in p.volumes.iter().filter(|v| refreshable(v)) {
+            let source = self
+                .volume(&p.spec.pod.namespace, v, &fields, p, &mut fetched)
+                .await?;
+            out.push(Volume {
+                name: v.name.clone(),
+                source,
+            });
+        }
+        Ok(out)
     }
 
     fn check_policy(&self, v: &KubeVolume) -> Result<(), SpecError> {

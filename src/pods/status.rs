@@ -185,6 +185,9 @@ pub enum Waiting {
     Queued(String),
     /// Something the spec refers to is missing (a ConfigMap, a key, a ServiceAccount).
     ConfigError(String),
+    /// The backend cannot run an image ([`vkd_provider::IMAGE_NOT_RUNNABLE`]);
+    /// `backoff` once it failed before and vkd waits to try again.
+    ImagePull { message: String, backoff: bool },
 }
 
 fn state_view(s: &ContainerState) -> StateView {
@@ -215,6 +218,14 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
             Waiting::Creating => ("ContainerCreating", None),
             Waiting::Queued(why) => ("BackendQueued", Some(why.clone())),
             Waiting::ConfigError(why) => ("CreateContainerConfigError", Some(why.clone())),
+            Waiting::ImagePull { message, backoff } => (
+                if *backoff {
+                    "ImagePullBackOff"
+                } else {
+                    "ErrImagePull"
+                },
+                Some(message.clone()),
+            ),
         };
         // With init containers the first one says why (`kubectl get` prints
         // Init:<reason>), and the rest wait for it.
@@ -223,7 +234,9 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
             .iter()
             .enumerate()
             .map(|(i, c)| match waiting {
-                Waiting::Queued(_) | Waiting::ConfigError(_) if i == 0 => {
+                Waiting::Queued(_) | Waiting::ConfigError(_) | Waiting::ImagePull { .. }
+                    if i == 0 =>
+                {
                     ContainerView::waiting(&c.name, reason, message.clone())
                 }
                 _ => ContainerView::waiting(&c.name, "PodInitializing", None),

@@ -27,6 +27,8 @@ pub(super) struct Scripted {
     pub instance: Mutex<Option<Instance>>,
     pub deletes: Mutex<Vec<(String, Duration)>>,
     pub started: Mutex<Vec<ContainerSpec>>,
+    /// What `admit` answers; `None`: queued.
+    pub admission: Mutex<Option<Admission>>,
 }
 
 #[async_trait]
@@ -46,9 +48,14 @@ impl Provider for Scripted {
         })
     }
     async fn admit(&self, _spec: &InstanceSpec) -> Result<Admission> {
-        Ok(Admission::Queued {
-            reason: "scripted".into(),
-        })
+        Ok(self
+            .admission
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or(Admission::Queued {
+                reason: "scripted".into(),
+            }))
     }
     async fn create(&self, _fence: &Fence, _spec: &InstanceSpec) -> Result<Instance> {
         Err(ProviderError::transient("scripted"))

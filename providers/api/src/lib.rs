@@ -697,6 +697,14 @@ impl ProviderError {
 
 pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
 
+/// The reason a provider gives (in [`Admission::Rejected`] or
+/// [`ProviderError::Invalid`]) when it cannot obtain or run a container's
+/// image. vkd treats it as the kubelet treats a failed image pull: the Pod
+/// stays Pending, its containers wait (`ErrImagePull`, then
+/// `ImagePullBackOff`), and the start is tried again with a back-off, so a
+/// Pod whose image is then fixed runs.
+pub const IMAGE_NOT_RUNNABLE: &str = "ImageNotRunnable";
+
 /// A backend that runs Pods as instances. Object-safe: vkd holds an `Arc<dyn Provider>`.
 #[async_trait]
 pub trait Provider: Send + Sync + fmt::Debug {
@@ -785,6 +793,17 @@ pub trait Provider: Send + Sync + fmt::Debug {
         _container: &ContainerSpec,
     ) -> Result<()> {
         Err(self.unsupported("ephemeral containers"))
+    }
+
+    /// The content of the Pod's file volumes (configMap, secret, downwardAPI,
+    /// projected; only [`VolumeSource::Files`]) changed: make each volume hold
+    /// exactly `volumes`' files now, as the kubelet refreshes them while the
+    /// Pod runs. Each file is replaced whole (a reader sees the old bytes or
+    /// the new, never a mix), and files no longer listed are removed. Volumes
+    /// not named are left as they are. Optional, for providers with the
+    /// `volumes` capability; without it a running Pod keeps its first content.
+    async fn update_volumes(&self, _fence: &Fence, _uid: &str, _volumes: &[Volume]) -> Result<()> {
+        Err(self.unsupported("volume updates"))
     }
 
     /// Resource usage of a Pod's containers. Optional.

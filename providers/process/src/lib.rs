@@ -23,6 +23,7 @@ pub mod procfs;
 pub mod sandbox;
 pub mod shim;
 mod stream;
+mod volumes;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +39,7 @@ use tokio::sync::broadcast;
 use vkd_provider::{
     Admission, Capabilities, Capacity, CapacityKind, ContainerState, ContainerStats, Duplex, Fence,
     Health, HostSlice, Instance, InstanceEvent, InstancePhase, InstanceSpec, LogRequest, Logs,
-    Placement, PodStats, Provider, ProviderError, Result, StreamIo, Support,
+    Placement, PodStats, Provider, ProviderError, Result, StreamIo, Support, Volume,
 };
 
 pub use config::ProcessConfig;
@@ -587,8 +588,7 @@ impl ProcessProvider {
     /// The size of the filesystem the Pods' sandboxes are on: the Node's
     /// ephemeral-storage, as the kubelet reports its root directory's.
     fn disk_total(&self) -> u64 {
-        rustix::fs::statvfs(&self.pods_dir())
-            .map_or(0, |v| v.f_blocks.saturating_mul(v.f_frsize))
+        rustix::fs::statvfs(&self.pods_dir()).map_or(0, |v| v.f_blocks.saturating_mul(v.f_frsize))
     }
 
     fn totals(&self) -> (u64, u64) {
@@ -1217,6 +1217,12 @@ impl Provider for ProcessProvider {
             .map_err(|e| ProviderError::transient(format!("connecting to port {port}: {e}")))?;
         let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
         Ok(())
+    }
+
+    async fn update_volumes(&self, fence: &Fence, uid: &str, volumes: &[Volume]) -> Result<()> {
+        let (fence, uid, volumes) = (fence.clone(), uid.to_owned(), volumes.to_vec());
+        self.blocking(move |p| p.update_volumes_blocking(&fence, &uid, &volumes))
+            .await
     }
 
     async fn stats(&self, uid: &str) -> Result<PodStats> {

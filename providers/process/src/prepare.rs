@@ -16,7 +16,7 @@ impl ProcessProvider {
         for c in spec.init_containers.iter().chain(&spec.containers) {
             let image = self.inner.config.image(&c.image).ok_or_else(|| {
                 ProviderError::invalid(
-                    "ImageNotRunnable",
+                    vkd_provider::IMAGE_NOT_RUNNABLE,
                     format!(
                         "container {}: image {:?} is not mapped to anything runnable on this host; \
                          add it to images in the process provider config",
@@ -27,7 +27,7 @@ impl ProcessProvider {
             let argv = image.argv(&c.command, &c.args);
             if argv.is_empty() {
                 return Err(ProviderError::invalid(
-                    "ImageNotRunnable",
+                    vkd_provider::IMAGE_NOT_RUNNABLE,
                     format!(
                         "container {}: no command, and image {:?} has no entrypoint in the process provider config",
                         c.name, c.image

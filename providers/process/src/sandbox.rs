@@ -38,7 +38,11 @@ pub fn disk_usage(top: &Path) -> u64 {
     };
     let device = meta.dev();
     let mut used = meta.blocks().saturating_mul(512);
-    let mut dirs = if meta.is_dir() { vec![top.to_owned()] } else { Vec::new() };
+    let mut dirs = if meta.is_dir() {
+        vec![top.to_owned()]
+    } else {
+        Vec::new()
+    };
     let mut seen = 0usize;
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {

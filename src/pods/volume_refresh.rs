@@ -1,0 +1,250 @@
+//! Keeping a running Pod's configMap, secret, downwardAPI and projected
+//! volumes current, as the kubelet does: their ConfigMaps and Secrets are read
+//! again every [`PERIOD`], and the downward API's labels and annotations as
+//! soon as the Pod's change. The provider is asked to rewrite a volume only
+//! when its content changed.
+//!
+//! The record keeps three numbers for a Pod that has such volumes, not the
+//! volumes: a refresh reads the Pod itself, so the cost is a GET of the Pod
+//! and of each object it names per Pod and period, for those Pods only.
+
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use tracing::{debug, info};
+use vkd_provider::{ProviderError, Support, Volume, VolumeSource};
+
+use super::record::{PodRecord, Stamp};
+use super::{PodController, ReconcileError, spec};
+
+/// How often a running Pod's volume sources are read again: the kubelet's
+/// sync period, with which its volumes follow their ConfigMaps and Secrets.
+pub const PERIOD: Duration = Duration::from_secs(60);
+
+/// What a record remembers to refresh a Pod's volumes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeRefresh {
+    /// The digest of the Pod's labels and annotations, which downwardAPI
+    /// volumes show.
+    metadata: u64,
+    /// The digest of the content the instance's volumes hold, once known.
+    pub written: Option<u64>,
+    /// When the sources are read next.
+    pub due: Stamp,
+}
+
+fn metadata_digest(pod: &Pod) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    pod.metadata.labels.hash(&mut h);
+    pod.metadata.annotations.hash(&mut h);
+    h.finish()
+}
+
+/// The digest of what `volumes` hold.
+pub fn content_digest(volumes: &[Volume]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for v in volumes {
+        if let VolumeSource::Files { files } = &v.source {
+            v.name.hash(&mut h);
+            for f in files {
+                (&f.path, &f.data, f.mode).hash(&mut h);
+            }
+        }
+    }
+    h.finish()
+}
+
+/// The digest of the refreshable volumes' content in `created`, the spec an
+/// instance was made from `pending`: so the first refresh rewrites nothing
+/// that did not change.
+pub fn created_digest(pending: &spec::Pending, created: &vkd_provider::InstanceSpec) -> u64 {
+    let names: Vec<&str> = pending
+        .volumes
+        .iter()
+        .filter(|v| spec::refreshable(v))
+        .map(|v| v.name.as_str())
+        .collect();
+    let volumes: Vec<Volume> = created
+        .volumes
+        .iter()
+        .filter(|v| names.contains(&v.name.as_str()))
+        .cloned()
+        .collect();
+    content_digest(&volumes)
+}
+
+impl VolumeRefresh {
+    /// For a Pod with volumes to keep current; a change of its labels or
+    /// annotations since `previous` makes the refresh due at once.
+    pub fn of(pod: &Pod, previous: Option<&Self>, now: SystemTime) -> Option<Box<Self>> {
+        let spec = pod.spec.as_ref()?;
+        if !spec.volumes.iter().flatten().any(spec::refreshable) {
+            return None;
+        }
+        let metadata = metadata_digest(pod);
+        Some(Box::new(match previous {
+            Some(p) if p.metadata == metadata => p.clone(),
+            Some(p) => Self {
+                metadata,
+                written: p.written,
+                due: now.into(),
+            },
+            None => Self {
+                metadata,
+                written: None,
+                due: (now + PERIOD).into(),
+            },
+        }))
+    }
+}
+
+impl PodController {
+    /// Refreshes the volumes of a running Pod when due; returns how long until
+    /// the next refresh (`None`: the Pod has nothing to refresh).
+    pub(super) async fn refresh_volumes(
+        &self,
+        rec: &PodRecord,
+    ) -> Result<Option<Duration>, ReconcileError> {
+        let Some(refresh) = rec.volume_refresh.as_deref() else {
+            return Ok(None);
+        };
+        if self.provider.capabilities().volumes != Support::Supported {
+            return Ok(None);
+        }
+        let now = SystemTime::now();
+        if let Ok(left) = refresh.due.time().duration_since(now)
+            && !left.is_zero()
+        {
+            return Ok(Some(left));
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
+        let Some(pod) = api.get_opt(&rec.name).await? else {
+            return Ok(None);
+        };
+        if pod.metadata.uid.as_deref() != Some(&*rec.uid) {
+            return Ok(None);
+        }
+        let next = (SystemTime::now() + PERIOD).into();
+        let Ok(pending) = spec::pending(&pod, &self.settings.node) else {
+            return Ok(None);
+        };
+        let resolver = self.resolver(&pending).await?;
+        let volumes = match resolver.file_volumes(&pending).await {
+            Ok(v) => v,
+            Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
+            Err(e) => {
+                // A source that went missing (not optional) keeps what the
+                // volume holds, as on the kubelet; tried again next period.
+                debug!(error = %e, "volume sources unreadable; keeping the volumes as they are");
+                self.touch(&rec.uid, |r| {
+                    if let Some(v) = r.volume_refresh.as_deref_mut() {
+                        v.due = next;
+                    }
+                });
+                return Ok(Some(PERIOD));
+            }
+        };
+        let digest = content_digest(&volumes);
+        if refresh.written != Some(digest) {
+            match self
+                .provider
+                .update_volumes(&self.fence(), &rec.uid, &volumes)
+                .await
+            {
+                Ok(()) => info!(volumes = volumes.len(), "volume content refreshed"),
+                Err(ProviderError::Unsupported { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.touch(&rec.uid, |r| {
+            if let Some(v) = r.volume_refresh.as_deref_mut() {
+                v.written = Some(digest);
+                v.due = next;
+            }
+        });
+        Ok(Some(PERIOD))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(labels: serde_json::Value, volumes: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": labels},
+            "spec": {"containers": [{"name": "c"}], "volumes": volumes},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_pods_with_volumes_that_change_are_refreshed() {
+        let now = SystemTime::now();
+        let token_only = pod(
+            json!({}),
+            json!([{"name": "kube-api-access", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt"}},
+            ]}}]),
+        );
+        assert_eq!(VolumeRefresh::of(&token_only, None, now), None);
+        let scratch = pod(json!({}), json!([{"name": "s", "emptyDir": {}}]));
+        assert_eq!(VolumeRefresh::of(&scratch, None, now), None);
+        let config = pod(
+            json!({}),
+            json!([{"name": "c", "configMap": {"name": "cm"}}]),
+        );
+        let r = VolumeRefresh::of(&config, None, now).unwrap();
+        assert_eq!(
+            r.due,
+            Stamp::from(now + PERIOD),
+            "first read one period after the start"
+        );
+    }
+
+    #[test]
+    fn a_label_change_makes_the_refresh_due_at_once() {
+        let start = SystemTime::now();
+        let volumes = json!([{"name": "info", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]);
+        let first =
+            VolumeRefresh::of(&pod(json!({"a": "1"}), volumes.clone()), None, start).unwrap();
+        let later = start + Duration::from_secs(5);
+        let same = VolumeRefresh::of(
+            &pod(json!({"a": "1"}), volumes.clone()),
+            Some(&first),
+            later,
+        );
+        assert_eq!(same.unwrap().due, first.due);
+        let mut written = (*first).clone();
+        written.written = Some(7);
+        let changed =
+            VolumeRefresh::of(&pod(json!({"a": "2"}), volumes), Some(&written), later).unwrap();
+        assert_eq!(changed.due, Stamp::from(later));
+        assert_eq!(
+            changed.written,
+            Some(7),
+            "what the volumes hold is still known"
+        );
+    }
+
+    #[test]
+    fn the_content_digest_sees_every_byte() {
+        let v = |data: &[u8]| Volume {
+            name: "c".into(),
+            source: VolumeSource::Files {
+                files: vec![vkd_provider::VolumeFile {
+                    path: "k".into(),
+                    data: data.to_vec(),
+                    mode: 0o644,
+                }],
+            },
+        };
+        assert_eq!(content_digest(&[v(b"a")]), content_digest(&[v(b"a")]));
+        assert_ne!(content_digest(&[v(b"a")]), content_digest(&[v(b"b")]));
+    }
+}
