@@ -424,6 +424,18 @@ impl Provider for Instrumented {
     async fn stats(&self, uid: &str) -> Result<PodStats> {
         timed!(self, "stats", self.inner.stats(uid))
     }
+    async fn update_volumes(
+        &self,
+        fence: &Fence,
+        uid: &str,
+        volumes: &[vkd_provider::Volume],
+    ) -> Result<()> {
+        timed!(
+            self,
+            "update_volumes",
+            self.inner.update_volumes(fence, uid, volumes)
+        )
+    }
     async fn start_ephemeral(
         &self,
         fence: &Fence,

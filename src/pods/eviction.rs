@@ -158,6 +158,8 @@ impl PodController {
     /// [`CHECK_EVERY`], and queues those that broke one for eviction.
     pub(super) async fn storage_watch(&self, shutdown: CancellationToken) {
         if self.provider.capabilities().stats != Support::Supported {
+            // Nothing to measure; a task that ended would stop the node.
+            shutdown.cancelled().await;
             return;
         }
         let mut tick = tokio::time::interval(CHECK_EVERY);

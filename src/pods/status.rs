@@ -496,7 +496,7 @@ pub fn patch_body(
         status.insert("podIP".into(), json!(ip));
         status.insert("podIPs".into(), json!([{ "ip": ip }]));
     }
-    let conditions: Vec<Value> = CONDITIONS
+    let mut conditions: Vec<Value> = CONDITIONS
         .iter()
         .zip(view.conditions.iter())
         .filter_map(|(t, s)| s.map(|s| (t, s)))
@@ -517,6 +517,13 @@ pub fn patch_body(
             c
         })
         .collect();
+    if let Some(g) = view.observed_generation
+        && !conditions.is_empty()
+    {
+        // The scheduler's condition, which the kubelet writes back with the
+        // generation it saw; merged by type, so its transition time stays.
+        conditions.push(json!({"type": "PodScheduled", "status": "True", "observedGeneration": g}));
+    }
     if !conditions.is_empty() {
         status.insert("conditions".into(), Value::Array(conditions));
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use vkd_provider::{ProviderError, Support, Volume, VolumeSource};
 
 use super::record::{PodRecord, Stamp};
@@ -137,7 +137,7 @@ impl PodController {
             Err(e) => {
                 // A source that went missing (not optional) keeps what the
                 // volume holds, as on the kubelet; tried again next period.
-                debug!(error = %e, "volume sources unreadable; keeping the volumes as they are");
+                warn!(error = %e, "volume sources unreadable; keeping the volumes as they are");
                 self.touch(&rec.uid, |r| {
                     if let Some(v) = r.volume_refresh.as_deref_mut() {
                         v.due = next;
@@ -147,6 +147,10 @@ impl PodController {
             }
         };
         let digest = content_digest(&volumes);
+        debug!(
+            changed = refresh.written != Some(digest),
+            "volume sources read"
+        );
         if refresh.written != Some(digest) {
             match self
                 .provider
@@ -154,7 +158,10 @@ impl PodController {
                 .await
             {
                 Ok(()) => info!(volumes = volumes.len(), "volume content refreshed"),
-                Err(ProviderError::Unsupported { .. }) => return Ok(None),
+                Err(e @ ProviderError::Unsupported { .. }) => {
+                    warn!(error = %e, "the provider cannot refresh volumes; they keep their first content");
+                    return Ok(None);
+                }
                 Err(e) => return Err(e.into()),
             }
         }

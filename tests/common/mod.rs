@@ -99,8 +99,12 @@ impl Vkd {
     }
 
     pub fn spawn(&mut self) -> Result<()> {
-        let child =
-            vkd_e2e::spawn_logged(&daemon_binary(), &self.args, &self.log, "info,kube=warn")?;
+        let child = vkd_e2e::spawn_logged(
+            &daemon_binary(),
+            &self.args,
+            &self.log,
+            "info,kube=warn,vkd::pods::volume_refresh=debug",
+        )?;
         self.child = Some(child);
         Ok(())
     }

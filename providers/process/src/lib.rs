@@ -588,7 +588,7 @@ impl ProcessProvider {
     /// The size of the filesystem the Pods' sandboxes are on: the Node's
     /// ephemeral-storage, as the kubelet reports its root directory's.
     fn disk_total(&self) -> u64 {
-        rustix::fs::statvfs(&self.pods_dir()).map_or(0, |v| v.f_blocks.saturating_mul(v.f_frsize))
+        rustix::fs::statvfs(self.pods_dir()).map_or(0, |v| v.f_blocks.saturating_mul(v.f_frsize))
     }
 
     fn totals(&self) -> (u64, u64) {

@@ -555,6 +555,12 @@ fn observed_generation_is_written_and_read_back() {
     let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
     assert_eq!(body["status"]["observedGeneration"], 3);
     assert_eq!(condition(&body, "Ready")["observedGeneration"], 3);
+    // The scheduler's condition too, as the kubelet writes it back; its
+    // transition time is the scheduler's (merged by type, not written).
+    let scheduled = condition(&body, "PodScheduled");
+    assert_eq!(scheduled["observedGeneration"], 3);
+    assert_eq!(scheduled["status"], "True");
+    assert!(scheduled.get("lastTransitionTime").is_none());
     let mut pod = json!({
         "metadata": {"name": "web-1", "namespace": "ns", "uid": "u1", "generation": 3},
         "spec": {"containers": [{"name": "app", "image": "nginx"}, {"name": "side", "image": "envoy"}]},
