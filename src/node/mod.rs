@@ -232,13 +232,17 @@ impl NodeAgent {
         if let Some(max) = self.settings.max_pods {
             pods = u64::from(max);
         }
-        json!({
+        let mut resources = json!({
             "cpu": vkd_provider::quantity::format_cpu(cpu),
             "memory": mem.to_string(),
-            "ephemeral-storage": disk.to_string(),
             "pods": pods.to_string(),
             "nvidia.com/gpu": gpus.to_string(),
-        })
+        });
+        // Only where the backend says: a figure it left out is not claimed.
+        if disk > 0 {
+            resources["ephemeral-storage"] = json!(disk.to_string());
+        }
+        resources
     }
 
     fn status_body(

@@ -246,16 +246,23 @@ async fn an_image_the_backend_cannot_run_waits_as_a_failed_pull() {
     .unwrap();
     c.upsert(&pod);
 
-    let waits: Vec<Action> = vec![
-        c.reconcile("u1", Lane::Any).await.unwrap(),
-        c.reconcile("u1", Lane::Any).await.unwrap(),
-    ];
     assert_eq!(
-        waits,
-        [
-            Action::After(Duration::from_secs(10)),
-            Action::After(Duration::from_secs(20))
-        ]
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+        Action::After(Duration::from_secs(10))
+    );
+    // Woken early (the echo of its own status write): it keeps backing off.
+    match c.reconcile("u1", Lane::Any).await.unwrap() {
+        Action::After(d) => assert!(d <= Duration::from_secs(10) && d > Duration::from_secs(8)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(patches(&log).len(), 1, "no second try before the back-off");
+    // Once it has passed, it tries again, waits twice as long, and says so.
+    c.touch("u1", |r| {
+        r.image_retry_at = Some(SystemTime::UNIX_EPOCH.into())
+    });
+    assert_eq!(
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+        Action::After(Duration::from_secs(20))
     );
     let p = patches(&log);
     let reasons: Vec<&str> = p

@@ -36,6 +36,8 @@ pub struct StorageLimits {
     pub empty_dirs: Box<[(Box<str>, u64)]>,
 }
 
+/// A container's `ephemeral-storage` limit; zero counts (in the Pod's sum,
+/// as the kubelet's `PodLimits` counts it).
 fn ephemeral_limit(c: &Container) -> Option<u64> {
     let q = c
         .resources
@@ -43,7 +45,7 @@ fn ephemeral_limit(c: &Container) -> Option<u64> {
         .limits
         .as_ref()?
         .get("ephemeral-storage")?;
-    vkd_provider::quantity::bytes(&q.0).ok().filter(|b| *b > 0)
+    vkd_provider::quantity::bytes(&q.0).ok()
 }
 
 impl StorageLimits {
@@ -55,15 +57,15 @@ impl StorageLimits {
             .containers
             .iter()
             .chain(inits.iter().filter(|c| sidecar(c)));
-        let containers: Box<[(Box<str>, u64)]> = long_running
+        let limits: Vec<(Box<str>, u64)> = long_running
             .filter_map(|c| Some((c.name.as_str().into(), ephemeral_limit(c)?)))
             .collect();
         // What runs together at the end, or the largest init container with the
         // sidecars started before it: the larger one is the Pod's.
-        let mut pod: Option<u64> = containers
-            .iter()
-            .map(|(_, b)| *b)
-            .reduce(u64::saturating_add);
+        let mut pod: Option<u64> = limits.iter().map(|(_, b)| *b).reduce(u64::saturating_add);
+        // A container's own limit of zero is no limit (the kubelet skips it).
+        let containers: Box<[(Box<str>, u64)]> =
+            limits.into_iter().filter(|(_, b)| *b > 0).collect();
         let mut sidecars_before = 0u64;
         for c in inits {
             let limit = ephemeral_limit(c);
@@ -136,8 +138,12 @@ impl StorageLimits {
     }
 }
 
-/// Bytes as a Kubernetes quantity, in the largest binary unit that divides them.
+/// Bytes as the API writes a quantity: in the largest binary unit that
+/// divides them, else the largest decimal one, else plain.
 fn quantity(bytes: u64) -> String {
+    if bytes == 0 {
+        return "0".into();
+    }
     for (shift, unit) in [
         (60, "Ei"),
         (50, "Pi"),
@@ -146,11 +152,31 @@ fn quantity(bytes: u64) -> String {
         (20, "Mi"),
         (10, "Ki"),
     ] {
-        if bytes != 0 && bytes.trailing_zeros() >= shift {
+        if bytes.trailing_zeros() >= shift {
             return format!("{}{unit}", bytes >> shift);
         }
     }
+    for (power, unit) in [
+        (18, "E"),
+        (15, "P"),
+        (12, "T"),
+        (9, "G"),
+        (6, "M"),
+        (3, "k"),
+    ] {
+        let scale = 10u64.pow(power);
+        if bytes.is_multiple_of(scale) {
+            return format!("{}{unit}", bytes / scale);
+        }
+    }
     bytes.to_string()
+}
+
+/// A Pod the eviction manager looks at: running, and not being deleted.
+fn evictable(r: &super::record::PodRecord) -> bool {
+    r.instance_id.is_some()
+        && r.deletion_grace.is_none()
+        && r.phase == super::record::Phase::Running
 }
 
 impl PodController {
@@ -172,7 +198,7 @@ impl PodController {
             let watched: Vec<(String, String, Box<StorageLimits>)> = self
                 .records()
                 .values()
-                .filter(|r| r.instance_id.is_some() && r.deletion_grace.is_none() && !r.terminal())
+                .filter(|r| evictable(r))
                 .filter_map(|r| Some((r.uid.to_string(), r.key(), r.storage_limits.clone()?)))
                 .collect();
             for (uid, key, limits) in watched {
@@ -184,13 +210,19 @@ impl PodController {
                     s = self.provider.stats(&uid) => s,
                 };
                 let Ok(stats) = stats else { continue };
-                if let Some(message) = limits.exceeded(&stats) {
-                    info_span!("pod", pod = %key, %uid).in_scope(|| {
-                        warn!(reason = REASON, %message, "evicting the pod");
-                    });
-                    self.evicting().insert(uid.clone(), message);
-                    self.queue.add(&uid);
+                let Some(message) = limits.exceeded(&stats) else {
+                    continue;
+                };
+                // Still running as it was when the pass began: not ended,
+                // deleted or failed meanwhile.
+                if !self.records().get(&uid).is_some_and(|r| evictable(r)) {
+                    continue;
                 }
+                info_span!("pod", pod = %key, %uid).in_scope(|| {
+                    warn!(reason = REASON, %message, "evicting the pod");
+                });
+                self.evicting().insert(uid.clone(), message);
+                self.queue.add(&uid);
             }
         }
     }
@@ -309,6 +341,9 @@ mod tests {
         assert_eq!(quantity(5 << 20), "5Mi");
         assert_eq!(quantity(1536), "1536");
         assert_eq!(quantity(3 << 30), "3Gi");
-        assert_eq!(quantity(1000), "1000");
+        assert_eq!(quantity(1000), "1k");
+        assert_eq!(quantity(5_000_000), "5M");
+        assert_eq!(quantity(1001), "1001");
+        assert_eq!(quantity(0), "0");
     }
 }

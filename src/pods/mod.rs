@@ -52,7 +52,6 @@ pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the s
 /// A Pod whose deadline is further away is looked at again after this long
 /// (and on every resync), so no timer is kept for years.
 const DEADLINE_RECHECK_MAX: Duration = Duration::from_secs(3600);
-/// Pod Events being sent at once, beside the reconciles.
 /// The first wait before a start that failed on an image is tried again;
 /// it doubles up to [`IMAGE_BACKOFF_MAX`], as the kubelet's image back-off.
 const IMAGE_BACKOFF: Duration = Duration::from_secs(10);
@@ -74,6 +73,7 @@ struct Failure<'a> {
 /// The reporting instance is the node name, so which vkd reported it stays plain.
 const EVENT_REPORTER: &str = "kubelet";
 
+/// Pod Events being sent at once, beside the reconciles.
 const EVENTS_IN_FLIGHT: usize = 32;
 /// Pod Events waiting to be sent (about a kilobyte each). Beyond this many an
 /// Event is dropped and counted (`vkd_events_dropped_total`), as the kubelet's
@@ -789,6 +789,10 @@ impl PodController {
             };
             return self.stop_and_fail(&rec, &failure).await;
         }
+        let image_wait = rec
+            .image_retry_at
+            .and_then(|at| at.time().duration_since(SystemTime::now()).ok())
+            .filter(|left| !left.is_zero());
         let instance = match self.provider.get(uid).await? {
             Some(i) => i,
             None if self
@@ -813,6 +817,8 @@ impl PodController {
                 );
                 return self.fail(&rec, "InstanceLost", &message).await;
             }
+            // Backing off an image the backend could not run.
+            None if image_wait.is_some() => return Ok(self.deadline_action(uid, image_wait)),
             None => match self.start(&rec).await? {
                 Start::Running(_) if lane == Lane::Create => return Ok(Action::WriteLater),
                 Start::Running(i) => *i,
@@ -901,7 +907,14 @@ impl PodController {
         };
         self.write_status(rec, None, &waiting).await?;
         let failures = rec.image_failures.saturating_add(1);
-        self.touch(&rec.uid, |r| r.image_failures = failures);
+        let wait = IMAGE_BACKOFF
+            .saturating_mul(1 << u32::from(failures.min(8) - 1))
+            .min(IMAGE_BACKOFF_MAX);
+        let retry_at = Stamp::from(SystemTime::now() + wait);
+        self.touch(&rec.uid, |r| {
+            r.image_failures = failures;
+            r.image_retry_at = Some(retry_at);
+        });
         warn!(%message, failures, "image not runnable; waiting as after a failed pull");
         // The kubelet's pair of Events, once each rather than at every retry.
         match failures {
@@ -921,9 +934,6 @@ impl PodController {
             ),
             _ => {}
         }
-        let wait = IMAGE_BACKOFF
-            .saturating_mul(1 << u32::from(failures.min(8) - 1))
-            .min(IMAGE_BACKOFF_MAX);
         Ok(self.deadline_action(&rec.uid, Some(wait)))
     }
 

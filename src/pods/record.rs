@@ -167,8 +167,10 @@ pub struct PodRecord {
     pub active_deadline: Option<ActiveDeadline>,
     /// For a Pod whose volumes follow their sources (`None`: it has none).
     pub volume_refresh: Option<Box<super::volume_refresh::VolumeRefresh>>,
-    /// How many starts in a row failed on an image the backend cannot run.
+    /// How many starts in a row failed on an image the backend cannot run,
+    /// and when the next may be tried; both reset when an image changes.
     pub image_failures: u8,
+    pub image_retry_at: Option<Stamp>,
     /// Local ephemeral storage limits, enforced by eviction (`None`: it has none).
     pub storage_limits: Option<Box<super::eviction::StorageLimits>>,
     /// `spec.ephemeralContainers` and what became of them (`None`: it has none).
@@ -294,21 +296,33 @@ impl PodRecord {
                     Err(e) => (None, Some(Box::new(e))),
                 }
             };
+        let containers: Box<[ContainerInfo]> = spec
+            .containers
+            .iter()
+            .map(|c| ContainerInfo::of(c, false))
+            .collect();
+        let init_containers: Box<[ContainerInfo]> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| ContainerInfo::of(c, true))
+            .collect();
+        // The image back-off is per image, as the kubelet's: a new one starts afresh.
+        let images = |cs: &[ContainerInfo]| cs.iter().map(|c| c.image.clone()).collect::<Vec<_>>();
+        let same_images = previous.is_some_and(|p| {
+            images(&p.containers) == images(&containers)
+                && images(&p.init_containers) == images(&init_containers)
+        });
+        let (image_failures, image_retry_at) = match previous {
+            Some(p) if same_images => (p.image_failures, p.image_retry_at),
+            _ => (0, None),
+        };
         Some(Self {
             namespace: meta.namespace.clone().unwrap_or_default().into(),
             name: meta.name.clone().unwrap_or_default().into(),
             uid: uid.into(),
-            containers: spec
-                .containers
-                .iter()
-                .map(|c| ContainerInfo::of(c, false))
-                .collect(),
-            init_containers: spec
-                .init_containers
-                .iter()
-                .flatten()
-                .map(|c| ContainerInfo::of(c, true))
-                .collect(),
+            containers,
+            init_containers,
             deletion_grace: meta.deletion_timestamp.as_ref().map(|_| {
                 meta.deletion_grace_period_seconds
                     .and_then(|g| u32::try_from(g).ok())
@@ -334,7 +348,8 @@ impl PodRecord {
             delete_sent: previous.is_some_and(|p| p.delete_sent),
             active_deadline: ActiveDeadline::of(spec),
             storage_limits: super::eviction::StorageLimits::of(spec),
-            image_failures: previous.map_or(0, |p| p.image_failures),
+            image_failures,
+            image_retry_at,
             volume_refresh: super::volume_refresh::VolumeRefresh::of(
                 pod,
                 previous.and_then(|p| p.volume_refresh.as_deref()),

@@ -522,7 +522,13 @@ pub fn patch_body(
     {
         // The scheduler's condition, which the kubelet writes back with the
         // generation it saw; merged by type, so its transition time stays.
-        conditions.push(json!({"type": "PodScheduled", "status": "True", "observedGeneration": g}));
+        let mut scheduled =
+            json!({"type": "PodScheduled", "status": "True", "observedGeneration": g});
+        // Bound by spec.nodeName: no scheduler wrote one, so it starts now.
+        if rec.timeline.bound.is_none() {
+            scheduled["lastTransitionTime"] = json!(time(now));
+        }
+        conditions.push(scheduled);
     }
     if !conditions.is_empty() {
         status.insert("conditions".into(), Value::Array(conditions));

@@ -126,23 +126,29 @@ impl PodController {
         if pod.metadata.uid.as_deref() != Some(&*rec.uid) {
             return Ok(None);
         }
-        let next = (SystemTime::now() + PERIOD).into();
-        let Ok(pending) = spec::pending(&pod, &self.settings.node) else {
-            return Ok(None);
+        // From here on, whatever happens, the next read is a period away:
+        // nothing here is retried faster than the kubelet would.
+        let next: Stamp = (SystemTime::now() + PERIOD).into();
+        let postpone = |written: Option<u64>| {
+            self.touch(&rec.uid, |r| {
+                if let Some(v) = r.volume_refresh.as_deref_mut() {
+                    v.due = next;
+                    v.written = written.or(v.written);
+                }
+            });
         };
-        let resolver = self.resolver(&pending).await?;
-        let volumes = match resolver.file_volumes(&pending).await {
+        let volumes = match spec::pending(&pod, &self.settings.node) {
+            Ok(pending) => self.resolver(&pending).await?.file_volumes(&pending).await,
+            Err(e) => Err(spec::ResolveError::Spec(e)),
+        };
+        let volumes = match volumes {
             Ok(v) => v,
             Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
             Err(e) => {
                 // A source that went missing (not optional) keeps what the
-                // volume holds, as on the kubelet; tried again next period.
+                // volume holds, as on the kubelet.
                 warn!(error = %e, "volume sources unreadable; keeping the volumes as they are");
-                self.touch(&rec.uid, |r| {
-                    if let Some(v) = r.volume_refresh.as_deref_mut() {
-                        v.due = next;
-                    }
-                });
+                postpone(None);
                 return Ok(Some(PERIOD));
             }
         };
@@ -151,26 +157,29 @@ impl PodController {
             changed = refresh.written != Some(digest),
             "volume sources read"
         );
-        if refresh.written != Some(digest) {
-            match self
-                .provider
-                .update_volumes(&self.fence(), &rec.uid, &volumes)
-                .await
-            {
-                Ok(()) => info!(volumes = volumes.len(), "volume content refreshed"),
-                Err(e @ ProviderError::Unsupported { .. }) => {
-                    warn!(error = %e, "the provider cannot refresh volumes; they keep their first content");
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.into()),
+        if refresh.written == Some(digest) {
+            postpone(None);
+            return Ok(Some(PERIOD));
+        }
+        match self
+            .provider
+            .update_volumes(&self.fence(), &rec.uid, &volumes)
+            .await
+        {
+            Ok(()) => {
+                info!(volumes = volumes.len(), "volume content refreshed");
+                postpone(Some(digest));
+            }
+            Err(ProviderError::NotFound { .. }) => return Ok(None),
+            // Passing: retried with the queue's back-off. A newer replica: stop.
+            Err(e @ (ProviderError::Transient { .. } | ProviderError::Fenced { .. })) => {
+                return Err(e.into());
+            }
+            Err(e) => {
+                warn!(error = %e, "the provider did not refresh the volumes; they keep their content");
+                postpone(None);
             }
         }
-        self.touch(&rec.uid, |r| {
-            if let Some(v) = r.volume_refresh.as_deref_mut() {
-                v.written = Some(digest);
-                v.due = next;
-            }
-        });
         Ok(Some(PERIOD))
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod cgroup;
 pub mod config;
+mod disk;
 mod ephemeral;
 pub mod launch;
 mod listing;
@@ -175,6 +176,8 @@ struct Inner {
     fences: vkd_provider::fence::FenceBook,
     /// The last CPU sample per container, for the usage rate.
     cpu_samples: Mutex<HashMap<(String, String), (SystemTime, u64)>>,
+    /// Recent disk measurements of the sandboxes.
+    disk: disk::Measurements,
 }
 
 #[derive(Debug)]
@@ -277,6 +280,7 @@ impl ProcessProvider {
                     },
                 )?,
                 cpu_samples: Mutex::default(),
+                disk: disk::Measurements::default(),
             }),
         };
         Ok(provider)
@@ -737,7 +741,7 @@ impl ProcessProvider {
             uid: uid.to_owned(),
         };
         let (sb, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
-        let (disk, volumes) = sb.disk_usage();
+        let usage = self.inner.disk.get(uid, &sb.dir);
         let now = SystemTime::now();
         let page = procfs::page_size();
         let mut containers = Vec::new();
@@ -787,8 +791,11 @@ impl ProcessProvider {
             start_time: st.and_then(|s| s.started_at).unwrap_or(rec.created_at),
             time: now,
             containers,
-            ephemeral_storage_bytes: Some(disk),
-            volumes: volumes
+            // Past the walk's bounds: more than any limit can allow.
+            ephemeral_storage_bytes: Some(usage.as_ref().map_or(u64::MAX, |u| u.total)),
+            volumes: usage
+                .map(|u| u.volumes)
+                .unwrap_or_default()
                 .into_iter()
                 .map(|(name, used_bytes)| vkd_provider::VolumeStats { name, used_bytes })
                 .collect(),

@@ -11,6 +11,7 @@
 //!   stop            grace seconds, when deletion began  written by the provider
 //!   root/           the Pod's filesystem view: mountPaths and workingDirs live here
 //!   volumes/<name>/ materialized volumes
+//!   volume-files.json the files of each file volume, after a refresh (0600)
 //!   logs/<container>/current.log, current.log.1, previous.log
 //!   ephemeral/<name>.json an ephemeral container to start (0600, in a 0700
 //!                   directory): its spec and launch   written by the provider
@@ -24,44 +25,6 @@ use serde::{Deserialize, Serialize};
 use vkd_provider::{ContainerStatus, InstancePhase, InstanceSpec, PodRef};
 
 use crate::procfs::ProcessId;
-
-/// The most directory entries one usage walk looks at: a Pod that made more
-/// files is measured by the first ones (its usage is at least that).
-const DISK_USAGE_MAX_ENTRIES: usize = 1_000_000;
-
-/// Bytes of disk the files under `top` take (allocated blocks, as du counts),
-/// neither following symbolic links nor leaving `top`'s filesystem.
-pub fn disk_usage(top: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::symlink_metadata(top) else {
-        return 0;
-    };
-    let device = meta.dev();
-    let mut used = meta.blocks().saturating_mul(512);
-    let mut dirs = if meta.is_dir() {
-        vec![top.to_owned()]
-    } else {
-        Vec::new()
-    };
-    let mut seen = 0usize;
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            seen += 1;
-            if seen > DISK_USAGE_MAX_ENTRIES {
-                return used;
-            }
-            let Ok(m) = entry.metadata() else { continue };
-            if m.dev() != device {
-                continue;
-            }
-            used = used.saturating_add(m.blocks().saturating_mul(512));
-            if m.is_dir() {
-                dirs.push(entry.path());
-            }
-        }
-    }
-    used
-}
 
 /// What the provider records about an instance when it creates it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -187,17 +150,11 @@ impl Sandbox {
         Ok(path)
     }
 
-    /// Local disk the Pod uses, as the kubelet counts ephemeral storage: all
-    /// it wrote in its root, its volumes and its logs. Then each volume's own.
-    pub fn disk_usage(&self) -> (u64, Vec<(String, u64)>) {
-        let total = disk_usage(&self.dir);
-        let volumes = std::fs::read_dir(self.volumes())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| Some((e.file_name().into_string().ok()?, disk_usage(&e.path()))))
-            .collect();
-        (total, volumes)
+    /// The files vkd wrote into each file volume at its last refresh, by
+    /// volume name (root's, 0600): what a refresh may remove. Absent until
+    /// the first refresh, when the files of `spec.json` are the ones written.
+    pub fn volume_files(&self) -> PathBuf {
+        self.dir.join("volume-files.json")
     }
 
     pub fn logs(&self, container: &str) -> PathBuf {
@@ -297,29 +254,4 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T, mode: u32) -> std::io::R
     let bytes = serde_json::to_vec(value)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     write_atomic(path, &bytes, mode)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
-    use super::*;
-
-    #[test]
-    fn disk_usage_counts_what_the_pod_wrote_and_no_link_out() {
-        let dir = std::env::temp_dir().join(format!("vkd-du-{}", uuid::Uuid::new_v4().simple()));
-        let sb = Sandbox::new(dir.clone());
-        std::fs::create_dir_all(sb.root()).unwrap();
-        std::fs::create_dir_all(sb.volumes().join("scratch")).unwrap();
-        std::fs::write(sb.root().join("file"), vec![1u8; 3 << 20]).unwrap();
-        std::fs::write(sb.volumes().join("scratch/data"), vec![1u8; 1 << 20]).unwrap();
-        // A link to elsewhere (a hostPath) is not the Pod's disk.
-        std::os::unix::fs::symlink("/usr", sb.root().join("host")).unwrap();
-        let (total, volumes) = sb.disk_usage();
-        assert!(total >= 4 << 20, "{total}");
-        assert!(total < 5 << 20, "{total}: the link was followed");
-        assert_eq!(volumes.len(), 1);
-        assert_eq!(volumes[0].0, "scratch");
-        assert!(volumes[0].1 >= 1 << 20);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

@@ -8,7 +8,7 @@
 //! name: nothing outside the volume is ever opened for writing, and a reader
 //! sees a file's old bytes or its new ones, never a mix.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path};
@@ -43,16 +43,60 @@ fn parts(path: &str) -> Option<Vec<&str>> {
     (!parts.is_empty() && parts.iter().all(|p| !p.starts_with(TMP_PREFIX))).then_some(parts)
 }
 
-/// Writes one volume's files under `vol` and removes what is no longer listed.
-fn refresh(vol: &OwnedFd, files: &[VolumeFile], owner: (u32, u32)) -> std::io::Result<()> {
+/// Opens the directory at `dirs` below `vol`, never through a link.
+fn open_path(vol: &OwnedFd, dirs: &[&str]) -> rustix::io::Result<OwnedFd> {
+    let mut dir = vol.try_clone().map_err(|_| rustix::io::Errno::MFILE)?;
+    for d in dirs {
+        dir = open_dir(&dir, d)?;
+    }
+    Ok(dir)
+}
+
+/// Removes from `vol` the files vkd wrote before (`old`) that `files` no
+/// longer lists, and then the directories that held only them; what the Pod
+/// made itself is left alone, and nothing else is walked. Then writes `files`.
+fn refresh(
+    vol: &OwnedFd,
+    old: &[String],
+    files: &[VolumeFile],
+    owner: (u32, u32),
+) -> std::io::Result<()> {
     let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
-    let mut keep: BTreeSet<Vec<&str>> = BTreeSet::new();
-    for f in files {
-        let parts = parts(&f.path).ok_or_else(|| invalid(format!("file path {:?}", f.path)))?;
-        for n in 1..parts.len() {
-            keep.insert(parts[..n].to_vec());
+    let new: Vec<Vec<&str>> = files
+        .iter()
+        .map(|f| parts(&f.path).ok_or_else(|| invalid(format!("file path {:?}", f.path))))
+        .collect::<Result<_, _>>()?;
+    let listed: BTreeSet<&[&str]> = new.iter().map(Vec::as_slice).collect();
+    let needed_dirs: BTreeSet<&[&str]> = new
+        .iter()
+        .flat_map(|p| (1..p.len()).map(move |n| &p[..n]))
+        .collect();
+    let mut emptied: BTreeSet<Vec<&str>> = BTreeSet::new();
+    for gone in old.iter().filter_map(|p| parts(p)) {
+        if listed.contains(gone.as_slice()) {
+            continue;
         }
-        keep.insert(parts.clone());
+        let Some((name, dirs)) = gone.split_last() else {
+            continue;
+        };
+        if let Ok(dir) = open_path(vol, dirs) {
+            let _ = rustix::fs::unlinkat(&dir, *name, AtFlags::empty());
+        }
+        for n in 1..gone.len() {
+            if !needed_dirs.contains(&gone[..n]) {
+                emptied.insert(gone[..n].to_vec());
+            }
+        }
+    }
+    // Deepest first; a directory something else still holds stays.
+    for dir in emptied.iter().rev() {
+        if let Some((name, parents)) = dir.split_last()
+            && let Ok(parent) = open_path(vol, parents)
+        {
+            let _ = rustix::fs::unlinkat(&parent, *name, AtFlags::REMOVEDIR);
+        }
+    }
+    for (f, parts) in files.iter().zip(&new) {
         let (name, dirs) = parts.split_last().ok_or_else(|| invalid(f.path.clone()))?;
         let mut dir = vol.try_clone()?;
         for d in dirs {
@@ -77,44 +121,11 @@ fn refresh(vol: &OwnedFd, files: &[VolumeFile], owner: (u32, u32)) -> std::io::R
         )?;
         let mut file = std::fs::File::from(fd);
         file.write_all(&f.data)?;
-        rustix::fs::fchmod(&file, Mode::from_raw_mode(f.mode & 0o7777))?;
+        // Owner first, then the mode: a set-id bit is never given to root's file.
         rustix::fs::fchown(&file, Some(uid(owner)), Some(gid(owner)))?;
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(f.mode & 0o777))?;
         drop(file);
         rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name)?;
-    }
-    remove_unlisted(vol, &mut Vec::new(), &keep)
-}
-
-/// Removes, below `dir` (at `at` in the volume), every entry `keep` does not list.
-fn remove_unlisted(
-    dir: &OwnedFd,
-    at: &mut Vec<String>,
-    keep: &BTreeSet<Vec<&str>>,
-) -> std::io::Result<()> {
-    let mut entries = Vec::new();
-    for e in rustix::fs::Dir::read_from(dir)? {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name != "." && name != ".." {
-            entries.push((name, e.file_type() == rustix::fs::FileType::Directory));
-        }
-    }
-    for (name, is_dir) in entries {
-        at.push(name.clone());
-        let listed = keep
-            .iter()
-            .any(|k| k.len() == at.len() && k.iter().zip(at.iter()).all(|(a, b)| a == b));
-        if is_dir {
-            if let Ok(sub) = open_dir(dir, &name) {
-                remove_unlisted(&sub, at, keep)?;
-            }
-            if !listed {
-                let _ = rustix::fs::unlinkat(dir, name.as_str(), AtFlags::REMOVEDIR);
-            }
-        } else if !listed {
-            rustix::fs::unlinkat(dir, name.as_str(), AtFlags::empty())?;
-        }
-        at.pop();
     }
     Ok(())
 }
@@ -156,6 +167,14 @@ impl ProcessProvider {
         )
         .map_err(|e| io(e.into()))?;
         let all = open_dir(&sandbox, "volumes").map_err(|e| io(e.into()))?;
+        let mut written: BTreeMap<String, Vec<String>> =
+            crate::sandbox::read_json(&sb.volume_files())
+                .map_err(crate::io_err(&sb.volume_files()))?
+                .unwrap_or_default();
+        let save = |written: &BTreeMap<String, Vec<String>>| {
+            crate::sandbox::write_json(&sb.volume_files(), written, 0o600)
+                .map_err(crate::io_err(&sb.volume_files()))
+        };
         for v in volumes {
             let VolumeSource::Files { files } = &v.source else {
                 continue;
@@ -172,8 +191,29 @@ impl ProcessProvider {
                     format!("pod {uid} has no file volume {:?}", v.name),
                 ));
             }
+            let old = written.get(&v.name).cloned().unwrap_or_else(|| {
+                spec.spec
+                    .volumes
+                    .iter()
+                    .filter(|s| s.name == v.name)
+                    .flat_map(|s| match &s.source {
+                        VolumeSource::Files { files } => {
+                            files.iter().map(|f| f.path.clone()).collect()
+                        }
+                        _ => Vec::new(),
+                    })
+                    .collect()
+            });
+            let new: Vec<String> = files.iter().map(|f| f.path.clone()).collect();
+            // Until the refresh is through, either set may be on disk.
+            let mut either = old.clone();
+            either.extend(new.iter().filter(|p| !old.contains(p)).cloned());
+            written.insert(v.name.clone(), either);
+            save(&written)?;
             let vol = open_dir(&all, &v.name).map_err(|e| io(e.into()))?;
-            refresh(&vol, files, self.inner.run_as).map_err(io)?;
+            refresh(&vol, &old, files, self.inner.run_as).map_err(io)?;
+            written.insert(v.name.clone(), new);
+            save(&written)?;
         }
         Ok(())
     }
@@ -207,8 +247,11 @@ mod tests {
         std::fs::write(dir.join("old/deep/gone"), "x").unwrap();
         let vol =
             rustix::fs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let old = ["data-1".to_owned(), "old/deep/gone".to_owned()];
+        std::fs::write(dir.join("made-by-the-pod"), "mine").unwrap();
         refresh(
             &vol,
+            &old,
             &[file("data-1", "value-2"), file("sub/data-3", "value-3")],
             me(),
         )
@@ -222,11 +265,21 @@ mod tests {
             "value-3"
         );
         assert!(!dir.join("old").exists(), "what is no longer listed goes");
+        assert!(
+            dir.join("made-by-the-pod").exists(),
+            "what vkd did not write stays"
+        );
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names.len(), 2, "no temporary file is left: {names:?}");
+        assert_eq!(names.len(), 3, "no temporary file is left: {names:?}");
+        // A key that becomes a directory's name, and back.
+        let was = ["data-1".to_owned(), "sub/data-3".to_owned()];
+        refresh(&vol, &was, &[file("sub", "flat")], me()).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("sub")).unwrap(), "flat");
+        refresh(&vol, &["sub".to_owned()], &[file("sub/x", "deep")], me()).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("sub/x")).unwrap(), "deep");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -242,9 +295,11 @@ mod tests {
         std::os::unix::fs::symlink(outside.join("victim"), dir.join("key")).unwrap();
         let vol =
             rustix::fs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
-        let err = refresh(&vol, &[file("sub/victim", "owned")], me());
+        let err = refresh(&vol, &[], &[file("sub/victim", "owned")], me());
         assert!(err.is_err());
-        refresh(&vol, &[file("key", "new")], me()).unwrap();
+        // Nor is one in the way of removing an old file.
+        refresh(&vol, &["sub/victim".into()], &[], me()).unwrap();
+        refresh(&vol, &[], &[file("key", "new")], me()).unwrap();
         assert_eq!(
             std::fs::read_to_string(outside.join("victim")).unwrap(),
             "safe"

@@ -555,12 +555,22 @@ fn observed_generation_is_written_and_read_back() {
     let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
     assert_eq!(body["status"]["observedGeneration"], 3);
     assert_eq!(condition(&body, "Ready")["observedGeneration"], 3);
-    // The scheduler's condition too, as the kubelet writes it back; its
-    // transition time is the scheduler's (merged by type, not written).
+    // The scheduler's condition too, as the kubelet writes it back. Bound by
+    // spec.nodeName, it has no time yet, and gets one.
     let scheduled = condition(&body, "PodScheduled");
     assert_eq!(scheduled["observedGeneration"], 3);
     assert_eq!(scheduled["status"], "True");
-    assert!(scheduled.get("lastTransitionTime").is_none());
+    assert!(scheduled["lastTransitionTime"].is_string());
+    // Bound by the scheduler, its transition time stays the scheduler's
+    // (merged by type, not written).
+    let mut bound = rec.clone();
+    bound.timeline.bound = Some(crate::pods::record::Stamp::now());
+    let body2 = patch_body(&bound, &v, Some(&inst), "127.0.0.1", SystemTime::now());
+    assert!(
+        condition(&body2, "PodScheduled")
+            .get("lastTransitionTime")
+            .is_none()
+    );
     let mut pod = json!({
         "metadata": {"name": "web-1", "namespace": "ns", "uid": "u1", "generation": 3},
         "spec": {"containers": [{"name": "app", "image": "nginx"}, {"name": "side", "image": "envoy"}]},
