@@ -1,0 +1,149 @@
+//! Resolving, admitting and creating a Pod's instance.
+
+use super::*;
+
+pub(super) enum Start {
+    Running(Box<Instance>),
+    Queued(String),
+    ConfigError(String),
+    /// The backend cannot run an image: waits as after a failed image pull.
+    ImagePull(String),
+    Failed(String, String),
+}
+
+impl Start {
+    /// The start cannot succeed as the spec is: the Pod fails, unless only an
+    /// image is missing, which the kubelet waits out.
+    pub(super) fn failed(reason: String, message: String) -> Self {
+        if reason == vkd_provider::IMAGE_NOT_RUNNABLE {
+            Self::ImagePull(message)
+        } else {
+            Self::Failed(reason, message)
+        }
+    }
+}
+
+impl PodController {
+    /// What resolves `pending` (ConfigMaps, Secrets, Services, fieldRefs) for
+    /// this node; with the node's allocatable when the spec reads it.
+    pub(super) async fn resolver(
+        &self,
+        pending: &spec::Pending,
+    ) -> Result<spec::Resolver<'_>, ReconcileError> {
+        let allocatable = if pending.reads_allocatable {
+            Some(self.admitter.allocatable().await?)
+        } else {
+            None
+        };
+        Ok(spec::Resolver {
+            client: &self.client,
+            policy: &self.settings.policy,
+            host_ip: &self.settings.host_ip,
+            volumes: self.provider.capabilities().volumes == Support::Supported,
+            services: self.shared.services.as_ref(),
+            allocatable,
+        })
+    }
+
+    /// Admits and creates the instance.
+    pub(super) async fn start(&self, rec: &PodRecord) -> Result<Start, ReconcileError> {
+        let Some(pending) = rec.pending.as_deref() else {
+            return Ok(Start::Failed(
+                "InstanceLost".into(),
+                "no spec to create the instance from".into(),
+            ));
+        };
+        let resolver = self.resolver(pending).await?;
+        let spec = match resolver.resolve(pending).await {
+            Ok(s) => s,
+            Err(spec::ResolveError::Spec(e)) => {
+                return Ok(Start::Failed(e.reason.into(), e.message));
+            }
+            Err(spec::ResolveError::Config(message)) => return Ok(Start::ConfigError(message)),
+            Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
+        };
+        let spec = &spec;
+        // A create that failed without an answer (a deadline, a cut connection)
+        // may have made the instance: it is retried on the same placement, whose
+        // reservation was kept, never admitted afresh onto other GPUs.
+        let admission = match self.admitter.held_placement(&rec.uid) {
+            Some(placement) => Ok(Admission::Fits(placement)),
+            None => self.admitter.admit(spec).await,
+        };
+        let admission = match admission {
+            Ok(a) => a,
+            Err(ProviderError::Invalid { reason, message }) => {
+                return Ok(Start::failed(reason, message));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.touch(&rec.uid, |r| r.timeline.admitted = Some(Stamp::now()));
+        let placement = match admission {
+            Admission::Fits(p) => p,
+            Admission::Queued { reason } => return Ok(Start::Queued(reason)),
+            Admission::Rejected { reason, message } => return Ok(Start::failed(reason, message)),
+        };
+        let gpus = if placement.gpu_ids.is_empty() {
+            String::new()
+        } else {
+            format!(", GPUs {}", placement.gpu_ids.join(","))
+        };
+        let mut spec = spec.clone();
+        spec.placement = Some(placement);
+        let instance = match self.provider.create(&self.fence(), &spec).await {
+            Ok(i) => i,
+            Err(ProviderError::Rejected { message }) => {
+                self.admitter.release(&rec.uid);
+                return Ok(Start::Queued(message));
+            }
+            Err(ProviderError::Invalid { reason, message }) => {
+                self.admitter.release(&rec.uid);
+                return Ok(Start::failed(reason, message));
+            }
+            // Kept: the backend may have made it (see `held_placement` above).
+            Err(e) => return Err(e.into()),
+        };
+        self.admitter.created(&rec.uid);
+        let written = rec
+            .volume_refresh
+            .is_some()
+            .then(|| volume_refresh::created_digest(pending, &spec));
+        self.touch(&rec.uid, |r| {
+            r.timeline.accepted = Some(Stamp::now());
+            r.pending = None;
+            if let Some(v) = r.volume_refresh.as_deref_mut() {
+                v.written = v.written.or(written);
+            }
+        });
+        if self.settings.lifecycle_events {
+            // One Normal Event per Pod: admission and creation together, so the
+            // happy path costs one Event write, not one per step.
+            let note = format!(
+                "backend {} admitted it and created instance {} on host {}{gpus} (epoch {})",
+                self.provider.name(),
+                instance.id,
+                instance.host.as_deref().unwrap_or("-"),
+                self.settings.epoch
+            );
+            self.event(rec, EventType::Normal, "InstanceCreated", &note, "Create");
+        }
+        info!(
+            instance = %instance.id,
+            host = instance.host.as_deref().unwrap_or(""),
+            epoch = self.settings.epoch,
+            backend = self.provider.name(),
+            "instance created"
+        );
+        Ok(Start::Running(Box::new(instance)))
+    }
+
+    pub(super) async fn queued(&self, rec: &PodRecord, reason: &str) -> Result<(), ReconcileError> {
+        self.write_status(rec, None, &Waiting::Queued(reason.to_owned()))
+            .await?;
+        if rec.queued_since.is_none() {
+            self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit");
+            self.touch(&rec.uid, |r| r.queued_since = Some(Stamp::now()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! Events about Pods and the Node, as the kubelet's, within a budget.
+
+use super::*;
+
+/// The reporting controller of vkd's Pod Events: the kubelet's own name, as
+/// the node's kubelet is what vkd is. Users and tools find a node's Pod
+/// Events by it (`kubectl get events --field-selector source=kubelet`, which
+/// the API server answers from reportingController for events.k8s.io Events).
+/// The reporting instance is the node name, so which vkd reported it stays plain.
+pub(super) const EVENT_REPORTER: &str = "kubelet";
+
+/// Pod Events being sent at once, beside the reconciles.
+pub(super) const EVENTS_IN_FLIGHT: usize = 32;
+
+/// Pod Events waiting to be sent (about a kilobyte each). Beyond this many an
+/// Event is dropped and counted (`vkd_events_dropped_total`), as the kubelet's
+/// event broadcaster drops them: a busy API server must not slow creates, and
+/// the Pod's status and the audit log still carry what the Event said.
+pub(super) const EVENTS_PENDING: usize = 1024;
+
+impl PodController {
+    pub(super) async fn node_event(&self, reason: &str, note: &str) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.settings.node.clone()),
+            ..ObjectReference::default()
+        };
+        let ev = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Collect".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason, "publishing event failed");
+        }
+    }
+
+    /// Publishes a one-off Event about a Pod. It is created directly, not through
+    /// kube's `Recorder`: the Recorder keeps every Event it sent for six minutes
+    /// (to count repeats as a series), which at thousands of Pods is kilobytes per
+    /// Pod for Events that never repeat.
+    pub(super) fn event(
+        &self,
+        rec: &PodRecord,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+    ) {
+        use k8s_openapi::api::events::v1::Event;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        let waiting = match Arc::clone(&self.event_backlog).try_acquire_owned() {
+            Ok(w) => w,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                self.shared.metrics.event_dropped();
+                debug!(
+                    reason,
+                    "event dropped: {EVENTS_PENDING} are waiting to be sent"
+                );
+                return;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => return,
+        };
+        let event = Event {
+            metadata: ObjectMeta {
+                // A generateName must itself be a valid name but for a trailing dash.
+                generate_name: Some(format!("{}-", rec.name)),
+                namespace: Some(rec.namespace.to_string()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(jiff::Timestamp::now())),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            reason: Some(reason.to_owned()),
+            note: Some(note.chars().take(1000).collect()),
+            action: Some(action.to_owned()),
+            reporting_controller: Some(EVENT_REPORTER.to_owned()),
+            reporting_instance: Some(self.settings.node.clone()),
+            regarding: Some(Self::pod_reference(rec)),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
+        let slots = Arc::clone(&self.event_slots);
+        let limiter = Arc::clone(&self.limiter);
+        let metrics = Arc::clone(&self.shared.metrics);
+        let reason = reason.to_owned();
+        tokio::spawn(
+            async move {
+                let Ok(slot) = slots.acquire_owned().await else {
+                    return;
+                };
+                throttle(&limiter, &metrics, "event").await;
+                if let Err(e) = api.create(&PostParams::default(), &event).await {
+                    warn!(error = %e, reason, "publishing event failed");
+                }
+                drop((slot, waiting));
+            }
+            .in_current_span(),
+        );
+    }
+
+    pub(super) fn pod_reference(rec: &PodRecord) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(rec.name.to_string()),
+            namespace: Some(rec.namespace.to_string()),
+            uid: Some(rec.uid.to_string()),
+            ..ObjectReference::default()
+        }
+    }
+
+    /// An Event that may repeat (a deletion the backend keeps refusing): kube's
+    /// `Recorder` turns the repeats into one Event with a count.
+    pub(super) async fn repeating_event(
+        &self,
+        rec: &PodRecord,
+        reason: &str,
+        note: &str,
+        action: &str,
+    ) {
+        self.throttle("event").await;
+        let ev = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &Self::pod_reference(rec)).await {
+            warn!(error = %e, reason, "publishing event failed");
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Writing a Pod's status to the API server when it differs from what the
+//! server holds.
+
+use super::*;
+
+impl PodController {
+    pub(super) async fn write_status(
+        &self,
+        rec: &PodRecord,
+        instance: Option<&Instance>,
+        waiting: &Waiting,
+    ) -> Result<(), ReconcileError> {
+        self.write_status_of(rec, instance, waiting, instance.is_some())
+            .await
+    }
+
+    /// [`Self::write_status`]; `host_ip_as_pod_ip` says whether an instance with
+    /// no IP of its own shares the host's (false when the instance is gone and
+    /// its IP unknown: the Pod keeps the IP it has, never a second one).
+    pub(super) async fn write_status_of(
+        &self,
+        rec: &PodRecord,
+        instance: Option<&Instance>,
+        waiting: &Waiting,
+        host_ip_as_pod_ip: bool,
+    ) -> Result<(), ReconcileError> {
+        let mut view = status::desired_view(rec, instance, waiting);
+        // A spec change (a new generation) is answered even when nothing else moved.
+        view.observed_generation = (rec.generation > 0).then_some(rec.generation);
+        if view.pod_ip.is_none() && host_ip_as_pod_ip {
+            // A backend without Pod networking (processes) shares the host's, as
+            // hostNetwork Pods do: the kubelet reports the host IP as the Pod IP.
+            view.pod_ip = Some(self.settings.host_ip.clone());
+        }
+        if view.digest() == rec.observed_digest {
+            return Ok(());
+        }
+        let now = SystemTime::now();
+        // The stored record may be newer: admission and creation touch its timeline.
+        let mut rec = self
+            .records()
+            .get(&*rec.uid)
+            .map(|r| PodRecord::clone(r))
+            .unwrap_or_else(|| rec.clone());
+        if view
+            .containers
+            .iter()
+            .any(|c| c.state == status::StateView::Running)
+        {
+            rec.timeline.started.get_or_insert(now.into());
+        }
+        if view.conditions[3] == Some(true) && rec.timeline.ready.is_none() {
+            rec.timeline.ready = Some(now.into());
+            let t = &rec.timeline;
+            if let Some(base) = t.bound.or(t.observed).map(Stamp::time) {
+                let since = |x: Option<Stamp>| x.and_then(|x| x.time().duration_since(base).ok());
+                let stages: Vec<(&str, Duration)> = t
+                    .stages()
+                    .into_iter()
+                    .filter_map(|(n, x)| Some((n, since(x)?)))
+                    .collect();
+                self.shared.metrics.started(&stages);
+            }
+        }
+        if rec.start_time.is_none() {
+            rec.start_time = Some(now.into());
+        }
+        let body = status::patch_body(&rec, &view, instance, &self.settings.host_ip, now);
+        self.patch_status(&rec, body).await?;
+        debug!(phase = %view.phase, "status written");
+        self.touch(&rec.uid, |r| {
+            for (i, s) in view.conditions.iter().enumerate() {
+                if let Some(s) = *s
+                    && r.condition_times[i].is_none_or(|(old, _)| old != s)
+                {
+                    r.condition_times[i] = Some((s, now.into()));
+                }
+            }
+            r.timeline = rec.timeline.clone();
+            r.start_time = rec.start_time;
+            r.observe(&view);
+        });
+        Ok(())
+    }
+
+    pub(super) async fn patch_status(
+        &self,
+        rec: &PodRecord,
+        body: serde_json::Value,
+    ) -> Result<(), ReconcileError> {
+        self.throttle("status").await;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
+        match api
+            .patch_status(&rec.name, &PatchParams::default(), &Patch::Strategic(body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
