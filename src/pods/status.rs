@@ -640,7 +640,10 @@ pub(super) fn container_json(
             "reason": t.reason,
             "message": t.message,
             "startedAt": t.started_at.map(time),
-            "finishedAt": time(t.finished_at),
+            // A container that never started has no times at all, as the
+            // kubelet reports one it could not find: an end without a start
+            // is a status no kubelet writes.
+            "finishedAt": t.started_at.map(|_| time(t.finished_at)),
             "containerID": c.container_id,
         }})
     };

@@ -178,10 +178,12 @@ fn terminated_containers_map_exit_codes() {
         "a finished Pod's sandbox is gone"
     );
     let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
-    assert_eq!(
-        body["status"]["containerStatuses"][1]["state"]["terminated"]["exitCode"],
-        137
-    );
+    let terminated = &body["status"]["containerStatuses"][1]["state"]["terminated"];
+    assert_eq!(terminated["exitCode"], 137);
+    // It never started: no end time either, never an end without a start
+    // (Kubernetes' own node e2e checks for that).
+    assert!(terminated["startedAt"].is_null(), "{terminated}");
+    assert!(terminated["finishedAt"].is_null(), "{terminated}");
 }
 
 #[test]
