@@ -333,6 +333,7 @@ pub struct Taint {
 pub enum ProviderKind {
     Process,
     Sim,
+    Kubernetes,
 }
 
 impl ProviderKind {
@@ -340,6 +341,7 @@ impl ProviderKind {
         match self {
             Self::Process => "process",
             Self::Sim => "sim",
+            Self::Kubernetes => "kubernetes",
         }
     }
 }
@@ -453,10 +455,11 @@ impl Config {
         let provider = match args.provider.or(file.provider).as_deref() {
             None | Some("process") => ProviderKind::Process,
             Some("sim") => ProviderKind::Sim,
+            Some("kubernetes") => ProviderKind::Kubernetes,
             Some(other) => {
                 return Err(bad(
                     "provider",
-                    format!("unknown provider {other:?}; known: process, sim"),
+                    format!("unknown provider {other:?}; known: process, sim, kubernetes"),
                 ));
             }
         };
@@ -465,6 +468,12 @@ impl Config {
             return Err(bad(
                 "provider-config",
                 "required: the sim provider needs a fleet file",
+            ));
+        }
+        if provider == ProviderKind::Kubernetes && provider_config.is_none() {
+            return Err(bad(
+                "provider-config",
+                "required: the kubernetes provider needs its config (the downstream kubeconfig)",
             ));
         }
         let allowed_namespaces = if args.allowed_namespaces.is_empty() {

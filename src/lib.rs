@@ -110,6 +110,23 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
                 })?;
             Ok(Arc::new(provider))
         }
+        ProviderKind::Kubernetes => {
+            let path = cfg
+                .provider_config
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            let config_error = |e: vkd_kubernetes::ConfigError| {
+                Error::Config(config::ConfigError {
+                    field: "provider-config".into(),
+                    message: e.to_string(),
+                })
+            };
+            let config = vkd_kubernetes::KubernetesConfig::load(path).map_err(config_error)?;
+            let provider =
+                vkd_kubernetes::KubernetesProvider::open(config).map_err(config_error)?;
+            info!(cluster = provider.cluster(), "kubernetes provider ready");
+            Ok(Arc::new(provider))
+        }
     }
 }
 

@@ -442,7 +442,16 @@ impl PodController {
         let mut records = self.records();
         let previous = records.get(&uid).map(|r| &**r);
         let first_seen = previous.is_none();
-        let rec = PodRecord::from_pod(pod, &self.settings.node, previous, SystemTime::now())?;
+        let mut rec = PodRecord::from_pod(pod, &self.settings.node, previous, SystemTime::now())?;
+        if let Some(pending) = rec.pending.as_deref_mut()
+            && self.provider.capabilities().pod_spec == Support::Supported
+        {
+            // Only for a backend that asks: most keep no copy of the spec.
+            pending.spec.pod_spec = pod
+                .spec
+                .as_ref()
+                .and_then(|s| serde_json::to_string(s).ok());
+        }
         let urgent = first_seen && rec.awaits_create();
         records.insert(uid.clone(), Box::new(rec));
         drop(records);

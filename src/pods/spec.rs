@@ -214,6 +214,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             init_containers: built,
             volumes: Vec::new(),
             termination_grace: Duration::from_secs(grace),
+            pod_spec: None,
         },
         env: all
             .iter()

@@ -49,6 +49,7 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
         init_containers: Vec::new(),
         volumes: Vec::new(),
         termination_grace: Duration::from_secs(5),
+        pod_spec: None,
     }
 }
 

@@ -286,6 +286,14 @@ pub struct InstanceSpec {
     /// terminationGracePeriodSeconds (30 s when the Pod does not say).
     #[serde(default = "default_grace")]
     pub termination_grace: Duration,
+    /// The upstream Pod's `spec` as the API server holds it (JSON), beside the
+    /// translation above, for a backend that runs the Pod as a Pod (the
+    /// kubernetes provider keeps ports, probes, securityContext as written).
+    /// Filled in only for providers that declare [`Capabilities::pod_spec`];
+    /// references in it (ConfigMaps, Secrets, fieldRefs) are resolved in
+    /// `containers[].env` and `volumes`, which a backend uses instead.
+    #[serde(default)]
+    pub pod_spec: Option<String>,
 }
 
 fn default_grace() -> Duration {
@@ -488,6 +496,9 @@ pub struct Capabilities {
     /// Starts ephemeral containers (`kubectl debug`) in a running instance.
     #[serde(default)]
     pub ephemeral_containers: Support,
+    /// Wants [`InstanceSpec::pod_spec`], the Pod's spec as written.
+    #[serde(default)]
+    pub pod_spec: Support,
 }
 
 impl Capabilities {

@@ -932,6 +932,7 @@ impl Provider for ProcessProvider {
             volumes: Support::Supported,
             limits: Support::Supported,
             ephemeral_containers: Support::Supported,
+            pod_spec: Support::Unsupported,
         }
     }
 

@@ -1,0 +1,222 @@
+//! The Kubernetes provider's config file (`--provider-config`, YAML).
+//!
+//! ```yaml
+//! kubeconfig: /etc/vkd/downstream.kubeconfig   # the downstream cluster (required)
+//! namespacePrefix: "vkd-"         # upstream namespace ns runs downstream in vkd-ns
+//! hostSelector: "gpu=true"        # which downstream Nodes count as hosts (default: all)
+//! gpuResource: nvidia.com/gpu     # the extended resource that counts GPUs
+//! gpuLabels:                      # where a Node says what its GPUs are (GPU Feature Discovery's names)
+//!   product: nvidia.com/gpu.product
+//!   memory: nvidia.com/gpu.memory # MiB per GPU
+//!   count: nvidia.com/gpu.count
+//!   clique: nvidia.com/gpu.clique # an NVLink domain
+//! clusterName: gpu-east           # in instance ids (default: the kubeconfig's cluster)
+//! fenceNamespace: vkd-system      # where the fence objects live downstream
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Label names that describe a Node's GPUs.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuLabels {
+    #[serde(default = "GpuLabels::default_product")]
+    pub product: String,
+    #[serde(default = "GpuLabels::default_memory")]
+    pub memory: String,
+    #[serde(default = "GpuLabels::default_count")]
+    pub count: String,
+    #[serde(default = "GpuLabels::default_clique")]
+    pub clique: String,
+}
+
+impl GpuLabels {
+    fn default_product() -> String {
+        "nvidia.com/gpu.product".into()
+    }
+    fn default_memory() -> String {
+        "nvidia.com/gpu.memory".into()
+    }
+    fn default_count() -> String {
+        "nvidia.com/gpu.count".into()
+    }
+    fn default_clique() -> String {
+        "nvidia.com/gpu.clique".into()
+    }
+}
+
+impl Default for GpuLabels {
+    fn default() -> Self {
+        Self {
+            product: Self::default_product(),
+            memory: Self::default_memory(),
+            count: Self::default_count(),
+            clique: Self::default_clique(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesConfig {
+    /// The downstream cluster's kubeconfig.
+    pub kubeconfig: PathBuf,
+    #[serde(default = "default_prefix")]
+    pub namespace_prefix: String,
+    /// A label selector over the downstream Nodes; empty: every Node.
+    #[serde(default)]
+    pub host_selector: String,
+    #[serde(default = "default_gpu")]
+    pub gpu_resource: String,
+    #[serde(default)]
+    pub gpu_labels: GpuLabels,
+    /// The downstream cluster's name in instance ids and annotations
+    /// (default: the kubeconfig's current cluster).
+    #[serde(default)]
+    pub cluster_name: Option<String>,
+    /// Where vkd keeps its fence objects in the downstream cluster.
+    #[serde(default = "default_fence_namespace")]
+    pub fence_namespace: String,
+}
+
+fn default_fence_namespace() -> String {
+    "vkd-system".into()
+}
+
+fn default_prefix() -> String {
+    "vkd-".into()
+}
+fn default_gpu() -> String {
+    "nvidia.com/gpu".into()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {field}: {message}")]
+    Invalid {
+        path: PathBuf,
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// A DNS label: lowercase alphanumerics and `-`, alphanumeric at both ends.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl KubernetesConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks config text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: Self = serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let invalid = |field, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            field,
+            message,
+        };
+        if cfg.kubeconfig.as_os_str().is_empty() {
+            return Err(invalid("kubeconfig", "is empty".into()));
+        }
+        // The prefix starts a namespace name, with at least one character after it.
+        let probe = format!("{}a", cfg.namespace_prefix);
+        if !is_dns_label(&probe) || cfg.namespace_prefix.len() > 20 {
+            return Err(invalid(
+                "namespacePrefix",
+                format!(
+                    "{:?} must be lowercase letters, digits and '-', start with a letter or digit, at most 20 characters",
+                    cfg.namespace_prefix
+                ),
+            ));
+        }
+        if cfg.gpu_resource.is_empty() || !cfg.gpu_resource.contains('/') {
+            return Err(invalid(
+                "gpuResource",
+                format!(
+                    "{:?} is not an extended resource name (domain/name)",
+                    cfg.gpu_resource
+                ),
+            ));
+        }
+        if let Some(name) = &cfg.cluster_name
+            && (name.is_empty() || name.contains('/'))
+        {
+            return Err(invalid(
+                "clusterName",
+                format!("{name:?} must be non-empty and without '/'"),
+            ));
+        }
+        if !is_dns_label(&cfg.fence_namespace) {
+            return Err(invalid(
+                "fenceNamespace",
+                format!("{:?} is not a namespace name", cfg.fence_namespace),
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    fn parse(text: &str) -> Result<KubernetesConfig, ConfigError> {
+        KubernetesConfig::parse(text, Path::new("k.yaml"))
+    }
+
+    #[test]
+    fn defaults_are_gpu_feature_discoverys_names() {
+        let c = parse("kubeconfig: /k").unwrap();
+        assert_eq!(c.namespace_prefix, "vkd-");
+        assert_eq!(c.gpu_resource, "nvidia.com/gpu");
+        assert_eq!(c.gpu_labels.product, "nvidia.com/gpu.product");
+        assert_eq!(c.gpu_labels.clique, "nvidia.com/gpu.clique");
+        assert!(c.host_selector.is_empty());
+    }
+
+    #[test]
+    fn bad_config_names_its_field() {
+        for (text, field) in [
+            ("kubeconfig: ''", "kubeconfig"),
+            ("kubeconfig: /k\nnamespacePrefix: Bad_", "namespacePrefix"),
+            ("kubeconfig: /k\ngpuResource: gpu", "gpuResource"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { field: f, .. } if *f == field),
+                "{text}: {e}"
+            );
+        }
+        let typo = parse("kubeconfig: /k\nhostSelectr: x").unwrap_err();
+        assert!(typo.to_string().contains("hostSelectr"), "{typo}");
+        assert!(
+            parse("namespacePrefix: x").is_err(),
+            "kubeconfig is required"
+        );
+    }
+}

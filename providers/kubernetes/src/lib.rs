@@ -1,0 +1,596 @@
+//! vkd provider: each Pod runs as a Pod of a second ("downstream") Kubernetes
+//! cluster, on the downstream Node vkd admitted it to.
+//!
+//! - Capacity: one host slice per downstream Node that counts as a host,
+//!   kept current by watches of the Nodes and of every Pod (`capacity`).
+//! - Create: one Pod per upstream UID, named from it (`naming`), so a repeated
+//!   create meets the first one; the spec as the user wrote it (`translate`).
+//! - Fencing: the downstream API server refuses a stale epoch (`fence`).
+//! - Status, logs, exec, attach, port-forward: from the downstream API server
+//!   (`status`, `streams`).
+
+pub mod capacity;
+pub mod config;
+pub mod fence;
+pub mod naming;
+pub mod status;
+mod streams;
+pub mod translate;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::{OnceCell, broadcast};
+use tracing::{info, warn};
+use vkd_provider::{
+    Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Health, Instance,
+    InstanceEvent, InstanceSpec, LogRequest, Logs, Provider, ProviderError, Result, StreamIo,
+    Support,
+};
+
+pub use config::{ConfigError, KubernetesConfig};
+
+/// How long a call waits for the first listing of the downstream cluster.
+const FIRST_SYNC: Duration = Duration::from_secs(20);
+/// How long a health probe of the downstream API server may take.
+const PROBE: Duration = Duration::from_secs(5);
+
+/// The watches' view of the downstream cluster.
+struct Downstream {
+    client: Client,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+}
+
+/// Where each upstream UID's downstream Pod lives (its namespace), as seen.
+type Homes = Arc<Mutex<HashMap<String, String>>>;
+
+pub struct KubernetesProvider {
+    config: KubernetesConfig,
+    kubeconfig: Kubeconfig,
+    cluster: String,
+    downstream: OnceCell<Downstream>,
+    events: broadcast::Sender<InstanceEvent>,
+    homes: Homes,
+    /// Downstream namespaces known to exist.
+    namespaces: Mutex<HashSet<String>>,
+}
+
+impl fmt::Debug for KubernetesProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubernetesProvider")
+            .field("cluster", &self.cluster)
+            .field("connected", &self.downstream.initialized())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn transient(what: &str, e: impl fmt::Display) -> ProviderError {
+    ProviderError::transient(format!("downstream: {what}: {e}"))
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+fn conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// A UID vkd will put in a label selector: what the API server generates.
+fn checked_uid(uid: &str) -> Result<&str> {
+    let ok = !uid.is_empty()
+        && uid.len() <= 63
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(uid)
+    } else {
+        Err(ProviderError::invalid(
+            "InvalidUID",
+            format!("pod UID {uid:?} is not a label value"),
+        ))
+    }
+}
+
+fn owner_uid(p: &Pod) -> Option<&str> {
+    p.metadata
+        .labels
+        .as_ref()?
+        .get(naming::OWNER_UID)
+        .map(String::as_str)
+}
+
+impl KubernetesProvider {
+    /// Reads the config and the downstream kubeconfig; connects on first use.
+    pub fn open(config: KubernetesConfig) -> Result<Self, ConfigError> {
+        let kubeconfig =
+            Kubeconfig::read_from(&config.kubeconfig).map_err(|e| ConfigError::Invalid {
+                path: config.kubeconfig.clone(),
+                field: "kubeconfig",
+                message: e.to_string(),
+            })?;
+        let cluster = config.cluster_name.clone().unwrap_or_else(|| {
+            let current = kubeconfig.current_context.as_deref();
+            kubeconfig
+                .contexts
+                .iter()
+                .find(|c| Some(c.name.as_str()) == current)
+                .and_then(|c| c.context.as_ref())
+                .map(|c| c.cluster.clone())
+                .filter(|c| !c.is_empty() && !c.contains('/'))
+                .unwrap_or_else(|| "downstream".into())
+        });
+        let (events, _) = broadcast::channel(4096);
+        Ok(Self {
+            config,
+            kubeconfig,
+            cluster,
+            downstream: OnceCell::new(),
+            events,
+            homes: Arc::default(),
+            namespaces: Mutex::default(),
+        })
+    }
+
+    /// The downstream cluster's name in instance ids.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    async fn downstream(&self) -> Result<&Downstream> {
+        self.downstream
+            .get_or_try_init(|| async {
+                let options = KubeConfigOptions::default();
+                let cfg = kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
+                    .await
+                    .map_err(|e| transient("reading the kubeconfig", e))?;
+                let client = Client::try_from(cfg).map_err(|e| transient("client", e))?;
+                Ok(self.watch(client))
+            })
+            .await
+    }
+
+    /// Starts the Node and Pod watches; they run as long as the process.
+    fn watch(&self, client: Client) -> Downstream {
+        let mut node_watch = watcher::Config::default();
+        if !self.config.host_selector.is_empty() {
+            node_watch = node_watch.labels(&self.config.host_selector);
+        }
+        let (nodes, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(Api::<Node>::all(client.clone()), node_watch),
+        )
+        .default_backoff();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                if let Err(e) = ev {
+                    warn!(error = %e, "downstream Node watch");
+                }
+            }
+        });
+        // Every Pod: capacity counts other tenants' Pods too.
+        let (pods, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()),
+        )
+        .default_backoff();
+        let (events, homes) = (self.events.clone(), Arc::clone(&self.homes));
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
+                        if let (Some(uid), Some(ns)) =
+                            (owner_uid(&p), p.metadata.namespace.as_ref())
+                        {
+                            lock(&homes).insert(uid.to_owned(), ns.clone());
+                            let _ = events.send(InstanceEvent::Changed {
+                                uid: uid.to_owned(),
+                            });
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let _ = events.send(InstanceEvent::Resync);
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "downstream Pod watch"),
+                }
+            }
+        });
+        info!(cluster = %self.cluster, "watching the downstream cluster");
+        Downstream {
+            client,
+            nodes,
+            pods,
+        }
+    }
+
+    /// The downstream view, once both watches have listed.
+    async fn synced(&self) -> Result<&Downstream> {
+        let d = self.downstream().await?;
+        let ready = async {
+            d.nodes.wait_until_ready().await.ok();
+            d.pods.wait_until_ready().await.ok();
+        };
+        tokio::time::timeout(FIRST_SYNC, ready)
+            .await
+            .map_err(|_| ProviderError::transient("downstream: not listed yet"))?;
+        Ok(d)
+    }
+
+    fn pods_api(&self, d: &Downstream, namespace: &str) -> Api<Pod> {
+        Api::namespaced(d.client.clone(), namespace)
+    }
+
+    /// The downstream Pod of `uid`: from the watch, or from the API server
+    /// when the watch has not shown it (yet: it may lag a create).
+    async fn find(&self, uid: &str) -> Result<Option<Arc<Pod>>> {
+        let uid = checked_uid(uid)?;
+        let d = self.synced().await?;
+        let home = lock(&self.homes).get(uid).cloned();
+        if let Some(ns) = home
+            && let Some(p) = d
+                .pods
+                .get(&ObjectRef::new(&naming::pod_name(uid)).within(&ns))
+        {
+            return Ok(Some(p));
+        }
+        if let Some(p) = d.pods.find(|p| owner_uid(p) == Some(uid)) {
+            return Ok(Some(p));
+        }
+        let api: Api<Pod> = Api::all(d.client.clone());
+        let listed = api
+            .list(&ListParams::default().labels(&format!("{}={uid}", naming::OWNER_UID)))
+            .await
+            .map_err(|e| transient("listing Pods", e))?;
+        Ok(listed.items.into_iter().next().map(Arc::new))
+    }
+
+    async fn ensure_namespace(&self, d: &Downstream, namespace: &str) -> Result<()> {
+        if lock(&self.namespaces).contains(namespace) {
+            return Ok(());
+        }
+        let api: Api<Namespace> = Api::all(d.client.clone());
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(namespace.to_owned()),
+                labels: Some([("vkd.io/managed".to_owned(), "true".to_owned())].into()),
+                ..Default::default()
+            },
+            ..Namespace::default()
+        };
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(e) if conflict(&e) => {}
+            Err(e) => return Err(transient("creating the namespace", e)),
+        }
+        lock(&self.namespaces).insert(namespace.to_owned());
+        Ok(())
+    }
+
+    /// Creates the Secrets of `pod`'s volumes, owned by it (so the downstream
+    /// garbage collector removes them with it). Existing ones are kept.
+    async fn create_secrets(&self, d: &Downstream, pod: &Pod, secrets: Vec<Secret>) -> Result<()> {
+        let (Some(ns), Some(name), Some(uid)) = (
+            pod.metadata.namespace.as_deref(),
+            pod.metadata.name.as_deref(),
+            pod.metadata.uid.as_deref(),
+        ) else {
+            return Err(ProviderError::transient(
+                "downstream: the Pod came back without its identity",
+            ));
+        };
+        let api: Api<Secret> = Api::namespaced(d.client.clone(), ns);
+        for mut s in secrets {
+            s.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]);
+            match api.create(&PostParams::default(), &s).await {
+                Ok(_) => {}
+                Err(e) if conflict(&e) => {}
+                Err(e) => return Err(transient("creating a volume Secret", e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn instance(&self, pod: &Pod) -> Result<Instance> {
+        status::instance(&self.cluster, pod).ok_or_else(|| {
+            ProviderError::transient(
+                "downstream: a Pod without vkd's labels where vkd's Pod should be",
+            )
+        })
+    }
+
+    async fn delete_pod(&self, d: &Downstream, pod: &Pod, grace: Duration) -> Result<()> {
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return Ok(());
+        };
+        let params = DeleteParams {
+            grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX)),
+            preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.pods_api(d, ns).delete(name, &params).await {
+            Ok(_) => Ok(()),
+            // Gone already, or a later Pod of the same name (the precondition).
+            Err(e) if not_found(&e) || conflict(&e) => Ok(()),
+            Err(e) => Err(transient("deleting the Pod", e)),
+        }
+    }
+
+    /// The hosts as they are whole (all free): what could ever fit.
+    fn totals(hosts: &[vkd_provider::HostSlice]) -> Vec<vkd_provider::HostSlice> {
+        hosts
+            .iter()
+            .map(|h| {
+                let mut t = h.clone();
+                t.cpu_millis_free = t.cpu_millis_total;
+                t.memory_bytes_free = t.memory_bytes_total;
+                t.pods_running = 0;
+                for g in &mut t.gpus {
+                    g.free = true;
+                }
+                t
+            })
+            .collect()
+    }
+
+    async fn hosts(&self) -> Result<Vec<vkd_provider::HostSlice>> {
+        let d = self.synced().await?;
+        let (nodes, pods) = (d.nodes.state(), d.pods.state());
+        Ok(capacity::host_slices(
+            nodes.iter().map(|n| &**n),
+            pods.iter().map(|p| &**p),
+            &self.config,
+        ))
+    }
+
+    async fn running(&self, uid: &str) -> Result<(Api<Pod>, String)> {
+        let pod = self
+            .find(uid)
+            .await?
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })?;
+        let d = self.synced().await?;
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        Ok((self.pods_api(d, &ns), name))
+    }
+}
+
+#[async_trait]
+impl Provider for KubernetesProvider {
+    fn name(&self) -> &str {
+        "kubernetes"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            logs: Support::Supported,
+            exec: Support::Supported,
+            attach: Support::Supported,
+            port_forward: Support::Supported,
+            stats: Support::Unsupported,
+            volumes: Support::Supported,
+            limits: Support::Supported,
+            ephemeral_containers: Support::Unsupported,
+            pod_spec: Support::Supported,
+        }
+    }
+
+    async fn health(&self) -> Health {
+        let unreachable = |message: String| Health::Unhealthy {
+            reason: "DownstreamUnreachable".into(),
+            message: format!("the downstream cluster {}: {message}", self.cluster),
+        };
+        let d = match self.downstream().await {
+            Ok(d) => d,
+            Err(e) => return unreachable(e.to_string()),
+        };
+        match tokio::time::timeout(PROBE, d.client.apiserver_version()).await {
+            Ok(Ok(_)) => Health::Healthy,
+            Ok(Err(e)) => unreachable(e.to_string()),
+            Err(_) => unreachable(format!("no answer within {PROBE:?}")),
+        }
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        Ok(Capacity {
+            hosts: self.hosts().await?,
+            kind: CapacityKind::Live,
+            observed_at: SystemTime::now(),
+            refresh_interval: Duration::from_secs(10),
+        })
+    }
+
+    async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
+        checked_uid(&spec.pod.uid)?;
+        let free = self.hosts().await?;
+        Ok(vkd_provider::topology::decide(
+            &Self::totals(&free),
+            &free,
+            spec,
+        ))
+    }
+
+    async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        let uid = checked_uid(&spec.pod.uid)?;
+        let d = self.synced().await?;
+        let namespace = naming::namespace(&self.config.namespace_prefix, &spec.pod.namespace);
+        let translated = translate::downstream_pod(spec, fence, &namespace)?;
+        self.ensure_namespace(d, &namespace).await?;
+        let api = self.pods_api(d, &namespace);
+        let name = naming::pod_name(uid);
+        let pod = match api.create(&PostParams::default(), &translated.pod).await {
+            Ok(p) => p,
+            Err(e) if conflict(&e) => {
+                // Made by an earlier try: the same Pod, if it is this UID's.
+                let p = api
+                    .get(&name)
+                    .await
+                    .map_err(|e| transient("reading the Pod", e))?;
+                if owner_uid(&p) != Some(uid) {
+                    return Err(ProviderError::invalid(
+                        "NameConflict",
+                        format!("downstream Pod {namespace}/{name} exists and is not this Pod's"),
+                    ));
+                }
+                p
+            }
+            Err(e) => {
+                if let Some(fenced) = fence::denial(&fence.node, fence.epoch, &e) {
+                    return Err(fenced);
+                }
+                if let kube::Error::Api(s) = &e
+                    && s.code == 422
+                {
+                    return Err(ProviderError::invalid(
+                        "DownstreamInvalid",
+                        format!("the downstream API server refused the Pod: {}", s.message),
+                    ));
+                }
+                return Err(transient("creating the Pod", e));
+            }
+        };
+        lock(&self.homes).insert(uid.to_owned(), namespace.clone());
+        self.create_secrets(d, &pod, translated.secrets).await?;
+        self.instance(&pod)
+    }
+
+    async fn get(&self, uid: &str) -> Result<Option<Instance>> {
+        match self.find(uid).await? {
+            Some(p) => self.instance(&p).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        let Some(pod) = self.find(uid).await? else {
+            return Ok(());
+        };
+        let d = self.synced().await?;
+        self.delete_pod(d, &pod, grace).await
+    }
+
+    async fn takeover(&self, fence: &Fence) -> Result<()> {
+        let d = self.downstream().await?;
+        fence::install(&d.client, &self.config.fence_namespace, &fence.node).await?;
+        fence::raise(
+            &d.client,
+            &self.config.fence_namespace,
+            &fence.node,
+            fence.epoch,
+        )
+        .await?;
+        info!(node = %fence.node, epoch = fence.epoch, cluster = %self.cluster, "downstream fence raised");
+        Ok(())
+    }
+
+    async fn delete_instance(&self, _fence: &Fence, id: &str, grace: Duration) -> Result<()> {
+        let Some((ns, name)) = naming::parse_instance_id(&self.cluster, id) else {
+            return Err(ProviderError::invalid(
+                "UnknownInstance",
+                format!("{id:?} is not an instance of cluster {}", self.cluster),
+            ));
+        };
+        let d = self.synced().await?;
+        let pod = match self.pods_api(d, ns).get_opt(name).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(transient("reading the Pod", e)),
+        };
+        if owner_uid(&pod).is_none() {
+            return Err(ProviderError::invalid(
+                "UnknownInstance",
+                format!("{id} is not a Pod vkd made"),
+            ));
+        }
+        self.delete_pod(d, &pod, grace).await
+    }
+
+    async fn list(&self, node: &str) -> Result<Vec<Instance>> {
+        let d = self.synced().await?;
+        Ok(d.pods
+            .state()
+            .iter()
+            .filter_map(|p| status::instance(&self.cluster, p))
+            .filter(|i| i.node == node)
+            .collect())
+    }
+
+    fn events(&self) -> BoxStream<'static, InstanceEvent> {
+        let rx = self.events.subscribe();
+        tokio_stream_of(rx)
+    }
+
+    async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
+        let (api, name) = self.running(uid).await?;
+        streams::logs(&api, &name, container, request).await
+    }
+
+    async fn exec(
+        &self,
+        uid: &str,
+        container: &str,
+        command: Vec<String>,
+        io: StreamIo,
+    ) -> Result<i32> {
+        let (api, name) = self.running(uid).await?;
+        streams::exec(&api, &name, container, command, io).await
+    }
+
+    async fn attach(&self, uid: &str, container: &str, io: StreamIo) -> Result<()> {
+        let (api, name) = self.running(uid).await?;
+        streams::attach(&api, &name, container, io).await
+    }
+
+    async fn port_forward(&self, uid: &str, port: u16, stream: Box<dyn Duplex>) -> Result<()> {
+        let (api, name) = self.running(uid).await?;
+        streams::port_forward(&api, &name, port, stream).await
+    }
+}
+
+/// Change notifications from the broadcast; a receiver that fell behind is
+/// told to list everything again.
+fn tokio_stream_of(rx: broadcast::Receiver<InstanceEvent>) -> BoxStream<'static, InstanceEvent> {
+    futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Ok(ev) => Some((ev, rx)),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some((InstanceEvent::Resync, rx)),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    })
+    .boxed()
+}
