@@ -1,0 +1,349 @@
+//! End-to-end: the kubernetes provider, with two real control planes.
+//!
+//! Downstream, vkd runs the process provider as a node of its own cluster;
+//! upstream, vkd runs the kubernetes provider against that cluster. Every check
+//! goes through the upstream kubectl, except where a test looks downstream to
+//! see what really exists there.
+
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use vkd_e2e::{Cluster, Suite, at, wait_for};
+
+mod common;
+use common::{Vkd, items, running_and_ready, str_at};
+
+/// The upstream virtual node.
+const UP_NODE: &str = "vk-offload";
+/// The downstream process node.
+const DOWN_NODE: &str = "vk-down-proc";
+const NS: &str = "offload";
+
+struct Chain {
+    down: Cluster,
+    _down_vkd: Vkd,
+    up_vkd: Vkd,
+}
+
+static CHAIN: Mutex<Option<std::result::Result<Chain, String>>> = Mutex::new(None);
+
+fn main() -> ExitCode {
+    let code = Suite::new("kubernetes-up", &[]).run(&[
+        (
+            "offloaded_pod_runs_two_hops_down_with_logs_exec_and_deletion",
+            offloaded_pod,
+        ),
+        (
+            "capacity_is_the_downstream_nodes_and_a_stale_epoch_is_refused_downstream",
+            capacity_and_fence,
+        ),
+    ]);
+    // Stop the downstream cluster and both daemons.
+    drop(CHAIN.lock().unwrap_or_else(|p| p.into_inner()).take());
+    code
+}
+
+/// Starts the downstream cluster, its process node and the upstream vkd once.
+fn chain<T>(up: &Cluster, f: impl FnOnce(&Chain) -> Result<T>) -> Result<T> {
+    let mut slot = CHAIN.lock().unwrap_or_else(|p| p.into_inner());
+    let chain = slot.get_or_insert_with(|| start_chain(up).map_err(|e| format!("{e:#}")));
+    match chain {
+        Ok(c) => f(c),
+        Err(e) => anyhow::bail!("the chain did not start: {e}"),
+    }
+}
+
+fn start_chain(up: &Cluster) -> Result<Chain> {
+    let down = Cluster::up("kubernetes-down", &[])?;
+    let ca = down.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
+    let down_vkd = Vkd::start_process(
+        &down,
+        DOWN_NODE,
+        &["--client-ca-file", &ca, "--node-label", "gpu-pool=a"],
+    )?;
+    wait_ready(&down, DOWN_NODE)?;
+    let config = up.dir().join("kubernetes-provider.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubeconfig: {}\nclusterName: down\nhostSelector: gpu-pool=a\n",
+            down.kubeconfig().display()
+        ),
+    )?;
+    let ca = up.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
+    let up_vkd = Vkd::start_provider(
+        up,
+        UP_NODE,
+        "kubernetes",
+        &config,
+        &[
+            "--client-ca-file",
+            &ca,
+            "--node-label",
+            "vkd.io/e2e=offload",
+        ],
+    )?;
+    wait_ready(up, UP_NODE)?;
+    up.namespace(NS)?;
+    Ok(Chain {
+        down,
+        _down_vkd: down_vkd,
+        up_vkd,
+    })
+}
+
+fn wait_ready(c: &Cluster, node: &str) -> Result<Value> {
+    wait_for(
+        &format!("node {node} Ready"),
+        Duration::from_secs(60),
+        || {
+            let n = c.kubectl_json(&["get", "node", node]);
+            Ok(n.ok()
+                .filter(|n| vkd_e2e::condition(n, "Ready").is_some_and(|r| r["status"] == "True")))
+        },
+    )
+}
+
+fn pod(name: &str, body: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  nodeSelector: {{vkd.io/e2e: offload}}
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+{body}
+"#
+    )
+}
+
+fn wait_running(c: &Cluster, name: &str) -> Result<Value> {
+    wait_for(
+        &format!("{name} Running and Ready upstream"),
+        Duration::from_secs(90),
+        || {
+            let p = c.kubectl_json(&["get", "pod", name, "-n", NS])?;
+            Ok(running_and_ready(&p).then_some(p))
+        },
+    )
+}
+
+/// `kubectl exec` upstream with `stdin`; returns (exit code, stdout).
+fn exec(c: &Cluster, args: &[&str], stdin: &str) -> Result<(i32, String)> {
+    let mut cmd = Command::new(c.env("VKD_E2E_KUBECTL")?);
+    cmd.env("KUBECONFIG", c.kubeconfig())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    if let Some(mut pipe) = child.stdin.take() {
+        std::io::Write::write_all(&mut pipe, stdin.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}
+
+fn offloaded_pod(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        up.apply(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: greeting, namespace: {NS}}}\ndata: {{word: hello-upstream, app.conf: 'x=1'}}\n"
+        ))?;
+        up.apply(&pod(
+            "web",
+            r#"  automountServiceAccountToken: false
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "echo started-$GREETING; while true; do sleep 1; done"]
+    env:
+    - name: GREETING
+      valueFrom: {configMapKeyRef: {name: greeting, key: word}}
+    ports: [{containerPort: 8080}]
+    volumeMounts: [{name: cfg, mountPath: /etc/cfg}]
+  volumes: [{name: cfg, configMap: {name: greeting}}]"#,
+        ))?;
+        let p = wait_running(up, "web")?;
+        let uid = str_at(&p, "metadata.uid").to_owned();
+        let down_name = format!("vkd-{uid}");
+        let down_ns = format!("vkd-{NS}");
+        // Downstream: one Pod named from the upstream UID, on the process node,
+        // with the spec as written and the env resolved upstream.
+        let dp = down.kubectl_json(&["get", "pod", &down_name, "-n", &down_ns])?;
+        ensure!(str_at(&dp, "spec.nodeName") == DOWN_NODE, "{dp}");
+        ensure!(
+            at(&dp, "metadata.labels")["vkd.io/owner-uid"] == uid.as_str(),
+            "{dp}"
+        );
+        ensure!(
+            at(&dp, "metadata.labels")["vkd.io/owner-node"] == UP_NODE,
+            "{dp}"
+        );
+        ensure!(
+            at(&dp, "spec.containers")[0]["ports"][0]["containerPort"] == 8080,
+            "{dp}"
+        );
+        ensure!(
+            at(&dp, "spec.containers")[0]["env"][0]["value"] == "hello-upstream",
+            "the env is resolved upstream: {dp}"
+        );
+        let id = at(&p, "metadata.annotations")["vkd.io/instance-id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        ensure!(
+            id == format!("down/{down_ns}/{down_name}"),
+            "instance id {id:?}"
+        );
+        // The configMap's content went down as a Secret the downstream Pod owns.
+        let secrets = down.kubectl_json(&[
+            "get",
+            "secrets",
+            "-n",
+            &down_ns,
+            "-l",
+            &format!("vkd.io/owner-uid={uid}"),
+        ])?;
+        let secret = items(&secrets)
+            .into_iter()
+            .next()
+            .context("no volume Secret downstream")?;
+        ensure!(
+            at(&secret, "metadata.ownerReferences")[0]["name"] == down_name.as_str(),
+            "{secret}"
+        );
+        // Logs and exec, two hops down.
+        let logs = wait_for("the log upstream", Duration::from_secs(30), || {
+            let l = up.kubectl(&["logs", "web", "-n", NS])?;
+            Ok(l.contains("started-hello-upstream").then_some(l))
+        })?;
+        eprintln!("logs through the chain: {}", logs.trim());
+        let (code, out) = exec(
+            up,
+            &[
+                "exec",
+                "web",
+                "-n",
+                NS,
+                "--",
+                "sh",
+                "-c",
+                "echo out; exit 3",
+            ],
+            "",
+        )?;
+        ensure!(code == 3 && out.trim() == "out", "exec gave {code} {out:?}");
+        let (code, out) = exec(
+            up,
+            &["exec", "-i", "web", "-n", NS, "--", "cat"],
+            "ping-through-two-hops\n",
+        )?;
+        ensure!(
+            code == 0 && out.trim() == "ping-through-two-hops",
+            "exec -i gave {code} {out:?}"
+        );
+        // Deleting upstream deletes downstream, and finalizes only after.
+        up.kubectl(&[
+            "delete",
+            "pod",
+            "web",
+            "-n",
+            NS,
+            "--wait=true",
+            "--timeout=90s",
+        ])?;
+        let left = down.kubectl_json(&[
+            "get",
+            "pods",
+            "-n",
+            &down_ns,
+            "-l",
+            &format!("vkd.io/owner-uid={uid}"),
+        ])?;
+        ensure!(
+            items(&left).is_empty(),
+            "the downstream Pod outlived the upstream one: {left}"
+        );
+        wait_for("the volume Secret to go", Duration::from_secs(60), || {
+            let s = down.kubectl_json(&[
+                "get",
+                "secrets",
+                "-n",
+                &down_ns,
+                "-l",
+                &format!("vkd.io/owner-uid={uid}"),
+            ])?;
+            Ok(items(&s).is_empty().then_some(()))
+        })?;
+        Ok(())
+    })
+}
+
+fn capacity_and_fence(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        // The upstream Node advertises the downstream host's allocatable.
+        let dn = down.kubectl_json(&["get", "node", DOWN_NODE])?;
+        let un = up.kubectl_json(&["get", "node", UP_NODE])?;
+        ensure!(
+            at(&un, "status.allocatable")["cpu"] == at(&dn, "status.allocatable")["cpu"],
+            "upstream {} against downstream {}",
+            at(&un, "status.allocatable"),
+            at(&dn, "status.allocatable")
+        );
+        // The fence downstream holds the upstream vkd's epoch.
+        let epoch: u64 = down
+            .kubectl(&[
+                "get",
+                "configmap",
+                &format!("vkd-fence-{UP_NODE}"),
+                "-n",
+                "vkd-system",
+                "-o",
+                "jsonpath={.data.epoch}",
+            ])?
+            .trim()
+            .parse()
+            .context("the fence's epoch")?;
+        ensure!(epoch >= 1, "epoch {epoch}");
+        // A create from an older epoch, as a stale replica would send it, is
+        // refused by the downstream API server itself.
+        let stale = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: vkd-stale\n  namespace: default\n  labels: {{vkd.io/owner-node: {UP_NODE}, vkd.io/owner-uid: stale, vkd.io/epoch: '{}'}}\nspec:\n  containers: [{{name: main, image: busybox}}]\n",
+            epoch - 1
+        );
+        let refused = wait_for(
+            "the fence to be enforced",
+            Duration::from_secs(30),
+            || match down.kubectl_stdin(&["create", "-f", "-"], Some(&stale)) {
+                Ok(_) => {
+                    down.kubectl(&[
+                        "delete",
+                        "pod",
+                        "vkd-stale",
+                        "-n",
+                        "default",
+                        "--wait=false",
+                    ])?;
+                    Ok(None)
+                }
+                Err(e) => Ok(Some(format!("{e:#}"))),
+            },
+        )?;
+        ensure!(
+            refused.contains("vkd-fence"),
+            "refused for another reason: {refused}"
+        );
+        eprintln!("stale-epoch create refused downstream: {refused}");
+        ensure!(ch.up_vkd.pid().is_some(), "the upstream vkd is running");
+        Ok(())
+    })
+}
