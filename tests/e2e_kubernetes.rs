@@ -70,7 +70,9 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
         &config,
         format!(
             "kubeconfig: {}\nclusterName: down\nhostSelector: gpu-pool=a\n",
-            down.kubeconfig().display()
+            // Only what manifests/downstream grants: the suite proves it is enough.
+            down.token_kubeconfig("manifests/downstream", "vkd-downstream")?
+                .display()
         ),
     )?;
     let ca = up.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
@@ -283,6 +285,57 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             ])?;
             Ok(items(&s).is_empty().then_some(()))
         })?;
+        // A downstream Pod deleted by someone else fails its upstream Pod,
+        // saying so, and is never made again.
+        up.apply(&pod(
+            "victim",
+            "  containers:\n  - {name: main, image: busybox, command: [sleep, '3600']}",
+        ))?;
+        let p = wait_running(up, "victim")?;
+        let uid = str_at(&p, "metadata.uid").to_owned();
+        down.kubectl(&[
+            "delete",
+            "pod",
+            &format!("vkd-{uid}"),
+            "-n",
+            &down_ns,
+            "--wait=false",
+        ])?;
+        let failed = wait_for("victim to fail upstream", Duration::from_secs(60), || {
+            let p = up.kubectl_json(&["get", "pod", "victim", "-n", NS])?;
+            Ok((str_at(&p, "status.phase") == "Failed").then_some(p))
+        })?;
+        let message = str_at(&failed, "status.message");
+        ensure!(
+            message.contains("someone other than vkd")
+                || message.contains("no longer has instance"),
+            "{failed}"
+        );
+        eprintln!("downstream deletion seen upstream: {message}");
+        std::thread::sleep(Duration::from_secs(3));
+        let again = down.kubectl_json(&[
+            "get",
+            "pods",
+            "-n",
+            &down_ns,
+            "-l",
+            &format!("vkd.io/owner-uid={uid}"),
+        ])?;
+        ensure!(
+            items(&again)
+                .iter()
+                .all(|p| !at(p, "metadata.deletionTimestamp").is_null()),
+            "made again downstream: {again}"
+        );
+        up.kubectl(&[
+            "delete",
+            "pod",
+            "victim",
+            "-n",
+            NS,
+            "--wait=true",
+            "--timeout=90s",
+        ])?;
         Ok(())
     })
 }

@@ -143,18 +143,25 @@ impl Cluster {
     /// that holds only a token of their ServiceAccount, minted through
     /// TokenRequest: what vkd runs with in a real cluster. Made once per cluster.
     pub fn service_account_kubeconfig(&self) -> Result<PathBuf> {
+        self.token_kubeconfig("manifests/base", "vkd")
+    }
+
+    /// Applies the kustomization `manifests` (relative to the repository) and
+    /// returns a kubeconfig with a token of ServiceAccount vkd-system/`account`:
+    /// a daemon that uses it has exactly what those manifests grant.
+    pub fn token_kubeconfig(&self, manifests: &str, account: &str) -> Result<PathBuf> {
         static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONCE.lock().unwrap_or_else(|p| p.into_inner());
-        let path = self.dir.join("kubeconfig-vkd-sa");
+        let path = self.dir.join(format!("kubeconfig-{account}-sa"));
         if path.exists() {
             return Ok(path);
         }
-        let base = repo_root().join("manifests/base").display().to_string();
+        let base = repo_root().join(manifests).display().to_string();
         self.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", &base])?;
         let token = self.kubectl(&[
             "create",
             "token",
-            "vkd",
+            account,
             "-n",
             "vkd-system",
             "--duration=4h",
@@ -163,7 +170,7 @@ impl Cluster {
             &path,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
-                 users: [{{name: vkd, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: vkd}}}}]\ncurrent-context: c\n",
+                 users: [{{name: {account}, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: {account}}}}}]\ncurrent-context: c\n",
                 self.apiserver_addr()?,
                 self.env("VKD_E2E_CA")?,
                 token.trim()

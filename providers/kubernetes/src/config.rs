@@ -76,7 +76,8 @@ pub struct KubernetesConfig {
     /// (default: the kubeconfig's current cluster).
     #[serde(default)]
     pub cluster_name: Option<String>,
-    /// Where vkd keeps its fence objects in the downstream cluster.
+    /// Where vkd keeps its fence objects in the downstream cluster (the
+    /// namespace `manifests/downstream` binds the fence policy to).
     #[serde(default = "default_fence_namespace")]
     pub fence_namespace: String,
 }

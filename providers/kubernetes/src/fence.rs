@@ -1,30 +1,34 @@
 //! Fencing enforced by the downstream API server, not only by vkd.
 //!
-//! vkd installs one ValidatingAdmissionPolicy (cluster-wide) and one binding
-//! per virtual node. The binding's parameter is a ConfigMap, the node's fence,
-//! that holds the epoch of the replica that last took the node over. A Pod
-//! create (or an update that changes its epoch label) for that node is denied
-//! unless its `vkd.io/epoch` label is at least the fence's epoch: a stale
-//! replica that wakes up after a failover is refused by the API server itself,
-//! whatever it believes.
+//! The downstream cluster's admin applies `manifests/downstream/fence.yaml`:
+//! one ValidatingAdmissionPolicy and its binding, whose parameters are the
+//! fences, one ConfigMap per virtual node (label `vkd.io/fence=true`, data
+//! `node` and `epoch`) in the fence namespace. The replica that takes a node
+//! over raises its fence to its epoch; from then on a Pod create for that
+//! node (or an update that changes its `vkd.io/epoch` label) with an older
+//! epoch is denied by the API server itself: a stale replica that wakes up
+//! after a failover is refused whatever it believes. vkd needs no right to
+//! change admission policy, only to read that it is in place.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PostParams;
 use kube::{Api, Client};
-use serde_json::json;
 use vkd_provider::ProviderError;
 
-use crate::naming;
-
-const POLICY: &str = "vkd-epoch-fence";
-const MANAGER: &str = "vkd-kubernetes-provider";
+/// The policy and its binding (both named so), from `manifests/downstream`.
+pub const POLICY: &str = "vkd-epoch-fence";
+/// The label that makes a ConfigMap a fence.
+pub const FENCE_LABEL: &str = "vkd.io/fence";
 /// Marks a denial by the fence, so it is told from other refusals.
 pub const DENIAL_MARK: &str = "vkd-fence:";
 
-/// The fence object and binding of `node`.
+/// The fence object of `node`.
 pub fn fence_name(node: &str) -> String {
     format!("vkd-fence-{node}")
 }
@@ -33,71 +37,42 @@ fn api_error(what: &str, e: &kube::Error) -> ProviderError {
     ProviderError::transient(format!("downstream: {what}: {e}"))
 }
 
-/// The CEL rule: an unchanged epoch label passes an update; anything else
-/// needs an epoch at least the fence's.
-fn rule() -> String {
-    let e = format!("'{}'", naming::EPOCH);
-    format!(
-        "(request.operation == 'UPDATE' && {e} in oldObject.metadata.labels && {e} in object.metadata.labels \
-         && oldObject.metadata.labels[{e}] == object.metadata.labels[{e}]) \
-         || ({e} in object.metadata.labels && int(object.metadata.labels[{e}]) >= int(params.data.epoch))"
-    )
-}
-
-fn message() -> String {
-    let e = format!("'{}'", naming::EPOCH);
-    let n = format!("'{}'", naming::OWNER_NODE);
-    format!(
-        "'{DENIAL_MARK} node ' + object.metadata.labels[{n}] + ' is at epoch ' + params.data.epoch \
-         + '; this write carries epoch ' + ({e} in object.metadata.labels ? object.metadata.labels[{e}] : 'none')"
-    )
-}
-
-/// Installs the policy and `node`'s binding (idempotent: server-side apply).
-pub async fn install(client: &Client, namespace: &str, node: &str) -> Result<(), ProviderError> {
-    let params = PatchParams::apply(MANAGER).force();
-    let ns: Api<Namespace> = Api::all(client.clone());
-    let ns_doc = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
-    ns.patch(namespace, &params, &Patch::Apply(&ns_doc))
-        .await
-        .map_err(|e| api_error("applying the fence namespace", &e))?;
-    let policy = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY},
-        "spec": {
-            "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [""], "apiVersions": ["v1"],
-                "operations": ["CREATE", "UPDATE"], "resources": ["pods"]
-            }]},
-            "validations": [{"expression": rule(), "messageExpression": message(), "reason": "Forbidden"}]
-        }
-    });
+/// Checks that the fence policy and binding are in place downstream: without
+/// them a stale replica's creates would not be refused there.
+pub async fn check_installed(client: &Client) -> Result<(), ProviderError> {
+    let missing = |what: &str, e: &kube::Error| {
+        ProviderError::transient(format!(
+            "downstream: the fence {what} {POLICY} is not readable ({e}); apply \
+             manifests/downstream to the downstream cluster"
+        ))
+    };
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     policies
-        .patch(POLICY, &params, &Patch::Apply(&policy))
+        .get(POLICY)
         .await
-        .map_err(|e| api_error("applying the fence policy", &e))?;
-    let name = fence_name(node);
-    let binding = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": POLICY,
-            "validationActions": ["Deny"],
-            "paramRef": {"name": name, "namespace": namespace, "parameterNotFoundAction": "Deny"},
-            "matchResources": {"objectSelector": {"matchLabels": {naming::OWNER_NODE: node}}}
-        }
-    });
+        .map_err(|e| missing("policy", &e))?;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     bindings
-        .patch(&name, &params, &Patch::Apply(&binding))
+        .get(POLICY)
         .await
-        .map_err(|e| api_error("applying the fence binding", &e))?;
+        .map_err(|e| missing("binding", &e))?;
     Ok(())
+}
+
+fn fence_object(namespace: &str, node: &str, epoch: u64) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(fence_name(node)),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(FENCE_LABEL.into(), "true".into())])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            ("node".into(), node.to_owned()),
+            ("epoch".into(), epoch.to_string()),
+        ])),
+        ..ConfigMap::default()
+    }
 }
 
 /// Raises `node`'s fence to `epoch`. Refused (`Fenced`) when a later epoch
@@ -116,11 +91,7 @@ pub async fn raise(
             .await
             .map_err(|e| api_error("reading the fence", &e))?;
         let Some(mut cm) = current else {
-            let cm: ConfigMap = serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": namespace},
-                "data": {"epoch": epoch.to_string()}
-            }))
-            .map_err(|e| ProviderError::transient(e.to_string()))?;
+            let cm = fence_object(namespace, node, epoch);
             match api.create(&PostParams::default(), &cm).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -143,9 +114,9 @@ pub async fn raise(
         if held == epoch {
             return Ok(());
         }
-        cm.data
-            .get_or_insert_default()
-            .insert("epoch".into(), epoch.to_string());
+        let fresh = fence_object(namespace, node, epoch);
+        cm.data = fresh.data;
+        cm.metadata.labels = fresh.metadata.labels;
         // The resourceVersion read above makes this a compare-and-swap.
         match api.replace(&name, &PostParams::default(), &cm).await {
             Ok(_) => return Ok(()),

@@ -36,8 +36,8 @@ use tokio::sync::{OnceCell, broadcast};
 use tracing::{info, warn};
 use vkd_provider::{
     Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Health, Instance,
-    InstanceEvent, InstanceSpec, LogRequest, Logs, Provider, ProviderError, Result, StreamIo,
-    Support,
+    InstanceEvent, InstancePhase, InstanceSpec, LogRequest, Logs, Provider, ProviderError, Result,
+    StreamIo, Support,
 };
 
 pub use config::{ConfigError, KubernetesConfig};
@@ -66,6 +66,9 @@ pub struct KubernetesProvider {
     homes: Homes,
     /// Downstream namespaces known to exist.
     namespaces: Mutex<HashSet<String>>,
+    /// UIDs whose downstream Pod vkd itself asked to delete: any other
+    /// deletion is someone else's, and the upstream Pod fails saying so.
+    deleting: Mutex<HashSet<String>>,
 }
 
 impl fmt::Debug for KubernetesProvider {
@@ -145,6 +148,7 @@ impl KubernetesProvider {
             events,
             homes: Arc::default(),
             namespaces: Mutex::default(),
+            deleting: Mutex::default(),
         })
     }
 
@@ -490,23 +494,42 @@ impl Provider for KubernetesProvider {
     }
 
     async fn get(&self, uid: &str) -> Result<Option<Instance>> {
-        match self.find(uid).await? {
-            Some(p) => self.instance(&p).map(Some),
-            None => Ok(None),
+        let Some(pod) = self.find(uid).await? else {
+            lock(&self.deleting).remove(uid);
+            return Ok(None);
+        };
+        let mut instance = self.instance(&pod)?;
+        let ended = matches!(
+            instance.phase,
+            InstancePhase::Succeeded | InstancePhase::Failed
+        );
+        if pod.metadata.deletion_timestamp.is_some()
+            && !ended
+            && !lock(&self.deleting).contains(uid)
+        {
+            // Deleted or evicted downstream by someone else: the Pod fails
+            // (its controller replaces it); vkd never makes it again itself.
+            instance.phase = InstancePhase::Failed;
+            instance.message = Some(format!(
+                "the downstream Pod {} is being deleted by someone other than vkd",
+                instance.id
+            ));
         }
+        Ok(Some(instance))
     }
 
     async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
         let Some(pod) = self.find(uid).await? else {
             return Ok(());
         };
+        lock(&self.deleting).insert(uid.to_owned());
         let d = self.synced().await?;
         self.delete_pod(d, &pod, grace).await
     }
 
     async fn takeover(&self, fence: &Fence) -> Result<()> {
         let d = self.downstream().await?;
-        fence::install(&d.client, &self.config.fence_namespace, &fence.node).await?;
+        fence::check_installed(&d.client).await?;
         fence::raise(
             &d.client,
             &self.config.fence_namespace,
@@ -531,12 +554,13 @@ impl Provider for KubernetesProvider {
             Ok(None) => return Ok(()),
             Err(e) => return Err(transient("reading the Pod", e)),
         };
-        if owner_uid(&pod).is_none() {
+        let Some(uid) = owner_uid(&pod) else {
             return Err(ProviderError::invalid(
                 "UnknownInstance",
                 format!("{id} is not a Pod vkd made"),
             ));
-        }
+        };
+        lock(&self.deleting).insert(uid.to_owned());
         self.delete_pod(d, &pod, grace).await
     }
 
