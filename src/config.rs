@@ -91,7 +91,8 @@ pub struct RunArgs {
     /// Name of the virtual Node to register.
     #[arg(long, env = "VKD_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Backend: `process` (the default: Pods as local processes) or `sim`.
+    /// Backend: `process` (the default: Pods as local processes), `sim` (a
+    /// simulated GPU fleet) or `kubernetes` (Pods as Pods of a second cluster).
     #[arg(long, env = "VKD_PROVIDER")]
     pub provider: Option<String>,
     /// The provider's own config file (`sim`: the fleet file; `process`: image map
@@ -832,6 +833,10 @@ mod tests {
         assert_eq!(Config::from_args(a).unwrap_err().field, "node-label");
         let mut a = args("vk");
         a.provider = Some("sim".into());
+        a.provider_config = None;
+        assert_eq!(Config::from_args(a).unwrap_err().field, "provider-config");
+        let mut a = args("vk");
+        a.provider = Some("kubernetes".into());
         a.provider_config = None;
         assert_eq!(Config::from_args(a).unwrap_err().field, "provider-config");
         let mut a = args("vk");

@@ -575,6 +575,28 @@ fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
             "provider-config",
         ),
     ];
+    let mut cases = cases;
+    for (file, field) in [
+        ("kubernetes-typo.yaml", "hostSelectr"),
+        ("kubernetes-no-kubeconfig.yaml", "kubeconfig"),
+    ] {
+        cases.push((
+            [
+                "run",
+                "--node-name",
+                "vk",
+                "--provider",
+                "kubernetes",
+                "--provider-config",
+                &path(&repo_root().join("testdata/bad").join(file)),
+                "--state-dir",
+                &state,
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            field,
+        ));
+    }
     for (args, field) in cases {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let (code, stderr) = run_vkd(&refs)?;
