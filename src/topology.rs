@@ -88,19 +88,7 @@ impl Admitter {
 
     /// The hosts with everything free, and as they are now less what other Pods hold.
     fn views(&self, hosts: &[HostSlice], uid: &str) -> (Vec<HostSlice>, Vec<HostSlice>) {
-        let total = hosts
-            .iter()
-            .map(|h| {
-                let mut h = h.clone();
-                h.cpu_millis_free = h.cpu_millis_total;
-                h.memory_bytes_free = h.memory_bytes_total;
-                h.pods_running = 0;
-                for g in &mut h.gpus {
-                    g.free = true;
-                }
-                h
-            })
-            .collect();
+        let total = hosts.iter().map(HostSlice::whole).collect();
         let mut free = hosts.to_vec();
         for (owner, r) in self.reserved().iter() {
             if owner == uid {

@@ -153,6 +153,18 @@ fn exec(c: &Cluster, args: &[&str], stdin: &str) -> Result<(i32, String)> {
     ))
 }
 
+/// The downstream objects of `kind` that belong to upstream Pod `uid`.
+fn owned(down: &Cluster, kind: &str, ns: &str, uid: &str) -> Result<Value> {
+    down.kubectl_json(&[
+        "get",
+        kind,
+        "-n",
+        ns,
+        "-l",
+        &format!("vkd.io/owner-uid={uid}"),
+    ])
+}
+
 fn offloaded_pod(up: &Cluster) -> Result<()> {
     chain(up, |ch| {
         let down = &ch.down;
@@ -206,14 +218,7 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             "instance id {id:?}"
         );
         // The configMap's content went down as a Secret the downstream Pod owns.
-        let secrets = down.kubectl_json(&[
-            "get",
-            "secrets",
-            "-n",
-            &down_ns,
-            "-l",
-            &format!("vkd.io/owner-uid={uid}"),
-        ])?;
+        let secrets = owned(down, "secrets", &down_ns, &uid)?;
         let secret = items(&secrets)
             .into_iter()
             .next()
@@ -262,27 +267,13 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             "--wait=true",
             "--timeout=90s",
         ])?;
-        let left = down.kubectl_json(&[
-            "get",
-            "pods",
-            "-n",
-            &down_ns,
-            "-l",
-            &format!("vkd.io/owner-uid={uid}"),
-        ])?;
+        let left = owned(down, "pods", &down_ns, &uid)?;
         ensure!(
             items(&left).is_empty(),
             "the downstream Pod outlived the upstream one: {left}"
         );
         wait_for("the volume Secret to go", Duration::from_secs(60), || {
-            let s = down.kubectl_json(&[
-                "get",
-                "secrets",
-                "-n",
-                &down_ns,
-                "-l",
-                &format!("vkd.io/owner-uid={uid}"),
-            ])?;
+            let s = owned(down, "secrets", &down_ns, &uid)?;
             Ok(items(&s).is_empty().then_some(()))
         })?;
         // A downstream Pod deleted by someone else fails its upstream Pod,
@@ -313,14 +304,7 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
         );
         eprintln!("downstream deletion seen upstream: {message}");
         std::thread::sleep(Duration::from_secs(3));
-        let again = down.kubectl_json(&[
-            "get",
-            "pods",
-            "-n",
-            &down_ns,
-            "-l",
-            &format!("vkd.io/owner-uid={uid}"),
-        ])?;
+        let again = owned(down, "pods", &down_ns, &uid)?;
         ensure!(
             items(&again)
                 .iter()

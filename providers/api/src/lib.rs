@@ -447,6 +447,18 @@ impl HostSlice {
     pub fn gpus_free(&self) -> usize {
         self.gpus.iter().filter(|g| g.free).count()
     }
+
+    /// The host as it is with nothing running: what could ever fit on it.
+    pub fn whole(&self) -> Self {
+        let mut h = self.clone();
+        h.cpu_millis_free = h.cpu_millis_total;
+        h.memory_bytes_free = h.memory_bytes_total;
+        h.pods_running = 0;
+        for g in &mut h.gpus {
+            g.free = true;
+        }
+        h
+    }
 }
 
 /// Whether a capacity figure is what is really free, or a ceiling the backend grants.

@@ -353,23 +353,6 @@ impl KubernetesProvider {
         }
     }
 
-    /// The hosts as they are whole (all free): what could ever fit.
-    fn totals(hosts: &[vkd_provider::HostSlice]) -> Vec<vkd_provider::HostSlice> {
-        hosts
-            .iter()
-            .map(|h| {
-                let mut t = h.clone();
-                t.cpu_millis_free = t.cpu_millis_total;
-                t.memory_bytes_free = t.memory_bytes_total;
-                t.pods_running = 0;
-                for g in &mut t.gpus {
-                    g.free = true;
-                }
-                t
-            })
-            .collect()
-    }
-
     async fn hosts(&self) -> Result<Vec<vkd_provider::HostSlice>> {
         let d = self.synced().await?;
         let (nodes, pods) = (d.nodes.state(), d.pods.state());
@@ -442,11 +425,8 @@ impl Provider for KubernetesProvider {
     async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
         checked_uid(&spec.pod.uid)?;
         let free = self.hosts().await?;
-        Ok(vkd_provider::topology::decide(
-            &Self::totals(&free),
-            &free,
-            spec,
-        ))
+        let whole: Vec<_> = free.iter().map(vkd_provider::HostSlice::whole).collect();
+        Ok(vkd_provider::topology::decide(&whole, &free, spec))
     }
 
     async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
