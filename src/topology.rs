@@ -232,6 +232,18 @@ pub fn node_metadata(
         if let Some(r) = &h.rdma_domain {
             labels.insert("vkd.io/rdma-domain".into(), label_value(r));
         }
+        // The names NVIDIA's GPU Feature Discovery gives a real GPU node, so
+        // that a vkd (or anything else) reading this cluster as a downstream
+        // sees vkd's hosts as it would see real ones. Only for one host: they
+        // describe a machine, not a sum.
+        if let Some(g) = h.gpus.first() {
+            labels.insert("nvidia.com/gpu.product".into(), label_value(&g.model));
+            labels.insert("nvidia.com/gpu.memory".into(), g.memory_mib.to_string());
+            labels.insert("nvidia.com/gpu.count".into(), h.gpus.len().to_string());
+            if let [one] = domains.as_slice() {
+                labels.insert("nvidia.com/gpu.clique".into(), label_value(one));
+            }
+        }
     }
     annotations.insert("vkd.io/capacity-kind".into(), cap.kind.to_string());
     annotations.insert(
@@ -492,6 +504,10 @@ mod tests {
         assert_eq!(labels["vkd.io/gpu.model"], "H100-80GB");
         assert_eq!(labels["vkd.io/gpu.memory-mib"], "81920");
         assert_eq!(ann["vkd.io/capacity-kind"], "quota");
+        assert!(
+            !labels.contains_key("nvidia.com/gpu.count"),
+            "GPU Feature Discovery's labels describe one machine, not a sum"
+        );
         assert!(ann["vkd.io/slices"].starts_with("host-a gpu 4/4"));
         let (labels, _) = node_metadata(
             &Capacity {
@@ -502,6 +518,10 @@ mod tests {
         );
         assert_eq!(labels["vkd.io/host"], "host-b");
         assert_eq!(labels["vkd.io/nvlink-domains"], "host-b-nv");
+        assert_eq!(labels["nvidia.com/gpu.product"], "H100-80GB");
+        assert_eq!(labels["nvidia.com/gpu.memory"], "81920");
+        assert_eq!(labels["nvidia.com/gpu.count"], "4");
+        assert_eq!(labels["nvidia.com/gpu.clique"], "host-b-nv");
         assert_eq!(node_suffix("Host_A.rack1"), "host-a-rack1");
     }
 }
