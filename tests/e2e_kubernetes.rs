@@ -20,11 +20,14 @@ use common::{Vkd, items, running_and_ready, str_at};
 const UP_NODE: &str = "vk-offload";
 /// The downstream process node.
 const DOWN_NODE: &str = "vk-down-proc";
+/// The downstream sim vkd in per-host mode: two hosts with 4 GPUs each.
+const DOWN_GPU: &str = "vk-down-gpu";
 const NS: &str = "offload";
 
 struct Chain {
     down: Cluster,
     _down_vkd: Vkd,
+    _down_gpu: Vkd,
     up_vkd: Vkd,
 }
 
@@ -39,6 +42,10 @@ fn main() -> ExitCode {
         (
             "capacity_is_the_downstream_nodes_and_a_stale_epoch_is_refused_downstream",
             capacity_and_fence,
+        ),
+        (
+            "gpu_pods_are_admitted_on_downstream_host_slices_with_other_tenants_counted",
+            gpu_slices,
         ),
     ]);
     // Stop the downstream cluster and both daemons.
@@ -65,6 +72,15 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
         &["--client-ca-file", &ca, "--node-label", "gpu-pool=a"],
     )?;
     wait_ready(&down, DOWN_NODE)?;
+    let down_gpu = Vkd::start_with_fleet(
+        &down,
+        DOWN_GPU,
+        "two-by-four.yaml",
+        &["--node-mode", "per-host", "--node-label", "gpu-pool=a"],
+    )?;
+    for host in ["host-a", "host-b"] {
+        wait_ready(&down, &format!("{DOWN_GPU}-{host}"))?;
+    }
     let config = up.dir().join("kubernetes-provider.yaml");
     std::fs::write(
         &config,
@@ -93,6 +109,7 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
     Ok(Chain {
         down,
         _down_vkd: down_vkd,
+        _down_gpu: down_gpu,
         up_vkd,
     })
 }
@@ -151,6 +168,15 @@ fn exec(c: &Cluster, args: &[&str], stdin: &str) -> Result<(i32, String)> {
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     ))
+}
+
+/// A CPU quantity ("32", "2500m") in millicores; 0 when it is not one.
+fn cpu_millis(q: &Value) -> u64 {
+    let q = q.as_str().unwrap_or_default();
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or(0),
+        None => q.parse::<u64>().map_or(0, |c| c * 1000),
+    }
 }
 
 /// The downstream objects of `kind` that belong to upstream Pod `uid`.
@@ -327,14 +353,30 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
 fn capacity_and_fence(up: &Cluster) -> Result<()> {
     chain(up, |ch| {
         let down = &ch.down;
-        // The upstream Node advertises the downstream host's allocatable.
-        let dn = down.kubectl_json(&["get", "node", DOWN_NODE])?;
-        let un = up.kubectl_json(&["get", "node", UP_NODE])?;
+        // The upstream Node advertises the downstream hosts' allocatable: the
+        // process node and the two sim hosts the selector names.
+        let pool = down.kubectl_json(&["get", "nodes", "-l", "gpu-pool=a"])?;
+        let hosts = items(&pool);
+        ensure!(hosts.len() == 3, "{} downstream hosts", hosts.len());
+        let down_cpu: u64 = hosts
+            .iter()
+            .map(|n| cpu_millis(&at(n, "status.allocatable")["cpu"]))
+            .sum();
+        let want = wait_for(
+            "the upstream Node's capacity",
+            Duration::from_secs(30),
+            || {
+                let un = up.kubectl_json(&["get", "node", UP_NODE])?;
+                let a = at(&un, "status.allocatable");
+                Ok(
+                    (cpu_millis(&a["cpu"]) == down_cpu && a["nvidia.com/gpu"] == "8")
+                        .then_some(a.clone()),
+                )
+            },
+        );
         ensure!(
-            at(&un, "status.allocatable")["cpu"] == at(&dn, "status.allocatable")["cpu"],
-            "upstream {} against downstream {}",
-            at(&un, "status.allocatable"),
-            at(&dn, "status.allocatable")
+            want.is_ok(),
+            "upstream allocatable is not the downstream hosts' sum ({down_cpu}m, 8 GPUs): {want:?}"
         );
         // The fence downstream holds the upstream vkd's epoch.
         let epoch: u64 = down
@@ -381,6 +423,97 @@ fn capacity_and_fence(up: &Cluster) -> Result<()> {
         );
         eprintln!("stale-epoch create refused downstream: {refused}");
         ensure!(ch.up_vkd.pid().is_some(), "the upstream vkd is running");
+        Ok(())
+    })
+}
+
+fn gpu_pod(name: &str, gpus: u32) -> String {
+    pod(
+        name,
+        &format!(
+            "  containers:\n  - name: main\n    image: busybox\n    command: [sleep, '3600']\n    resources: {{limits: {{nvidia.com/gpu: {gpus}}}}}"
+        ),
+    )
+}
+
+/// The downstream host (Node) an upstream Pod runs on, once it is Running.
+fn downstream_host(up: &Cluster, down: &Cluster, name: &str) -> Result<String> {
+    let p = wait_running(up, name)?;
+    let uid = str_at(&p, "metadata.uid");
+    let dp = down.kubectl_json(&[
+        "get",
+        "pod",
+        &format!("vkd-{uid}"),
+        "-n",
+        &format!("vkd-{NS}"),
+    ])?;
+    Ok(str_at(&dp, "spec.nodeName").to_owned())
+}
+
+fn gpu_slices(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        let (host_a, host_b) = (format!("{DOWN_GPU}-host-a"), format!("{DOWN_GPU}-host-b"));
+        // 8 GPUs: the upstream Node's sum says yes, no downstream host does.
+        up.apply(&gpu_pod("eight", 8))?;
+        let p = wait_for("the 8-GPU Pod to fail", Duration::from_secs(60), || {
+            let p = up.kubectl_json(&["get", "pod", "eight", "-n", NS])?;
+            Ok((at(&p, "status.phase") == "Failed").then_some(p))
+        })?;
+        let message = str_at(&p, "status.message");
+        ensure!(
+            at(&p, "status.reason") == "TopologyUnsatisfiable"
+                && message.contains(&format!("{host_a} 4"))
+                && message.contains(&format!("{host_b} 4")),
+            "{}",
+            at(&p, "status")
+        );
+        eprintln!("8 GPUs through the chain: {message}");
+        // Another tenant takes host A's four GPUs downstream, by name.
+        down.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: tenant, namespace: default}}\nspec:\n  nodeName: {host_a}\n  containers:\n  - name: main\n    image: busybox\n    resources: {{limits: {{nvidia.com/gpu: 4}}}}\n"
+        ))?;
+        // So the first 4-GPU Pod from upstream goes to host B...
+        up.apply(&gpu_pod("four-1", 4))?;
+        let h1 = downstream_host(up, down, "four-1")?;
+        ensure!(
+            h1 == host_b,
+            "four-1 went to {h1} although the tenant holds {host_a}"
+        );
+        // ... and a second waits, visibly, until the tenant's Pod is gone.
+        up.apply(&gpu_pod("four-2", 4))?;
+        let waiting = wait_for(
+            "four-2 to wait as BackendQueued",
+            Duration::from_secs(60),
+            || {
+                let p = up.kubectl_json(&["get", "pod", "four-2", "-n", NS])?;
+                let w = at(&p, "status.containerStatuses")[0]["state"]["waiting"].clone();
+                Ok((w["reason"] == "BackendQueued").then_some(w))
+            },
+        )?;
+        eprintln!("four-2 waits: {}", waiting["message"]);
+        down.kubectl(&[
+            "delete",
+            "pod",
+            "tenant",
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
+        let h2 = downstream_host(up, down, "four-2")?;
+        ensure!(h2 == host_a, "four-2 went to {h2}");
+        for name in ["eight", "four-1", "four-2"] {
+            up.kubectl(&[
+                "delete",
+                "pod",
+                name,
+                "-n",
+                NS,
+                "--wait=true",
+                "--timeout=90s",
+            ])?;
+        }
         Ok(())
     })
 }

@@ -10,7 +10,10 @@ impl PodController {
         instance: Option<&Instance>,
         waiting: &Waiting,
     ) -> Result<(), ReconcileError> {
-        self.write_status_of(rec, instance, waiting, instance.is_some())
+        // A backend with Pod networking reports the IP itself, maybe later.
+        let shares_host_ip = instance.is_some()
+            && self.provider.capabilities().pod_network != vkd_provider::Support::Supported;
+        self.write_status_of(rec, instance, waiting, shares_host_ip)
             .await
     }
 

@@ -511,6 +511,12 @@ pub struct Capabilities {
     /// Wants [`InstanceSpec::pod_spec`], the Pod's spec as written.
     #[serde(default)]
     pub pod_spec: Support,
+    /// Instances get an IP of their own ([`Instance::ip`]), perhaps only
+    /// once they run. Without it a Pod shares the host's IP, as a
+    /// hostNetwork Pod does; with it the Pod has no IP until the backend
+    /// reports one (a Pod's IP never changes once written).
+    #[serde(default)]
+    pub pod_network: Support,
 }
 
 impl Capabilities {
@@ -525,6 +531,8 @@ impl Capabilities {
             ("volumes", self.volumes),
             ("limits", self.limits),
             ("ephemeral-containers", self.ephemeral_containers),
+            ("pod-spec", self.pod_spec),
+            ("pod-network", self.pod_network),
         ]
         .into_iter()
         .filter(|(_, s)| *s == Support::Supported)

@@ -394,6 +394,7 @@ impl Provider for KubernetesProvider {
             limits: Support::Supported,
             ephemeral_containers: Support::Unsupported,
             pod_spec: Support::Supported,
+            pod_network: Support::Supported,
         }
     }
 

@@ -933,6 +933,7 @@ impl Provider for ProcessProvider {
             limits: Support::Supported,
             ephemeral_containers: Support::Supported,
             pod_spec: Support::Unsupported,
+            pod_network: Support::Unsupported,
         }
     }
 

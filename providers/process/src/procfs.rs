@@ -6,6 +6,7 @@
 //! with the same PID shares.
 
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessId {
@@ -102,6 +103,26 @@ impl ProcessId {
         }
     }
 
+    /// Whether the process is in its first moments and has not installed a
+    /// SIGTERM handler: a program still starting up. In a container, where
+    /// the program is its PID namespace's init, a SIGTERM without a handler
+    /// does nothing and the runtime kills it (137); here it would end the
+    /// program at once with 143, as if it had been running and stopped.
+    pub fn starting_without_sigterm_handler(&self) -> bool {
+        const STARTING: Duration = Duration::from_millis(250);
+        self.alive()
+            && self.age().is_some_and(|a| a < STARTING)
+            && catches(self.pid, 15) == Some(false)
+    }
+
+    /// How long ago the process started, at the clock tick's resolution.
+    fn age(&self) -> Option<Duration> {
+        let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+        let since_boot: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+        let started = self.start_ticks as f64 / TICKS_PER_SECOND as f64;
+        Duration::try_from_secs_f64((since_boot - started).max(0.0)).ok()
+    }
+
     pub fn signal(&self, signal: rustix::process::Signal) -> bool {
         if !self.alive() {
             return false;
@@ -111,6 +132,18 @@ impl ProcessId {
             None => false,
         }
     }
+}
+
+/// Whether process `pid` has a handler for signal number `signal`
+/// (`SigCgt` in /proc/PID/status); `None` when it cannot be read.
+fn catches(pid: i32, signal: u32) -> Option<bool> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))?
+        .trim();
+    let mask = u64::from_str_radix(mask, 16).ok()?;
+    Some(mask & (1 << (signal - 1)) != 0)
 }
 
 /// Whether a /proc/PID/cmdline is the launcher's, as the shim starts it.
@@ -256,6 +289,32 @@ mod tests {
         assert_eq!(s.start_ticks, 987654);
         assert_eq!(s.rss_pages, 250);
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_program_starting_up_without_a_sigterm_handler_is_known() {
+        let mut plain = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let mut trapping = std::process::Command::new("sh")
+            .args(["-c", "trap 'exit 0' TERM; sleep 10 & wait"])
+            .spawn()
+            .unwrap();
+        let plain_id = ProcessId::of(plain.id() as i32).unwrap();
+        let trapping_id = ProcessId::of(trapping.id() as i32).unwrap();
+        assert!(plain_id.starting_without_sigterm_handler());
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(
+            !plain_id.starting_without_sigterm_handler(),
+            "no longer starting"
+        );
+        assert_eq!(catches(trapping.id() as i32, 15), Some(true));
+        assert!(!trapping_id.starting_without_sigterm_handler());
+        for c in [&mut plain, &mut trapping] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     #[test]

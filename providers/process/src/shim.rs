@@ -1156,12 +1156,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// How a container is asked to stop: SIGTERM, or SIGKILL while its launcher has
-/// not yet become the program. A SIGTERM then would end the launcher with 143,
-/// as if the program had run and been terminated; the program never ran, so
-/// there is nothing to be graceful to, and the kubelet's runtime reports such a
-/// container as killed (137).
+/// not yet become the program, or the program is in its first moments without
+/// a SIGTERM handler. A SIGTERM then would end it with 143, as if the program
+/// had run and been terminated; there is nothing to be graceful to, and the
+/// kubelet's runtime reports such a container as killed (137): there the
+/// program is its PID namespace's init, which ignores a signal it has no
+/// handler for.
 fn stop_signal(group: ProcessId) -> Signal {
-    if group.still_launching() {
+    if group.still_launching() || group.starting_without_sigterm_handler() {
         Signal::KILL
     } else {
         Signal::TERM

@@ -665,6 +665,7 @@ impl Provider for SimProvider {
             attach: Supported,
             port_forward: Supported,
             stats: Supported,
+            pod_network: Supported,
             ..Default::default()
         }
     }
