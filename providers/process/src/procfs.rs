@@ -103,8 +103,9 @@ impl ProcessId {
         }
     }
 
-    /// Whether the process is in its first moments and has not installed a
-    /// SIGTERM handler: a program still starting up. In a container, where
+    /// Whether the process is in its first moments and SIGTERM would act on
+    /// it as by default (no handler, not ignored, not blocked): a program
+    /// still starting up. In a container, where
     /// the program is its PID namespace's init, a SIGTERM without a handler
     /// does nothing and the runtime kills it (137); here it would end the
     /// program at once with 143, as if it had been running and stopped.
@@ -112,7 +113,7 @@ impl ProcessId {
         const STARTING: Duration = Duration::from_millis(250);
         self.alive()
             && self.age().is_some_and(|a| a < STARTING)
-            && catches(self.pid, 15) == Some(false)
+            && default_disposition(self.pid, 15) == Some(true)
     }
 
     /// How long ago the process started, at the clock tick's resolution.
@@ -134,16 +135,18 @@ impl ProcessId {
     }
 }
 
-/// Whether process `pid` has a handler for signal number `signal`
-/// (`SigCgt` in /proc/PID/status); `None` when it cannot be read.
-fn catches(pid: i32, signal: u32) -> Option<bool> {
+/// Whether signal number `signal` would act on process `pid` as by default:
+/// neither caught, nor ignored, nor blocked (`SigCgt`, `SigIgn`, `SigBlk` in
+/// /proc/PID/status); `None` when that cannot be read.
+fn default_disposition(pid: i32, signal: u32) -> Option<bool> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let mask = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))?
-        .trim();
-    let mask = u64::from_str_radix(mask, 16).ok()?;
-    Some(mask & (1 << (signal - 1)) != 0)
+    let bit = 1u64 << (signal - 1);
+    let mut set = false;
+    for key in ["SigCgt:", "SigIgn:", "SigBlk:"] {
+        let mask = status.lines().find_map(|l| l.strip_prefix(key))?.trim();
+        set |= u64::from_str_radix(mask, 16).ok()? & bit != 0;
+    }
+    Some(!set)
 }
 
 /// Whether a /proc/PID/cmdline is the launcher's, as the shim starts it.
@@ -301,6 +304,11 @@ mod tests {
             .args(["-c", "trap 'exit 0' TERM; sleep 10 & wait"])
             .spawn()
             .unwrap();
+        // Ignoring SIGTERM is no default either: it is sent, and does nothing.
+        let mut ignoring = std::process::Command::new("sh")
+            .args(["-c", "trap '' TERM; sleep 10 & wait"])
+            .spawn()
+            .unwrap();
         let plain_id = ProcessId::of(plain.id() as i32).unwrap();
         let trapping_id = ProcessId::of(trapping.id() as i32).unwrap();
         assert!(plain_id.starting_without_sigterm_handler());
@@ -309,9 +317,10 @@ mod tests {
             !plain_id.starting_without_sigterm_handler(),
             "no longer starting"
         );
-        assert_eq!(catches(trapping.id() as i32, 15), Some(true));
+        assert_eq!(default_disposition(trapping.id() as i32, 15), Some(false));
         assert!(!trapping_id.starting_without_sigterm_handler());
-        for c in [&mut plain, &mut trapping] {
+        assert_eq!(default_disposition(ignoring.id() as i32, 15), Some(false));
+        for c in [&mut plain, &mut trapping, &mut ignoring] {
             let _ = c.kill();
             let _ = c.wait();
         }
