@@ -47,6 +47,14 @@ fn main() -> ExitCode {
             "gpu_pods_are_admitted_on_downstream_host_slices_with_other_tenants_counted",
             gpu_slices,
         ),
+        (
+            "sigkill_during_50_creates_three_times_leaves_one_downstream_pod_each",
+            kill_during_creates,
+        ),
+        (
+            "a_60s_downstream_outage_evicts_nothing_and_converges",
+            downstream_outage,
+        ),
     ]);
     // Stop the downstream cluster and both daemons.
     drop(CHAIN.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -54,7 +62,7 @@ fn main() -> ExitCode {
 }
 
 /// Starts the downstream cluster, its process node and the upstream vkd once.
-fn chain<T>(up: &Cluster, f: impl FnOnce(&Chain) -> Result<T>) -> Result<T> {
+fn chain<T>(up: &Cluster, f: impl FnOnce(&mut Chain) -> Result<T>) -> Result<T> {
     let mut slot = CHAIN.lock().unwrap_or_else(|p| p.into_inner());
     let chain = slot.get_or_insert_with(|| start_chain(up).map_err(|e| format!("{e:#}")));
     match chain {
@@ -514,6 +522,188 @@ fn gpu_slices(up: &Cluster) -> Result<()> {
                 "--timeout=90s",
             ])?;
         }
+        Ok(())
+    })
+}
+
+/// Upstream Pod UID -> its downstream Pods (every one vkd made for this node).
+fn downstream_by_owner(down: &Cluster) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+    let pods = down.kubectl_json(&[
+        "get",
+        "pods",
+        "-A",
+        "-l",
+        &format!("vkd.io/owner-node={UP_NODE}"),
+    ])?;
+    let mut by_owner = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for p in items(&pods) {
+        let owner = at(&p, "metadata.labels")["vkd.io/owner-uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        by_owner
+            .entry(owner)
+            .or_default()
+            .push(str_at(&p, "metadata.name").to_owned());
+    }
+    Ok(by_owner)
+}
+
+fn upstream_uids(up: &Cluster, selector: &str) -> Result<Vec<String>> {
+    let pods = up.kubectl_json(&["get", "pods", "-n", NS, "-l", selector])?;
+    Ok(items(&pods)
+        .iter()
+        .map(|p| str_at(p, "metadata.uid").to_owned())
+        .collect())
+}
+
+fn kill_during_creates(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        for round in 0..3 {
+            let batch = format!("storm-{round}");
+            let docs: Vec<String> = (0..50)
+                .map(|i| {
+                    format!(
+                        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {batch}-{i}, namespace: {NS}, labels: {{batch: {batch}}}}}\nspec:\n  nodeSelector: {{vkd.io/e2e: offload}}\n  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n  automountServiceAccountToken: false\n  containers: [{{name: main, image: busybox, command: [sleep, '3600']}}]\n"
+                    )
+                })
+                .collect();
+            up.apply(&docs.join("---\n"))?;
+            // Somewhere in the middle of the creates: SIGKILL, then a new vkd.
+            std::thread::sleep(Duration::from_millis(300 + 700 * round));
+            ch.up_vkd.kill()?;
+            ch.up_vkd.spawn()?;
+            let selector = format!("batch={batch}");
+            wait_for(
+                &format!("{batch}: 50 Pods Running upstream"),
+                Duration::from_secs(180),
+                || {
+                    let pods = up.kubectl_json(&["get", "pods", "-n", NS, "-l", &selector])?;
+                    let ready = items(&pods).iter().filter(|p| running_and_ready(p)).count();
+                    Ok((ready == 50).then_some(()))
+                },
+            )?;
+            let uids = upstream_uids(up, &selector)?;
+            let by_owner = downstream_by_owner(&ch.down)?;
+            for uid in &uids {
+                let made = by_owner.get(uid).map_or(0, Vec::len);
+                ensure!(
+                    made == 1,
+                    "{batch}: upstream Pod {uid} has {made} downstream Pods"
+                );
+            }
+            eprintln!(
+                "{batch}: vkd killed and restarted during 50 creates; one downstream Pod each"
+            );
+            up.kubectl(&[
+                "delete",
+                "pods",
+                "-n",
+                NS,
+                "-l",
+                &selector,
+                "--wait=true",
+                "--timeout=180s",
+            ])?;
+            let left = downstream_by_owner(&ch.down)?;
+            let stray: Vec<_> = uids.iter().filter(|u| left.contains_key(*u)).collect();
+            ensure!(
+                stray.is_empty(),
+                "{batch}: downstream Pods left after deletion: {stray:?}"
+            );
+        }
+        Ok(())
+    })
+}
+
+fn downstream_outage(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        up.apply(&format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: steady, namespace: {NS}}}\nspec:\n  replicas: 3\n  selector: {{matchLabels: {{app: steady}}}}\n  template:\n    metadata: {{labels: {{app: steady}}}}\n    spec:\n      nodeSelector: {{vkd.io/e2e: offload}}\n      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n      automountServiceAccountToken: false\n      containers: [{{name: main, image: busybox, command: [sleep, '3600']}}]\n"
+        ))?;
+        let steady = || -> Result<usize> {
+            let pods = up.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=steady"])?;
+            Ok(items(&pods).iter().filter(|p| running_and_ready(p)).count())
+        };
+        wait_for("3 steady Pods Ready", Duration::from_secs(90), || {
+            Ok((steady()? == 3).then_some(()))
+        })?;
+        let uids = upstream_uids(up, "app=steady")?;
+        let before = downstream_by_owner(down)?;
+        let pid: u32 = std::fs::read_to_string(down.dir().join("pids/kube-apiserver.pid"))?
+            .trim()
+            .parse()?;
+        let signal = |sig: &str| -> Result<()> {
+            let st = Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()?;
+            ensure!(st.success(), "kill {sig} {pid}");
+            Ok(())
+        };
+        signal("-STOP")?;
+        let mut said = String::new();
+        let outage = (|| -> Result<()> {
+            for _ in 0..6 {
+                std::thread::sleep(Duration::from_secs(10));
+                let pods = up.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=steady"])?;
+                for p in items(&pods) {
+                    ensure!(
+                        at(&p, "status.phase") == "Running"
+                            && at(&p, "metadata.deletionTimestamp").is_null(),
+                        "an upstream Pod moved during the outage: {}",
+                        at(&p, "status")
+                    );
+                }
+                let n = up.kubectl_json(&["get", "node", UP_NODE])?;
+                if let Some(r) = vkd_e2e::condition(&n, "Ready")
+                    && r["status"] == "False"
+                {
+                    said = format!("{}: {}", r["reason"], r["message"]);
+                }
+            }
+            Ok(())
+        })();
+        signal("-CONT")?;
+        outage?;
+        ensure!(
+            said.contains("DownstreamUnreachable"),
+            "the upstream Node never said the downstream was unreachable"
+        );
+        eprintln!("during the outage the upstream Node said: {said}");
+        let back = std::time::Instant::now();
+        wait_for(
+            "the upstream Node and Pods to converge",
+            Duration::from_secs(30),
+            || {
+                let n = up.kubectl_json(&["get", "node", UP_NODE])?;
+                let ready = vkd_e2e::condition(&n, "Ready").is_some_and(|r| r["status"] == "True");
+                Ok((ready && steady()? == 3).then_some(()))
+            },
+        )?;
+        let converged = back.elapsed();
+        ensure!(
+            upstream_uids(up, "app=steady")? == uids,
+            "upstream Pods were replaced"
+        );
+        let after = downstream_by_owner(down)?;
+        ensure!(
+            after == before,
+            "downstream Pods changed: {before:?} -> {after:?}"
+        );
+        eprintln!(
+            "downstream API server stopped 60 s: nothing evicted or duplicated; converged {:.1}s after it returned",
+            converged.as_secs_f64()
+        );
+        up.kubectl(&[
+            "delete",
+            "deployment",
+            "steady",
+            "-n",
+            NS,
+            "--wait=true",
+            "--timeout=90s",
+        ])?;
         Ok(())
     })
 }
