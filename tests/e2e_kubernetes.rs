@@ -431,6 +431,32 @@ fn capacity_and_fence(up: &Cluster) -> Result<()> {
         );
         eprintln!("stale-epoch create refused downstream: {refused}");
         ensure!(ch.up_vkd.pid().is_some(), "the upstream vkd is running");
+        // The namespaces vkd makes downstream enforce Pod Security (baseline):
+        // a privileged Pod fails upstream saying why, instead of running there.
+        up.apply(&pod(
+            "privileged",
+            "  containers:\n  - name: main\n    image: busybox\n    command: [sleep, '60']\n    securityContext: {privileged: true}",
+        ))?;
+        let p = wait_for(
+            "the privileged Pod to fail",
+            Duration::from_secs(60),
+            || {
+                let p = up.kubectl_json(&["get", "pod", "privileged", "-n", NS])?;
+                Ok((at(&p, "status.phase") == "Failed").then_some(p))
+            },
+        )?;
+        let message = str_at(&p, "status.message");
+        ensure!(message.contains("PodSecurity"), "{}", at(&p, "status"));
+        eprintln!("privileged Pod: {message}");
+        up.kubectl(&[
+            "delete",
+            "pod",
+            "privileged",
+            "-n",
+            NS,
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
         Ok(())
     })
 }

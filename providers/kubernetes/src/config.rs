@@ -12,6 +12,7 @@
 //!   clique: nvidia.com/gpu.clique # an NVLink domain
 //! clusterName: gpu-east           # in instance ids (default: the kubeconfig's cluster)
 //! fenceNamespace: vkd-system      # where the fence objects live downstream
+//! podSecurity: baseline           # enforced in the namespaces vkd creates downstream
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -80,6 +81,16 @@ pub struct KubernetesConfig {
     /// namespace `manifests/downstream` binds the fence policy to).
     #[serde(default = "default_fence_namespace")]
     pub fence_namespace: String,
+    /// The Pod Security level enforced in the namespaces vkd creates
+    /// downstream (`privileged`, `baseline`, `restricted`): the upstream
+    /// namespace's level does not travel with the Pod, so the downstream
+    /// cluster enforces its own.
+    #[serde(default = "default_pod_security")]
+    pub pod_security: String,
+}
+
+fn default_pod_security() -> String {
+    "baseline".into()
 }
 
 fn default_fence_namespace() -> String {
@@ -171,6 +182,18 @@ impl KubernetesConfig {
                 format!("{name:?} must be non-empty and without '/'"),
             ));
         }
+        if !matches!(
+            cfg.pod_security.as_str(),
+            "privileged" | "baseline" | "restricted"
+        ) {
+            return Err(invalid(
+                "podSecurity",
+                format!(
+                    "{:?} is not privileged, baseline or restricted",
+                    cfg.pod_security
+                ),
+            ));
+        }
         if !is_dns_label(&cfg.fence_namespace) {
             return Err(invalid(
                 "fenceNamespace",
@@ -198,6 +221,7 @@ mod tests {
         assert_eq!(c.gpu_labels.product, "nvidia.com/gpu.product");
         assert_eq!(c.gpu_labels.clique, "nvidia.com/gpu.clique");
         assert!(c.host_selector.is_empty());
+        assert_eq!(c.pod_security, "baseline");
     }
 
     #[test]
@@ -206,6 +230,7 @@ mod tests {
             ("kubeconfig: ''", "kubeconfig"),
             ("kubeconfig: /k\nnamespacePrefix: Bad_", "namespacePrefix"),
             ("kubeconfig: /k\ngpuResource: gpu", "gpuResource"),
+            ("kubeconfig: /k\npodSecurity: lax", "podSecurity"),
         ] {
             let e = parse(text).unwrap_err();
             assert!(

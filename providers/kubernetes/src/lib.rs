@@ -277,7 +277,16 @@ impl KubernetesProvider {
         let ns = Namespace {
             metadata: kube::api::ObjectMeta {
                 name: Some(namespace.to_owned()),
-                labels: Some([("vkd.io/managed".to_owned(), "true".to_owned())].into()),
+                labels: Some(
+                    [
+                        ("vkd.io/managed".to_owned(), "true".to_owned()),
+                        (
+                            "pod-security.kubernetes.io/enforce".to_owned(),
+                            self.config.pod_security.clone(),
+                        ),
+                    ]
+                    .into(),
+                ),
                 ..Default::default()
             },
             ..Namespace::default()
@@ -457,6 +466,19 @@ impl Provider for KubernetesProvider {
             Err(e) => {
                 if let Some(fenced) = fence::denial(&fence.node, fence.epoch, &e) {
                     return Err(fenced);
+                }
+                if not_found(&e) {
+                    // The namespace went away (someone deleted it): made again next time.
+                    lock(&self.namespaces).remove(&namespace);
+                }
+                if let kube::Error::Api(s) = &e
+                    && s.code == 403
+                    && s.message.contains("violates PodSecurity")
+                {
+                    return Err(ProviderError::invalid(
+                        "DownstreamForbidden",
+                        format!("the downstream cluster refused the Pod: {}", s.message),
+                    ));
                 }
                 if let kube::Error::Api(s) = &e
                     && s.code == 422

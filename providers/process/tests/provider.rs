@@ -959,6 +959,9 @@ async fn a_deleted_instance_shows_how_its_containers_ended() {
     }];
     p.create(&fence(), &s).await.unwrap();
     running(&p, "u-ends").await;
+    // Past its first moments, where a program without a SIGTERM handler would
+    // be killed (137) rather than ended by the SIGTERM (143).
+    tokio::time::sleep(Duration::from_millis(400)).await;
     p.delete(&fence(), "u-ends", Duration::from_secs(5))
         .await
         .unwrap();
