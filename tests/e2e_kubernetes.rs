@@ -178,6 +178,28 @@ fn exec(c: &Cluster, args: &[&str], stdin: &str) -> Result<(i32, String)> {
     ))
 }
 
+/// Deletes an upstream object of `kind` in NS and waits until it is gone.
+fn delete_and_wait(up: &Cluster, kind: &str, name: &str) -> Result<()> {
+    up.kubectl(&[
+        "delete",
+        kind,
+        name,
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=90s",
+    ])?;
+    Ok(())
+}
+
+/// Waits for upstream Pod `name` to be Failed; returns it.
+fn wait_failed(up: &Cluster, name: &str) -> Result<Value> {
+    wait_for(&format!("{name} to fail"), Duration::from_secs(60), || {
+        let p = up.kubectl_json(&["get", "pod", name, "-n", NS])?;
+        Ok((at(&p, "status.phase") == "Failed").then_some(p))
+    })
+}
+
 /// A CPU quantity ("32", "2500m") in millicores; 0 when it is not one.
 fn cpu_millis(q: &Value) -> u64 {
     let q = q.as_str().unwrap_or_default();
@@ -292,15 +314,7 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             "exec -i gave {code} {out:?}"
         );
         // Deleting upstream deletes downstream, and finalizes only after.
-        up.kubectl(&[
-            "delete",
-            "pod",
-            "web",
-            "-n",
-            NS,
-            "--wait=true",
-            "--timeout=90s",
-        ])?;
+        delete_and_wait(up, "pod", "web")?;
         let left = owned(down, "pods", &down_ns, &uid)?;
         ensure!(
             items(&left).is_empty(),
@@ -326,10 +340,7 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             &down_ns,
             "--wait=false",
         ])?;
-        let failed = wait_for("victim to fail upstream", Duration::from_secs(60), || {
-            let p = up.kubectl_json(&["get", "pod", "victim", "-n", NS])?;
-            Ok((str_at(&p, "status.phase") == "Failed").then_some(p))
-        })?;
+        let failed = wait_failed(up, "victim")?;
         let message = str_at(&failed, "status.message");
         ensure!(
             message.contains("someone other than vkd")
@@ -345,15 +356,7 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
                 .all(|p| !at(p, "metadata.deletionTimestamp").is_null()),
             "made again downstream: {again}"
         );
-        up.kubectl(&[
-            "delete",
-            "pod",
-            "victim",
-            "-n",
-            NS,
-            "--wait=true",
-            "--timeout=90s",
-        ])?;
+        delete_and_wait(up, "pod", "victim")?;
         Ok(())
     })
 }
@@ -437,26 +440,11 @@ fn capacity_and_fence(up: &Cluster) -> Result<()> {
             "privileged",
             "  containers:\n  - name: main\n    image: busybox\n    command: [sleep, '60']\n    securityContext: {privileged: true}",
         ))?;
-        let p = wait_for(
-            "the privileged Pod to fail",
-            Duration::from_secs(60),
-            || {
-                let p = up.kubectl_json(&["get", "pod", "privileged", "-n", NS])?;
-                Ok((at(&p, "status.phase") == "Failed").then_some(p))
-            },
-        )?;
+        let p = wait_failed(up, "privileged")?;
         let message = str_at(&p, "status.message");
         ensure!(message.contains("PodSecurity"), "{}", at(&p, "status"));
         eprintln!("privileged Pod: {message}");
-        up.kubectl(&[
-            "delete",
-            "pod",
-            "privileged",
-            "-n",
-            NS,
-            "--wait=true",
-            "--timeout=60s",
-        ])?;
+        delete_and_wait(up, "pod", "privileged")?;
         Ok(())
     })
 }
@@ -490,10 +478,7 @@ fn gpu_slices(up: &Cluster) -> Result<()> {
         let (host_a, host_b) = (format!("{DOWN_GPU}-host-a"), format!("{DOWN_GPU}-host-b"));
         // 8 GPUs: the upstream Node's sum says yes, no downstream host does.
         up.apply(&gpu_pod("eight", 8))?;
-        let p = wait_for("the 8-GPU Pod to fail", Duration::from_secs(60), || {
-            let p = up.kubectl_json(&["get", "pod", "eight", "-n", NS])?;
-            Ok((at(&p, "status.phase") == "Failed").then_some(p))
-        })?;
+        let p = wait_failed(up, "eight")?;
         let message = str_at(&p, "status.message");
         ensure!(
             at(&p, "status.reason") == "TopologyUnsatisfiable"
@@ -538,15 +523,7 @@ fn gpu_slices(up: &Cluster) -> Result<()> {
         let h2 = downstream_host(up, down, "four-2")?;
         ensure!(h2 == host_a, "four-2 went to {h2}");
         for name in ["eight", "four-1", "four-2"] {
-            up.kubectl(&[
-                "delete",
-                "pod",
-                name,
-                "-n",
-                NS,
-                "--wait=true",
-                "--timeout=90s",
-            ])?;
+            delete_and_wait(up, "pod", name)?;
         }
         Ok(())
     })
@@ -721,15 +698,7 @@ fn downstream_outage(up: &Cluster) -> Result<()> {
             "downstream API server stopped 60 s: nothing evicted or duplicated; converged {:.1}s after it returned",
             converged.as_secs_f64()
         );
-        up.kubectl(&[
-            "delete",
-            "deployment",
-            "steady",
-            "-n",
-            NS,
-            "--wait=true",
-            "--timeout=90s",
-        ])?;
+        delete_and_wait(up, "deployment", "steady")?;
         Ok(())
     })
 }

@@ -379,6 +379,22 @@ pub struct ContainerStatus {
 }
 
 impl ContainerStatus {
+    /// A container not created yet: waiting as `ContainerCreating`.
+    pub fn creating(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            state: ContainerState::Waiting {
+                reason: "ContainerCreating".into(),
+                message: None,
+            },
+            last_termination: None,
+            ready: false,
+            restart_count: 0,
+            container_id: None,
+            started: Some(false),
+        }
+    }
+
     /// Whether the container has started, as the kubelet reports `started`.
     pub fn has_started(&self) -> bool {
         matches!(self.state, ContainerState::Running { .. }) && self.started.unwrap_or(true)

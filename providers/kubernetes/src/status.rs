@@ -84,21 +84,7 @@ fn statuses(names: &[&str], reported: Option<&Vec<core::ContainerStatus>>) -> Ve
                 .into_iter()
                 .flatten()
                 .find(|c| c.name == *name)
-                .map_or_else(
-                    || ContainerStatus {
-                        name: (*name).to_owned(),
-                        state: ContainerState::Waiting {
-                            reason: "ContainerCreating".into(),
-                            message: None,
-                        },
-                        last_termination: None,
-                        ready: false,
-                        restart_count: 0,
-                        container_id: None,
-                        started: Some(false),
-                    },
-                    container,
-                )
+                .map_or_else(|| ContainerStatus::creating(name), container)
         })
         .collect()
 }
