@@ -5,6 +5,7 @@
 //! goes through the upstream kubectl, except where a test looks downstream to
 //! see what really exists there.
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -50,6 +51,10 @@ fn main() -> ExitCode {
         (
             "sigkill_during_50_creates_three_times_leaves_one_downstream_pod_each",
             kill_during_creates,
+        ),
+        (
+            "logs_follow_spdy_exec_and_port_forward_through_the_chain",
+            streams,
         ),
         (
             "a_60s_downstream_outage_evicts_nothing_and_converges",
@@ -169,7 +174,7 @@ fn exec(c: &Cluster, args: &[&str], stdin: &str) -> Result<(i32, String)> {
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     if let Some(mut pipe) = child.stdin.take() {
-        std::io::Write::write_all(&mut pipe, stdin.as_bytes())?;
+        pipe.write_all(stdin.as_bytes())?;
     }
     let out = child.wait_with_output()?;
     Ok((
@@ -699,6 +704,126 @@ fn downstream_outage(up: &Cluster) -> Result<()> {
             converged.as_secs_f64()
         );
         delete_and_wait(up, "deployment", "steady")?;
+        Ok(())
+    })
+}
+
+fn kubectl_cmd(c: &Cluster) -> Result<Command> {
+    let mut cmd = Command::new(c.env("VKD_E2E_KUBECTL")?);
+    cmd.env("KUBECONFIG", c.kubeconfig());
+    Ok(cmd)
+}
+
+fn streams(up: &Cluster) -> Result<()> {
+    chain(up, |_| {
+        // logs -f: every line, in order, ending when the container ends two hops down.
+        up.apply(&pod(
+            "talker",
+            r#"  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "sleep 2; i=0; while [ $i -lt 12 ]; do echo line $i; i=$((i+1)); sleep 0.25; done"]"#,
+        ))?;
+        wait_running(up, "talker")?;
+        let started = std::time::Instant::now();
+        let mut child = kubectl_cmd(up)?
+            .args(["logs", "-f", "talker", "-n", NS])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let out = child.stdout.take().context("no stdout")?;
+        let mut lines = Vec::new();
+        for line in BufReader::new(out).lines() {
+            lines.push(line?);
+            ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "logs -f did not end"
+            );
+        }
+        ensure!(child.wait()?.success(), "kubectl logs -f failed");
+        let want: Vec<String> = (0..12).map(|i| format!("line {i}")).collect();
+        ensure!(lines == want, "logs -f gave {lines:?}");
+        eprintln!(
+            "logs -f through the chain: 12 lines in order in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+
+        // exec over SPDY too (kubectl's fallback), with stdin and an exit code.
+        up.apply(&pod(
+            "web",
+            r#"  containers:
+  - name: main
+    image: python:3.12
+    command: [sh, -c, "exec python3 -m http.server 18527 --bind 127.0.0.1"]
+    ports: [{containerPort: 18527}]
+    readinessProbe: {tcpSocket: {port: 18527}, periodSeconds: 1}"#,
+        ))?;
+        wait_running(up, "web")?;
+        let mut cmd = kubectl_cmd(up)?;
+        cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+            .args([
+                "exec",
+                "-i",
+                "web",
+                "-n",
+                NS,
+                "--",
+                "sh",
+                "-c",
+                "read x; echo got-$x; exit 4",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn()?;
+        child.stdin.take().context("stdin")?.write_all(b"spdy\n")?;
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.code() == Some(4) && stdout.trim() == "got-spdy",
+            "SPDY exec gave {:?} {stdout:?} {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        // port-forward: an HTTP GET reaches the server two hops down.
+        let port = common::free_port()?;
+        let mut child = kubectl_cmd(up)?
+            .args([
+                "port-forward",
+                "-n",
+                NS,
+                "pod/web",
+                &format!("{port}:18527"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let got = (|| -> Result<String> {
+            let mut conn = wait_for("the port-forward listener", Duration::from_secs(20), || {
+                Ok(std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+            })?;
+            conn.set_read_timeout(Some(Duration::from_secs(15)))?;
+            conn.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut reply = String::new();
+            conn.read_to_string(&mut reply)?;
+            Ok(reply)
+        })();
+        let _ = child.kill();
+        let _ = child.wait();
+        let reply = got?;
+        ensure!(
+            reply.starts_with("HTTP/1.0 200"),
+            "port-forward reply: {reply:?}"
+        );
+        eprintln!(
+            "port-forward through the chain: {}",
+            reply.lines().next().unwrap_or_default()
+        );
+        for name in ["talker", "web"] {
+            delete_and_wait(up, "pod", name)?;
+        }
         Ok(())
     })
 }
