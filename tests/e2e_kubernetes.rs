@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             streams,
         ),
         (
+            "a_force_deleted_pods_downstream_pod_is_collected",
+            force_deleted,
+        ),
+        (
             "a_60s_downstream_outage_evicts_nothing_and_converges",
             downstream_outage,
         ),
@@ -115,6 +119,8 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
             &ca,
             "--node-label",
             "vkd.io/e2e=offload",
+            "--gc-interval",
+            "5s",
         ],
     )?;
     wait_ready(up, UP_NODE)?;
@@ -824,6 +830,41 @@ fn streams(up: &Cluster) -> Result<()> {
         for name in ["talker", "web"] {
             delete_and_wait(up, "pod", name)?;
         }
+        Ok(())
+    })
+}
+
+fn force_deleted(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        up.apply(&pod(
+            "ghost",
+            "  containers:\n  - {name: main, image: busybox, command: [sleep, '3600']}",
+        ))?;
+        let p = wait_running(up, "ghost")?;
+        let uid = str_at(&p, "metadata.uid").to_owned();
+        // Gone upstream at once: vkd never sees a deletion to act on.
+        up.kubectl(&[
+            "delete",
+            "pod",
+            "ghost",
+            "-n",
+            NS,
+            "--force",
+            "--grace-period=0",
+        ])?;
+        let started = std::time::Instant::now();
+        wait_for(
+            "the orphan to be collected downstream",
+            Duration::from_secs(60),
+            || {
+                let left = downstream_by_owner(&ch.down)?;
+                Ok((!left.contains_key(&uid)).then_some(()))
+            },
+        )?;
+        eprintln!(
+            "force-deleted upstream: its downstream Pod collected {:.1}s later",
+            started.elapsed().as_secs_f64()
+        );
         Ok(())
     })
 }
