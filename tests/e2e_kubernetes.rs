@@ -189,6 +189,16 @@ fn exec(c: &Cluster, args: &[&str], stdin: &str) -> Result<(i32, String)> {
     ))
 }
 
+/// Runs a `sleep` Pod upstream; returns its UID once it is Running.
+fn sleeper(up: &Cluster, name: &str) -> Result<String> {
+    up.apply(&pod(
+        name,
+        "  containers:\n  - {name: main, image: busybox, command: [sleep, '3600']}",
+    ))?;
+    let p = wait_running(up, name)?;
+    Ok(str_at(&p, "metadata.uid").to_owned())
+}
+
 /// Deletes an upstream object of `kind` in NS and waits until it is gone.
 fn delete_and_wait(up: &Cluster, kind: &str, name: &str) -> Result<()> {
     up.kubectl(&[
@@ -337,12 +347,7 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
         })?;
         // A downstream Pod deleted by someone else fails its upstream Pod,
         // saying so, and is never made again.
-        up.apply(&pod(
-            "victim",
-            "  containers:\n  - {name: main, image: busybox, command: [sleep, '3600']}",
-        ))?;
-        let p = wait_running(up, "victim")?;
-        let uid = str_at(&p, "metadata.uid").to_owned();
+        let uid = sleeper(up, "victim")?;
         down.kubectl(&[
             "delete",
             "pod",
@@ -836,13 +841,8 @@ fn streams(up: &Cluster) -> Result<()> {
 
 fn force_deleted(up: &Cluster) -> Result<()> {
     chain(up, |ch| {
-        up.apply(&pod(
-            "ghost",
-            "  containers:\n  - {name: main, image: busybox, command: [sleep, '3600']}",
-        ))?;
-        let p = wait_running(up, "ghost")?;
-        let uid = str_at(&p, "metadata.uid").to_owned();
-        // Gone upstream at once: vkd never sees a deletion to act on.
+        let uid = sleeper(up, "ghost")?;
+        // Gone upstream at once, with no grace for vkd to act within.
         up.kubectl(&[
             "delete",
             "pod",

@@ -52,9 +52,14 @@ struct Downstream {
     client: Client,
     nodes: Store<Node>,
     pods: Store<Pod>,
+    /// The last error of either watch, for the error of a call that waits
+    /// for them (a bad hostSelector, missing RBAC, an unreachable server).
+    watch_error: Arc<Mutex<Option<String>>>,
 }
 
-/// Where each upstream UID's downstream Pod lives (its namespace), as seen.
+/// Where each upstream UID's downstream Pod lives (its namespace): every
+/// Pod vkd made that the watch lists or `create` returned; removed when the
+/// watch sees it deleted, so it holds only live Pods.
 type Homes = Arc<Mutex<HashMap<String, String>>>;
 
 pub struct KubernetesProvider {
@@ -176,17 +181,20 @@ impl KubernetesProvider {
         if !self.config.host_selector.is_empty() {
             node_watch = node_watch.labels(&self.config.host_selector);
         }
+        let watch_error: Arc<Mutex<Option<String>>> = Arc::default();
         let (nodes, writer) = reflector::store();
         let stream = reflector::reflector(
             writer,
             watcher(Api::<Node>::all(client.clone()), node_watch),
         )
         .default_backoff();
+        let node_error = Arc::clone(&watch_error);
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 if let Err(e) = ev {
                     warn!(error = %e, "downstream Node watch");
+                    *lock(&node_error) = Some(format!("Node watch: {e}"));
                 }
             }
         });
@@ -198,25 +206,39 @@ impl KubernetesProvider {
         )
         .default_backoff();
         let (events, homes) = (self.events.clone(), Arc::clone(&self.homes));
+        let pod_error = Arc::clone(&watch_error);
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
-                        if let (Some(uid), Some(ns)) =
-                            (owner_uid(&p), p.metadata.namespace.as_ref())
-                        {
-                            lock(&homes).insert(uid.to_owned(), ns.clone());
-                            let _ = events.send(InstanceEvent::Changed {
-                                uid: uid.to_owned(),
-                            });
-                        }
-                    }
+                let (pod, gone) = match ev {
+                    Ok(watcher::Event::InitApply(p)) => (p, None),
+                    Ok(watcher::Event::Apply(p)) => (p, Some(false)),
+                    Ok(watcher::Event::Delete(p)) => (p, Some(true)),
                     Ok(watcher::Event::InitDone) => {
                         let _ = events.send(InstanceEvent::Resync);
+                        continue;
                     }
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "downstream Pod watch"),
+                    Ok(watcher::Event::Init) => continue,
+                    Err(e) => {
+                        warn!(error = %e, "downstream Pod watch");
+                        *lock(&pod_error) = Some(format!("Pod watch: {e}"));
+                        continue;
+                    }
+                };
+                let (Some(uid), Some(ns)) = (owner_uid(&pod), pod.metadata.namespace.as_ref())
+                else {
+                    continue;
+                };
+                if gone == Some(true) {
+                    lock(&homes).remove(uid);
+                } else {
+                    lock(&homes).insert(uid.to_owned(), ns.clone());
+                }
+                // A listing ends with Resync, which covers its Pods.
+                if gone.is_some() {
+                    let _ = events.send(InstanceEvent::Changed {
+                        uid: uid.to_owned(),
+                    });
                 }
             }
         });
@@ -225,6 +247,7 @@ impl KubernetesProvider {
             client,
             nodes,
             pods,
+            watch_error,
         }
     }
 
@@ -235,9 +258,12 @@ impl KubernetesProvider {
             d.nodes.wait_until_ready().await.ok();
             d.pods.wait_until_ready().await.ok();
         };
-        tokio::time::timeout(FIRST_SYNC, ready)
-            .await
-            .map_err(|_| ProviderError::transient("downstream: not listed yet"))?;
+        tokio::time::timeout(FIRST_SYNC, ready).await.map_err(|_| {
+            let why = lock(&d.watch_error)
+                .clone()
+                .unwrap_or_else(|| "no answer yet".into());
+            ProviderError::transient(format!("downstream: not listed yet ({why})"))
+        })?;
         Ok(d)
     }
 
@@ -246,21 +272,27 @@ impl KubernetesProvider {
     }
 
     /// The downstream Pod of `uid`: from the watch, or from the API server
-    /// when the watch has not shown it (yet: it may lag a create).
+    /// when the watch does not show it (it may lag a create, this replica's
+    /// or, just before a takeover, the last one's).
     async fn find(&self, uid: &str) -> Result<Option<Arc<Pod>>> {
         let uid = checked_uid(uid)?;
         let d = self.synced().await?;
         let home = lock(&self.homes).get(uid).cloned();
-        if let Some(ns) = home
-            && let Some(p) = d
-                .pods
-                .get(&ObjectRef::new(&naming::pod_name(uid)).within(&ns))
-        {
-            return Ok(Some(p));
+        if let Some(ns) = home {
+            let name = naming::pod_name(uid);
+            if let Some(p) = d.pods.get(&ObjectRef::new(&name).within(&ns)) {
+                return Ok(Some(p));
+            }
+            return match self.pods_api(d, &ns).get_opt(&name).await {
+                Ok(Some(p)) if owner_uid(&p) == Some(uid) => Ok(Some(Arc::new(p))),
+                Ok(_) => {
+                    lock(&self.homes).remove(uid);
+                    Ok(None)
+                }
+                Err(e) => Err(transient("reading the Pod", e)),
+            };
         }
-        if let Some(p) = d.pods.find(|p| owner_uid(p) == Some(uid)) {
-            return Ok(Some(p));
-        }
+        // Not one the watch has shown: only the API server can say.
         let api: Api<Pod> = Api::all(d.client.clone());
         let listed = api
             .list(&ListParams::default().labels(&format!("{}={uid}", naming::OWNER_UID)))
