@@ -489,6 +489,7 @@ pub(crate) mod testing {
         calls: Mutex<Vec<&'static str>>,
         capacity_answers: usize,
         capacity_asked: AtomicUsize,
+        health: Mutex<Health>,
     }
 
     impl FakeProvider {
@@ -497,7 +498,13 @@ pub(crate) mod testing {
                 calls: Mutex::default(),
                 capacity_answers,
                 capacity_asked: AtomicUsize::new(0),
+                health: Mutex::new(Health::Healthy),
             })
+        }
+
+        /// What `health()` answers from now on.
+        pub(crate) fn set_health(&self, health: Health) {
+            *self.health.lock().unwrap() = health;
         }
 
         /// Calls made so far: of `op`, or of every operation with `None`.
@@ -518,7 +525,7 @@ pub(crate) mod testing {
         }
         async fn health(&self) -> Health {
             self.called("health");
-            Health::Healthy
+            self.health.lock().unwrap().clone()
         }
         async fn capacity(&self) -> Result<Capacity> {
             self.called("capacity");

@@ -350,6 +350,9 @@ impl Provider for Instrumented {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn identity(&self) -> Vec<(String, String)> {
+        self.inner.identity()
+    }
     async fn health(&self) -> Health {
         // A backend too slow to say whether it is healthy is not.
         match tokio::time::timeout(self.deadline, self.inner.health()).await {

@@ -21,6 +21,8 @@ use common::{Vkd, items, running_and_ready, str_at};
 const UP_NODE: &str = "vk-offload";
 /// The downstream process node.
 const DOWN_NODE: &str = "vk-down-proc";
+/// The downstream process node's address (a loopback one of its own).
+const DOWN_NODE_IP: &str = "127.0.0.2";
 /// The downstream sim vkd in per-host mode: two hosts with 4 GPUs each.
 const DOWN_GPU: &str = "vk-down-gpu";
 const NS: &str = "offload";
@@ -86,7 +88,16 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
     let down_vkd = Vkd::start_process(
         &down,
         DOWN_NODE,
-        &["--client-ca-file", &ca, "--node-label", "gpu-pool=a"],
+        &[
+            "--client-ca-file",
+            &ca,
+            "--node-label",
+            "gpu-pool=a",
+            // Not the upstream node's address, so the suite can tell the
+            // Pod's hostIP came from downstream.
+            "--node-address",
+            DOWN_NODE_IP,
+        ],
     )?;
     wait_ready(&down, DOWN_NODE)?;
     let down_gpu = Vkd::start_with_fleet(
@@ -259,8 +270,10 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
     - name: GREETING
       valueFrom: {configMapKeyRef: {name: greeting, key: word}}
     ports: [{containerPort: 8080}]
-    volumeMounts: [{name: cfg, mountPath: /etc/cfg}]
-  volumes: [{name: cfg, configMap: {name: greeting}}]"#,
+    volumeMounts: [{name: cfg, mountPath: /etc/cfg}, {name: info, mountPath: /etc/podinfo}]
+  volumes:
+  - {name: cfg, configMap: {name: greeting}}
+  - {name: info, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}}"#,
         ))?;
         let p = wait_running(up, "web")?;
         let uid = str_at(&p, "metadata.uid").to_owned();
@@ -293,6 +306,30 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
         ensure!(
             id == format!("down/{down_ns}/{down_name}"),
             "instance id {id:?}"
+        );
+        // Where it runs, as the downstream reports it: the Node (an
+        // annotation) and its address (hostIP, and the podIP of a process).
+        ensure!(
+            at(&p, "metadata.annotations")["vkd.io/host"] == DOWN_NODE,
+            "{p}"
+        );
+        ensure!(
+            at(&p, "status.hostIP") == DOWN_NODE_IP
+                && at(&p, "status.hostIPs")[0]["ip"] == DOWN_NODE_IP
+                && at(&p, "status.hostIPs").as_array().map(Vec::len) == Some(1),
+            "hostIP upstream: {}",
+            at(&p, "status")
+        );
+        ensure!(at(&p, "status.podIP") == at(&dp, "status.podIP"), "{p}");
+        // The upstream Node names the cluster it stands for.
+        let node = up.kubectl_json(&["get", "node", UP_NODE])?;
+        let node_annotations = at(&node, "metadata.annotations");
+        ensure!(
+            node_annotations["vkd.io/downstream-cluster"] == "down"
+                && node_annotations["vkd.io/downstream-server"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("https://127.0.0.1:")),
+            "{node_annotations}"
         );
         // The configMap's content went down as a Secret the downstream Pod owns.
         let secrets = owned(down, "secrets", &down_ns, &uid)?;
@@ -333,6 +370,27 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
         ensure!(
             code == 0 && out.trim() == "ping-through-two-hops",
             "exec -i gave {code} {out:?}"
+        );
+        // A volume follows its source upstream: a label set upstream reaches
+        // the file two hops down (the downstream kubelet re-reads its
+        // Secrets once a minute).
+        up.kubectl(&["label", "pod", "web", "-n", NS, "color=blue"])?;
+        let changed = std::time::Instant::now();
+        wait_for(
+            "the new label in the downward API file two hops down",
+            Duration::from_secs(120),
+            || {
+                let (_, out) = exec(
+                    up,
+                    &["exec", "web", "-n", NS, "--", "cat", "/etc/podinfo/labels"],
+                    "",
+                )?;
+                Ok(out.contains("color=\"blue\"").then_some(()))
+            },
+        )?;
+        eprintln!(
+            "volume refresh through the chain: {:.1}s",
+            changed.elapsed().as_secs_f64()
         );
         // Deleting upstream deletes downstream, and finalizes only after.
         delete_and_wait(up, "pod", "web")?;
@@ -674,9 +732,16 @@ fn downstream_outage(up: &Cluster) -> Result<()> {
                         at(&p, "status")
                     );
                 }
+                // Ready throughout (the Pods run on), with the outage in a
+                // condition of its own.
                 let n = up.kubectl_json(&["get", "node", UP_NODE])?;
-                if let Some(r) = vkd_e2e::condition(&n, "Ready")
-                    && r["status"] == "False"
+                let ready = vkd_e2e::condition(&n, "Ready");
+                ensure!(
+                    ready.is_some_and(|r| r["status"] == "True"),
+                    "the upstream Node left Ready during the outage: {ready:?}"
+                );
+                if let Some(r) = vkd_e2e::condition(&n, "BackendUnreachable")
+                    && r["status"] == "True"
                 {
                     said = format!("{}: {}", r["reason"], r["message"]);
                 }
@@ -697,7 +762,9 @@ fn downstream_outage(up: &Cluster) -> Result<()> {
             || {
                 let n = up.kubectl_json(&["get", "node", UP_NODE])?;
                 let ready = vkd_e2e::condition(&n, "Ready").is_some_and(|r| r["status"] == "True");
-                Ok((ready && steady()? == 3).then_some(()))
+                let reached = vkd_e2e::condition(&n, "BackendUnreachable")
+                    .is_some_and(|r| r["status"] == "False");
+                Ok((ready && reached && steady()? == 3).then_some(()))
             },
         )?;
         let converged = back.elapsed();

@@ -137,6 +137,7 @@ mod tests {
             message: None,
             init_containers: Vec::new(),
             ephemeral_containers: Vec::new(),
+            host_ip: None,
         }
     }
 

@@ -73,6 +73,14 @@ impl std::fmt::Debug for NodeAgent {
     }
 }
 
+/// A condition's status, reason and message.
+type Wanted = (&'static str, String, String);
+
+/// vkd's own Node condition, True while the provider cannot reach its backend
+/// (as NetworkUnavailable is True while the network is): the Node can stay
+/// Ready through the outage, and this says why nothing moves.
+pub const BACKEND_UNREACHABLE: &str = "BackendUnreachable";
+
 /// One condition as last posted, to keep its lastTransitionTime.
 #[derive(Clone, Debug, PartialEq)]
 struct Posted {
@@ -144,6 +152,14 @@ impl NodeAgent {
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         annotations.extend(topo_annotations);
+        // Only its own keys: the provider cannot overwrite vkd's.
+        let identity: Vec<(String, String)> = self
+            .provider
+            .identity()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("vkd.io/") && !annotations.contains_key(k))
+            .collect();
+        annotations.extend(identity);
         let node = json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -183,33 +199,77 @@ impl NodeAgent {
         Ok(cap)
     }
 
-    /// The Ready condition and the capacity, from the provider.
-    async fn observe(&self) -> ((&'static str, String, String), Option<Capacity>) {
+    /// The Ready and BackendUnreachable conditions and the capacity, from the provider.
+    async fn observe(&self) -> ([Wanted; 2], Option<Capacity>) {
         let name = self.provider.name().to_owned();
+        let reachable = || {
+            (
+                "False",
+                "BackendReachable".to_owned(),
+                format!("provider {name} reaches its backend"),
+            )
+        };
         match self.provider.health().await {
             Health::Unhealthy { reason, message } => (
-                (
-                    "False",
-                    reason,
-                    format!("provider {name} is unhealthy: {message}"),
-                ),
+                [
+                    (
+                        "False",
+                        reason,
+                        format!("provider {name} is unhealthy: {message}"),
+                    ),
+                    reachable(),
+                ],
                 self.capacity().await.ok(),
             ),
-            Health::Healthy => match self.capacity().await {
-                Ok(c) => (
+            Health::Unreachable {
+                reason,
+                message,
+                past_grace,
+            } => {
+                let ready = if past_grace {
+                    (
+                        "False",
+                        reason.clone(),
+                        format!(
+                            "provider {name} has not reached its backend for longer than its grace: {message}"
+                        ),
+                    )
+                } else {
                     (
                         "True",
-                        "KubeletReady".into(),
-                        format!("vkd is posting ready status; provider {name} is healthy"),
-                    ),
+                        "KubeletReady".to_owned(),
+                        format!(
+                            "vkd is posting ready status; provider {name} cannot reach its backend, whose instances run on unobserved"
+                        ),
+                    )
+                };
+                // Its last view of the backend: what it holds is still held.
+                (
+                    [ready, ("True", reason, message)],
+                    self.capacity().await.ok(),
+                )
+            }
+            Health::Healthy => match self.capacity().await {
+                Ok(c) => (
+                    [
+                        (
+                            "True",
+                            "KubeletReady".into(),
+                            format!("vkd is posting ready status; provider {name} is healthy"),
+                        ),
+                        reachable(),
+                    ],
                     Some(c),
                 ),
                 Err(e) => (
-                    (
-                        "False",
-                        "ProviderCapacityUnavailable".into(),
-                        format!("provider {name} did not report capacity: {e}"),
-                    ),
+                    [
+                        (
+                            "False",
+                            "ProviderCapacityUnavailable".into(),
+                            format!("provider {name} did not report capacity: {e}"),
+                        ),
+                        reachable(),
+                    ],
                     None,
                 ),
             },
@@ -365,7 +425,7 @@ impl NodeAgent {
                 }
             }
             let now = SystemTime::now();
-            let ((status, reason, message), cap) = self.observe().await;
+            let ([(status, reason, message), backend], cap) = self.observe().await;
             let meta = self.topology(cap.as_ref());
             if cap.is_some() && meta != last_meta {
                 match self.register(cap.as_ref()).await {
@@ -379,8 +439,9 @@ impl NodeAgent {
                     Err(e) => warn!(error = %e, "updating the node's capacity labels failed"),
                 }
             }
-            let wanted: [(&'static str, &'static str, String, String); 4] = [
+            let wanted: [(&'static str, &'static str, String, String); 5] = [
                 ("Ready", status, reason, message),
+                (BACKEND_UNREACHABLE, backend.0, backend.1, backend.2),
                 (
                     "MemoryPressure",
                     "False",
@@ -570,5 +631,65 @@ mod tests {
         // Once the Node exists, the lease names it as its owner.
         let last = leases.last().unwrap();
         assert_eq!(last["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+    }
+
+    /// The conditions of the last status the agent posted, by type.
+    fn posted_conditions(log: &Log) -> BTreeMap<String, serde_json::Value> {
+        let log = log.lock().unwrap();
+        let last = log
+            .iter()
+            .rev()
+            .find(|s| s.path.ends_with("/nodes/vk/status"))
+            .expect("a status was posted");
+        last.body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["type"].as_str().unwrap().to_owned(), c.clone()))
+            .collect()
+    }
+
+    // An unreachable backend keeps the Node Ready (its instances run on) and
+    // says so in its own condition, until the backend says its grace is over.
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_backend_is_a_condition_of_its_own_and_ready_until_its_grace() {
+        let (client, log) = fake_api(answer);
+        let provider = FakeProvider::new(usize::MAX);
+        let agent = NodeAgent::new(
+            settings(),
+            client,
+            provider.clone(),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let shutdown = CancellationToken::new();
+        let (tx, _rx) = watch::channel(false);
+        let task = tokio::spawn(agent.run(shutdown.clone(), tx));
+        tokio::time::sleep(RENEW * 3).await;
+        let c = posted_conditions(&log);
+        assert_eq!(c["Ready"]["status"], "True");
+        assert_eq!(c[BACKEND_UNREACHABLE]["status"], "False");
+        provider.set_health(Health::Unreachable {
+            reason: "DownstreamUnreachable".into(),
+            message: "no answer".into(),
+            past_grace: false,
+        });
+        tokio::time::sleep(RENEW * 3).await;
+        let c = posted_conditions(&log);
+        assert_eq!(c["Ready"]["status"], "True", "{c:?}");
+        assert_eq!(c[BACKEND_UNREACHABLE]["status"], "True");
+        assert_eq!(c[BACKEND_UNREACHABLE]["reason"], "DownstreamUnreachable");
+        assert_eq!(c[BACKEND_UNREACHABLE]["message"], "no answer");
+        provider.set_health(Health::Unreachable {
+            reason: "DownstreamUnreachable".into(),
+            message: "no answer".into(),
+            past_grace: true,
+        });
+        tokio::time::sleep(RENEW * 3).await;
+        let c = posted_conditions(&log);
+        assert_eq!(c["Ready"]["status"], "False", "{c:?}");
+        assert_eq!(c["Ready"]["reason"], "DownstreamUnreachable");
+        assert_eq!(c[BACKEND_UNREACHABLE]["status"], "True");
+        shutdown.cancel();
+        let _ = task.await;
     }
 }

@@ -476,6 +476,7 @@ mod tests {
             message: None,
             init_containers: Vec::new(),
             ephemeral_containers: ephemeral,
+            host_ip: None,
         }
     }
 

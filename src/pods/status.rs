@@ -18,6 +18,8 @@ use super::record::{ContainerInfo, PodRecord};
 
 /// The annotation that names the backend instance of a Pod.
 pub const INSTANCE_ID: &str = "vkd.io/instance-id";
+/// The host slice the instance runs on (a downstream cluster's Node).
+pub const HOST: &str = "vkd.io/host";
 /// The annotation with the startup timeline.
 pub const TIMELINE: &str = "vkd.io/timeline";
 
@@ -385,6 +387,7 @@ pub fn terminal_instance(rec: &PodRecord, seen: Option<Instance>, now: SystemTim
         message: None,
         init_containers: Vec::new(),
         ephemeral_containers: Vec::new(),
+        host_ip: None,
     });
     let unknown = |started_at: Option<SystemTime>| {
         ContainerState::Terminated(Terminated {
@@ -488,8 +491,17 @@ pub fn patch_body(
     }
     status.insert("reason".into(), json!(view.reason));
     status.insert("message".into(), json!(view.message));
+    // The backend's machine where it says (a downstream Node), else this node.
+    let host_ip = instance
+        .and_then(|i| i.host_ip.as_deref())
+        .unwrap_or(host_ip);
     status.insert("hostIP".into(), json!(host_ip));
-    status.insert("hostIPs".into(), json!([{ "ip": host_ip }]));
+    // Replaced, not merged by `ip`: a host IP that changes (the downstream
+    // Pod's Node became known) must not leave the old one first in the list.
+    status.insert(
+        "hostIPs".into(),
+        json!([{ "ip": host_ip }, { "$patch": "replace" }]),
+    );
     let start = rec.start_time.map_or(now, super::record::Stamp::time);
     status.insert("startTime".into(), json!(time(start)));
     if let Some(ip) = &view.pod_ip {
@@ -565,6 +577,9 @@ pub fn patch_body(
         annotations.insert(INSTANCE_ID.into(), json!(id));
     }
     annotations.insert(TIMELINE.into(), json!(rec.timeline.render()));
+    if let Some(host) = instance.and_then(|i| i.host.as_deref()) {
+        annotations.insert(HOST.into(), json!(host));
+    }
     json!({
         "metadata": { "annotations": annotations },
         "status": status,

@@ -350,6 +350,10 @@ pub struct Instance {
     /// them, or a record from before they were reported.
     #[serde(default)]
     pub ephemeral_containers: Vec<ContainerStatus>,
+    /// The IP of the machine it runs on, where that is not the virtual
+    /// node's own (a downstream cluster's Node): the Pod's `hostIP`.
+    #[serde(default)]
+    pub host_ip: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -561,7 +565,22 @@ impl Capabilities {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Health {
     Healthy,
-    Unhealthy { reason: String, message: String },
+    Unhealthy {
+        reason: String,
+        message: String,
+    },
+    /// The backend's control API cannot be reached, but what it already runs
+    /// goes on running (a remote cluster whose API server is down): its
+    /// instances are not lost, only unobserved. The Node stays Ready, so that
+    /// an outage the backend rides out evicts nothing, and says so in a
+    /// condition of its own. `past_grace`: the outage has lasted longer than
+    /// the backend wants its Pods kept waiting for it, so the Node goes
+    /// Ready=False too and the node lifecycle controller replaces them.
+    Unreachable {
+        reason: String,
+        message: String,
+        past_grace: bool,
+    },
 }
 
 /// Something about an instance changed; the receiver calls `get` to see what.
@@ -760,6 +779,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
+    }
+
+    /// Which backend the Node stands for, as annotations under `vkd.io/`
+    /// (a downstream cluster's name and server, for example). Fixed for the
+    /// provider's life.
+    fn identity(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
 
     async fn health(&self) -> Health;

@@ -127,6 +127,11 @@ pub fn cpu_millis(text: &str) -> Result<u64, QuantityError> {
     to_u64(text, ceil_scaled(&parse(text)?, 3))
 }
 
+/// CPU in nanocores, as the metrics API reports usage: "123456n", "2m", "1".
+pub fn cpu_nanos(text: &str) -> Result<u64, QuantityError> {
+    to_u64(text, ceil_scaled(&parse(text)?, 9))
+}
+
 /// A byte count: "512Mi", "1G", "1048576". Rounds up, as `Value` does.
 pub fn bytes(text: &str) -> Result<u64, QuantityError> {
     to_u64(text, ceil_scaled(&parse(text)?, 0))

@@ -13,6 +13,7 @@
 //! clusterName: gpu-east           # in instance ids (default: the kubeconfig's cluster)
 //! fenceNamespace: vkd-system      # where the fence objects live downstream
 //! podSecurity: baseline           # enforced in the namespaces vkd creates downstream
+//! outageGrace: 5m                 # the upstream Node stays Ready this long with the downstream unreachable
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -87,6 +88,16 @@ pub struct KubernetesConfig {
     /// cluster enforces its own.
     #[serde(default = "default_pod_security")]
     pub pod_security: String,
+    /// How long the upstream Node stays Ready while the downstream API server
+    /// cannot be reached (its Pods run on); after it, the Node goes
+    /// Ready=False and the upstream node lifecycle controller evicts by the
+    /// Pods' tolerations. A duration (`90s`, `5m`); `0s` goes at once.
+    #[serde(default = "default_outage_grace")]
+    pub outage_grace: String,
+}
+
+fn default_outage_grace() -> String {
+    "5m".into()
 }
 
 fn default_pod_security() -> String {
@@ -131,7 +142,15 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Past a day, an outage is a lost cluster, not one to wait for.
+const MAX_OUTAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 impl KubernetesConfig {
+    /// [`Self::outage_grace`], checked by [`Self::parse`].
+    pub fn outage_grace(&self) -> std::time::Duration {
+        vkd_provider::parse_duration(&self.outage_grace).unwrap_or_default()
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
@@ -194,6 +213,18 @@ impl KubernetesConfig {
                 ),
             ));
         }
+        match vkd_provider::parse_duration(&cfg.outage_grace) {
+            Some(d) if d <= MAX_OUTAGE_GRACE => {}
+            _ => {
+                return Err(invalid(
+                    "outageGrace",
+                    format!(
+                        "{:?} is not a duration of at most 24h (90s, 5m)",
+                        cfg.outage_grace
+                    ),
+                ));
+            }
+        }
         if !is_dns_label(&cfg.fence_namespace) {
             return Err(invalid(
                 "fenceNamespace",
@@ -222,6 +253,7 @@ mod tests {
         assert_eq!(c.gpu_labels.clique, "nvidia.com/gpu.clique");
         assert!(c.host_selector.is_empty());
         assert_eq!(c.pod_security, "baseline");
+        assert_eq!(c.outage_grace(), std::time::Duration::from_secs(300));
     }
 
     #[test]
@@ -231,6 +263,8 @@ mod tests {
             ("kubeconfig: /k\nnamespacePrefix: Bad_", "namespacePrefix"),
             ("kubeconfig: /k\ngpuResource: gpu", "gpuResource"),
             ("kubeconfig: /k\npodSecurity: lax", "podSecurity"),
+            ("kubeconfig: /k\noutageGrace: soon", "outageGrace"),
+            ("kubeconfig: /k\noutageGrace: 48h", "outageGrace"),
         ] {
             let e = parse(text).unwrap_err();
             assert!(

@@ -13,6 +13,7 @@ pub mod capacity;
 pub mod config;
 pub mod fence;
 pub mod naming;
+pub mod stats;
 pub mod status;
 mod streams;
 pub mod translate;
@@ -27,7 +28,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -36,8 +37,8 @@ use tokio::sync::{OnceCell, broadcast};
 use tracing::{info, warn};
 use vkd_provider::{
     Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Health, Instance,
-    InstanceEvent, InstancePhase, InstanceSpec, LogRequest, Logs, Provider, ProviderError, Result,
-    StreamIo, Support,
+    InstanceEvent, InstancePhase, InstanceSpec, LogRequest, Logs, PodStats, Provider,
+    ProviderError, Result, StreamIo, Support, Volume,
 };
 
 pub use config::{ConfigError, KubernetesConfig};
@@ -74,6 +75,11 @@ pub struct KubernetesProvider {
     /// UIDs whose downstream Pod vkd itself asked to delete: any other
     /// deletion is someone else's, and the upstream Pod fails saying so.
     deleting: Mutex<HashSet<String>>,
+    /// Since when health probes have failed (none: the last one answered).
+    unreachable_since: Mutex<Option<(std::time::Instant, jiff::Timestamp)>>,
+    /// CPU time summed from the metrics API's rates, per upstream UID
+    /// (`stats`); dropped with the Pod.
+    cpu_totals: Mutex<HashMap<String, stats::CpuTotals>>,
 }
 
 impl fmt::Debug for KubernetesProvider {
@@ -116,6 +122,17 @@ fn checked_uid(uid: &str) -> Result<&str> {
     }
 }
 
+/// The kubeconfig's current context.
+fn current_context(kubeconfig: &Kubeconfig) -> Option<&kube::config::Context> {
+    let current = kubeconfig.current_context.as_deref();
+    kubeconfig
+        .contexts
+        .iter()
+        .find(|c| Some(c.name.as_str()) == current)?
+        .context
+        .as_ref()
+}
+
 fn owner_uid(p: &Pod) -> Option<&str> {
     p.metadata
         .labels
@@ -134,12 +151,7 @@ impl KubernetesProvider {
                 message: e.to_string(),
             })?;
         let cluster = config.cluster_name.clone().unwrap_or_else(|| {
-            let current = kubeconfig.current_context.as_deref();
-            kubeconfig
-                .contexts
-                .iter()
-                .find(|c| Some(c.name.as_str()) == current)
-                .and_then(|c| c.context.as_ref())
+            current_context(&kubeconfig)
                 .map(|c| c.cluster.clone())
                 .filter(|c| !c.is_empty() && !c.contains('/'))
                 .unwrap_or_else(|| "downstream".into())
@@ -154,6 +166,8 @@ impl KubernetesProvider {
             homes: Arc::default(),
             namespaces: Mutex::default(),
             deleting: Mutex::default(),
+            unreachable_since: Mutex::default(),
+            cpu_totals: Mutex::default(),
         })
     }
 
@@ -430,7 +444,7 @@ impl Provider for KubernetesProvider {
             exec: Support::Supported,
             attach: Support::Supported,
             port_forward: Support::Supported,
-            stats: Support::Unsupported,
+            stats: Support::Supported,
             volumes: Support::Supported,
             limits: Support::Supported,
             ephemeral_containers: Support::Unsupported,
@@ -439,19 +453,54 @@ impl Provider for KubernetesProvider {
         }
     }
 
+    fn identity(&self) -> Vec<(String, String)> {
+        let server = current_context(&self.kubeconfig)
+            .and_then(|c| {
+                self.kubeconfig
+                    .clusters
+                    .iter()
+                    .find(|k| k.name == c.cluster)
+            })
+            .and_then(|k| k.cluster.as_ref()?.server.clone());
+        let mut out = vec![
+            ("vkd.io/downstream-cluster".to_owned(), self.cluster.clone()),
+            (
+                "vkd.io/downstream-namespace-prefix".to_owned(),
+                self.config.namespace_prefix.clone(),
+            ),
+        ];
+        if let Some(server) = server {
+            out.push(("vkd.io/downstream-server".to_owned(), server));
+        }
+        out
+    }
+
     async fn health(&self) -> Health {
-        let unreachable = |message: String| Health::Unhealthy {
+        let problem = match self.downstream().await {
+            Err(e) => Some(e.to_string()),
+            Ok(d) => match tokio::time::timeout(PROBE, d.client.apiserver_version()).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer within {PROBE:?}")),
+            },
+        };
+        let mut since = lock(&self.unreachable_since);
+        let Some(problem) = problem else {
+            *since = None;
+            return Health::Healthy;
+        };
+        // Its Pods run on without their API server: unobserved, not lost.
+        let (started, at) =
+            *since.get_or_insert_with(|| (std::time::Instant::now(), jiff::Timestamp::now()));
+        Health::Unreachable {
             reason: "DownstreamUnreachable".into(),
-            message: format!("the downstream cluster {}: {message}", self.cluster),
-        };
-        let d = match self.downstream().await {
-            Ok(d) => d,
-            Err(e) => return unreachable(e.to_string()),
-        };
-        match tokio::time::timeout(PROBE, d.client.apiserver_version()).await {
-            Ok(Ok(_)) => Health::Healthy,
-            Ok(Err(e)) => unreachable(e.to_string()),
-            Err(_) => unreachable(format!("no answer within {PROBE:?}")),
+            // The same words on every probe, so the Node is not rewritten for each.
+            message: format!(
+                "the downstream cluster {} has not answered since {}: {problem}",
+                self.cluster,
+                at.round(jiff::Unit::Second).unwrap_or(at)
+            ),
+            past_grace: started.elapsed() >= self.config.outage_grace(),
         }
     }
 
@@ -554,6 +603,7 @@ impl Provider for KubernetesProvider {
     }
 
     async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        lock(&self.cpu_totals).remove(uid);
         let Some(pod) = self.find(uid).await? else {
             return Ok(());
         };
@@ -612,6 +662,63 @@ impl Provider for KubernetesProvider {
     fn events(&self) -> BoxStream<'static, InstanceEvent> {
         let rx = self.events.subscribe();
         tokio_stream_of(rx)
+    }
+
+    async fn update_volumes(&self, _fence: &Fence, uid: &str, volumes: &[Volume]) -> Result<()> {
+        let pod = self
+            .find(uid)
+            .await?
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })?;
+        let d = self.synced().await?;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let api: Api<Secret> = Api::namespaced(d.client.clone(), ns);
+        // The downstream kubelet then refreshes the files, as for any Secret.
+        for (name, data) in translate::refreshed_secrets(&pod, volumes) {
+            let patch = serde_json::json!({ "data": data });
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| transient("updating a volume Secret", e))?;
+        }
+        Ok(())
+    }
+
+    async fn stats(&self, uid: &str) -> Result<PodStats> {
+        let pod = self
+            .find(uid)
+            .await?
+            .ok_or_else(|| ProviderError::NotFound {
+                uid: uid.to_owned(),
+            })?;
+        let owner = self.instance(&pod)?.owner;
+        let d = self.synced().await?;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let request = http::Request::get(format!(
+            "/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{name}"
+        ))
+        .body(Vec::new())
+        .map_err(|e| transient("stats request", e))?;
+        let metrics: serde_json::Value = match d.client.request(request).await {
+            Ok(m) => m,
+            Err(e) if not_found(&e) => {
+                return Err(ProviderError::transient(format!(
+                    "downstream: no metrics for {ns}/{name} (is metrics-server installed in cluster {}?)",
+                    self.cluster
+                )));
+            }
+            Err(e) => return Err(transient("reading PodMetrics", e)),
+        };
+        let start = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
+        let mut totals = lock(&self.cpu_totals);
+        let mine = totals.entry(uid.to_owned()).or_default();
+        stats::pod_stats(owner, start, &metrics, mine)
+            .map_err(|e| ProviderError::transient(format!("downstream: {e}")))
     }
 
     async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {

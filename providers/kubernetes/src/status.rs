@@ -158,6 +158,9 @@ pub fn instance(cluster: &str, pod: &Pod) -> Option<Instance> {
             status.and_then(|s| s.init_container_statuses.as_ref()),
         ),
         ephemeral_containers: Vec::new(),
+        host_ip: status
+            .and_then(|s| s.host_ip.clone())
+            .filter(|ip| !ip.is_empty()),
     })
 }
 

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, KeyToPath, Pod, PodSpec, Secret, SecretVolumeSource, Volume as KubeVolume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use vkd_provider::{ContainerSpec, Fence, InstanceSpec, ProviderError, VolumeSource};
+use vkd_provider::{ContainerSpec, Fence, InstanceSpec, ProviderError, Volume, VolumeSource};
 
 use crate::naming;
 
@@ -133,6 +133,46 @@ fn volumes(
     Ok((out, secrets))
 }
 
+/// The new content of each volume Secret of `pod` (a downstream Pod vkd
+/// made) from `volumes`, the resolved volumes upstream: per Secret name, its
+/// data. A Pod's volumes cannot change once it exists, so each Secret keeps
+/// the keys its items name, and only their content follows: a file added
+/// upstream later is not carried down, and one removed keeps its last content.
+pub fn refreshed_secrets(
+    pod: &Pod,
+    volumes: &[Volume],
+) -> Vec<(String, BTreeMap<String, ByteString>)> {
+    let own = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let mut out = Vec::new();
+    for v in own {
+        let Some(src) = &v.secret else { continue };
+        let (Some(name), Some(items)) = (&src.secret_name, &src.items) else {
+            continue;
+        };
+        let Some(files) = volumes
+            .iter()
+            .find(|r| r.name == v.name)
+            .and_then(|r| match &r.source {
+                VolumeSource::Files { files } => Some(files),
+                _ => None,
+            })
+        else {
+            continue;
+        };
+        let data: BTreeMap<String, ByteString> = items
+            .iter()
+            .filter_map(|item| {
+                let file = files.iter().find(|f| f.path == item.path)?;
+                Some((item.key.clone(), ByteString(file.data.clone())))
+            })
+            .collect();
+        if !data.is_empty() {
+            out.push((name.clone(), data));
+        }
+    }
+    out
+}
+
 /// Builds the downstream Pod for `spec` in namespace `namespace`.
 pub fn downstream_pod(
     spec: &InstanceSpec,
@@ -204,7 +244,7 @@ mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
     use serde_json::json;
-    use vkd_provider::{Placement, Volume, VolumeFile};
+    use vkd_provider::{Placement, VolumeFile};
 
     fn spec(pod_spec: serde_json::Value) -> InstanceSpec {
         let mut s = vkd_provider::conformance::sample_spec("vk", "u1");
@@ -283,6 +323,28 @@ mod tests {
         assert_eq!(t.secrets.len(), 1);
         let data = t.secrets[0].data.as_ref().unwrap();
         assert_eq!(data["f0"].0, b"x=1");
+        // Refreshed: the file's new content under the same key; a file that
+        // appeared later has no item in the Pod, so it is not carried.
+        let file = |path: &str, data: &[u8]| VolumeFile {
+            path: path.into(),
+            data: data.to_vec(),
+            mode: 0o644,
+        };
+        let later = [Volume {
+            name: "cfg".into(),
+            source: VolumeSource::Files {
+                files: vec![file("new.conf", b"n"), file("dir/app.conf", b"x=2")],
+            },
+        }];
+        let refreshed = refreshed_secrets(&t.pod, &later);
+        assert_eq!(refreshed.len(), 1);
+        assert_eq!(refreshed[0].0, "vkd-u1-v0");
+        assert_eq!(
+            refreshed[0].1,
+            BTreeMap::from([("f0".to_owned(), ByteString(b"x=2".to_vec()))])
+        );
+        // A volume not named, or no longer files, is left alone.
+        assert!(refreshed_secrets(&t.pod, &[]).is_empty());
     }
 
     #[test]

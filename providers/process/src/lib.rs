@@ -412,6 +412,7 @@ impl ProcessProvider {
             message,
             init_containers,
             ephemeral_containers,
+            host_ip: None,
         }
     }
 

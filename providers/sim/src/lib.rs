@@ -491,6 +491,7 @@ impl SimProvider {
             init_containers,
             // Not simulated: start_ephemeral answers Unsupported.
             ephemeral_containers: Vec::new(),
+            host_ip: None,
         };
         (instance, next)
     }

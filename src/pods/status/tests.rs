@@ -49,6 +49,7 @@ fn instance(phase: InstancePhase, states: [(ContainerState, bool); 2]) -> Instan
         message: None,
         init_containers: Vec::new(),
         ephemeral_containers: Vec::new(),
+        host_ip: None,
     }
 }
 
