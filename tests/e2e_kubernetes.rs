@@ -66,6 +66,10 @@ fn main() -> ExitCode {
             "a_60s_downstream_outage_evicts_nothing_and_converges",
             downstream_outage,
         ),
+        (
+            "the_articles_deployment_runs_downstream_as_written_and_leaves_nothing",
+            articles_deployment,
+        ),
     ]);
     // Stop the downstream cluster and both daemons.
     drop(CHAIN.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -97,6 +101,9 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
             // Pod's hostIP came from downstream.
             "--node-address",
             DOWN_NODE_IP,
+            // Where the article's external execution lands downstream.
+            "--node-label",
+            "platform.example.com/execution=external",
         ],
     )?;
     wait_ready(&down, DOWN_NODE)?;
@@ -380,9 +387,20 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             "the new label in the downward API file two hops down",
             Duration::from_secs(120),
             || {
+                // A process Pod finds its mounts under its root (issue 19 gives
+                // it a mount namespace).
                 let (_, out) = exec(
                     up,
-                    &["exec", "web", "-n", NS, "--", "cat", "/etc/podinfo/labels"],
+                    &[
+                        "exec",
+                        "web",
+                        "-n",
+                        NS,
+                        "--",
+                        "sh",
+                        "-c",
+                        "cat \"$VKD_POD_ROOT/etc/podinfo/labels\"",
+                    ],
                     "",
                 )?;
                 Ok(out.contains("color=\"blue\"").then_some(()))
@@ -932,6 +950,196 @@ fn force_deleted(up: &Cluster) -> Result<()> {
             "force-deleted upstream: its downstream Pod collected {:.1}s later",
             started.elapsed().as_secs_f64()
         );
+        Ok(())
+    })
+}
+
+/// The Deployment of the article vkd answers (its section 10.2), exactly as
+/// written there: the upstream virtual node carries the article's label and
+/// taint, and its image runs on the downstream process node
+/// (`testdata/process/e2e.yaml` maps it to an HTTP server with `/ready`).
+const ARTICLE_DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: external-http
+  namespace: platform-demo
+spec:
+  replicas: 6
+  selector:
+    matchLabels:
+      app: external-http
+  template:
+    metadata:
+      labels:
+        app: external-http
+    spec:
+      nodeSelector:
+        platform.example.com/execution: external
+      tolerations:
+        - key: platform.example.com/execution
+          operator: Equal
+          value: external
+          effect: NoSchedule
+      containers:
+        - name: http
+          image: registry.example.com/platform/demo-http:1.0
+          ports:
+            - containerPort: 8080
+          resources:
+            requests:
+              cpu: 250m
+              memory: 256Mi
+            limits:
+              cpu: "1"
+              memory: 512Mi
+          readinessProbe:
+            httpGet:
+              path: /ready
+              port: 8080
+"#;
+
+fn articles_deployment(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        // A second upstream virtual node, configured as the article assumes:
+        // its label and NoSchedule taint, and the downstream Nodes labelled
+        // for external execution as its hosts.
+        let config = up.dir().join("kubernetes-external.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "kubeconfig: {}\nclusterName: down\nhostSelector: platform.example.com/execution=external\n",
+                down.token_kubeconfig("manifests/downstream", "vkd-downstream")?
+                    .display()
+            ),
+        )?;
+        let ca = up.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
+        let _external = Vkd::start_provider(
+            up,
+            "vk-external",
+            "kubernetes",
+            &config,
+            &[
+                "--client-ca-file",
+                &ca,
+                "--node-label",
+                "platform.example.com/execution=external",
+                "--node-taint",
+                "platform.example.com/execution=external:NoSchedule",
+            ],
+        )?;
+        wait_ready(up, "vk-external")?;
+        let nodes = up.kubectl(&[
+            "get",
+            "nodes",
+            "-l",
+            "platform.example.com/execution=external",
+            "-o",
+            "name",
+        ])?;
+        ensure!(nodes.trim() == "node/vk-external", "{nodes}");
+        up.namespace("platform-demo")?;
+        up.apply(ARTICLE_DEPLOYMENT)?;
+        let started = std::time::Instant::now();
+        let pods = || {
+            up.kubectl_json(&[
+                "get",
+                "pods",
+                "-n",
+                "platform-demo",
+                "-l",
+                "app=external-http",
+            ])
+        };
+        wait_for(
+            "the article's 6 replicas Running and Ready upstream",
+            Duration::from_secs(180),
+            || {
+                let p = pods()?;
+                let ready = items(&p).iter().filter(|p| running_and_ready(p)).count();
+                Ok((ready == 6).then_some(()))
+            },
+        )?;
+        eprintln!(
+            "the article's Deployment: 6 of 6 Ready upstream {:.1}s after apply",
+            started.elapsed().as_secs_f64()
+        );
+        let upstream = pods()?;
+        for p in items(&upstream) {
+            ensure!(str_at(&p, "spec.nodeName") == "vk-external", "{p}");
+        }
+        // Downstream: six real instances, Ready by their own kubelet's probe
+        // of /ready, on the node labelled for external execution.
+        let downstream = down.kubectl_json(&["get", "pods", "-n", "vkd-platform-demo"])?;
+        let live: Vec<Value> = items(&downstream)
+            .into_iter()
+            .filter(|p| at(p, "metadata.deletionTimestamp").is_null())
+            .collect();
+        ensure!(live.len() == 6, "downstream: {downstream}");
+        for p in &live {
+            ensure!(str_at(p, "spec.nodeName") == DOWN_NODE, "{p}");
+            ensure!(
+                running_and_ready(p),
+                "not Ready downstream: {}",
+                at(p, "status")
+            );
+            ensure!(
+                at(p, "spec.containers")[0]["readinessProbe"]["httpGet"]["path"] == "/ready",
+                "{p}"
+            );
+        }
+        // And reachable: one replica answers /ready from inside, two hops down.
+        let name = str_at(&items(&upstream)[0], "metadata.name").to_owned();
+        let (code, out) = exec(
+            up,
+            &[
+                "exec",
+                &name,
+                "-n",
+                "platform-demo",
+                "--",
+                "python3",
+                "-c",
+                "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/ready').read().decode().strip())",
+            ],
+            "",
+        )?;
+        ensure!(
+            code == 0 && out.trim() == "ready",
+            "exec gave {code} {out:?}"
+        );
+        // Deleting the Deployment upstream leaves nothing downstream.
+        up.kubectl(&[
+            "delete",
+            "deployment",
+            "external-http",
+            "-n",
+            "platform-demo",
+            "--wait=true",
+            "--timeout=90s",
+        ])?;
+        wait_for("no replica upstream", Duration::from_secs(90), || {
+            Ok(items(&pods()?).is_empty().then_some(()))
+        })?;
+        wait_for(
+            "nothing of the Deployment downstream",
+            Duration::from_secs(60),
+            || {
+                let mut left = Vec::new();
+                for kind in ["pods", "secrets", "configmaps"] {
+                    let l = down.kubectl_json(&["get", kind, "-n", "vkd-platform-demo"])?;
+                    left.extend(
+                        items(&l)
+                            .into_iter()
+                            .map(|o| format!("{kind}/{}", str_at(&o, "metadata.name")))
+                            // The namespace's own root CA bundle is the cluster's, not vkd's.
+                            .filter(|n| n != "configmaps/kube-root-ca.crt"),
+                    );
+                }
+                Ok(left.is_empty().then_some(()))
+            },
+        )?;
         Ok(())
     })
 }

@@ -579,6 +579,7 @@ fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
     for (file, field) in [
         ("kubernetes-typo.yaml", "hostSelectr"),
         ("kubernetes-no-kubeconfig.yaml", "kubeconfig"),
+        ("kubernetes-outage-grace.yaml", "outageGrace"),
     ] {
         cases.push((
             [

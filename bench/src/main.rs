@@ -15,6 +15,12 @@
 //!
 //! and prints one line of figures per target, with the limits in force and the
 //! CPU time each process spent (the profile: where the time went).
+//!
+//! `--chain` measures instead the kubernetes provider against the sim directly
+//! (`chain.rs`).
+
+mod chain;
+mod setup;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -33,6 +39,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use vkd_e2e::{Cluster, free_port, repo_root};
+
+use setup::{Role, bench_namespace, cluster_up, vkd_binary};
 
 const NAMESPACE: &str = "bench";
 const NODE: &str = "vk-bench";
@@ -76,6 +84,14 @@ struct Args {
     /// How long each wait may take before the phase is reported as not done.
     #[arg(long, default_value = "300")]
     wait_seconds: u64,
+    /// Instead: N Pods on the sim directly, then offloaded through a second
+    /// cluster (the kubernetes provider), figures side by side.
+    #[arg(long)]
+    chain: bool,
+    /// The vkd to run [default: `vkd` beside this binary, target/release/vkd
+    /// under scripts/bench.sh].
+    #[arg(long)]
+    vkd_binary: Option<PathBuf>,
 }
 
 /// The daemon's resident memory in KiB (`/proc/PID/status`): the file-backed
@@ -157,32 +173,20 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(run(args))
+        .block_on(async {
+            if args.chain {
+                chain::run(args).await
+            } else {
+                run(args).await
+            }
+        })
 }
 
 async fn run(args: Args) -> Result<()> {
-    let vkd_bin = sibling("vkd")?;
-    let cluster = Cluster::up(
-        "bench",
-        &[
-            "--max-requests-inflight",
-            &args.max_requests_inflight.to_string(),
-            "--max-mutating-requests-inflight",
-            &args.max_mutating_requests_inflight.to_string(),
-            "--component-qps",
-            &args.component_qps.to_string(),
-            "--profiling",
-        ],
-    )?;
+    let vkd_bin = vkd_binary(&args)?;
+    let cluster = cluster_up("bench", &args, &["--profiling"])?;
     let sa_kubeconfig = cluster.service_account_kubeconfig()?;
-    cluster.kubectl(&["create", "namespace", NAMESPACE])?;
-    let client = admin_client(&cluster).await?;
-    wait_until("the bench namespace's default ServiceAccount", 60, || {
-        cluster
-            .kubectl(&["get", "serviceaccount", "default", "-n", NAMESPACE])
-            .is_ok()
-    })
-    .await?;
+    let client = bench_namespace(&cluster).await?;
 
     println!(
         "limits: apiserver max-requests-inflight={} max-mutating-requests-inflight={} (APF on, manifests' FlowSchema); \
@@ -974,10 +978,19 @@ fn admin_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 impl Daemon {
     fn start(cluster: &Cluster, bin: &Path, kubeconfig: &Path, a: &Args) -> Result<Self> {
+        Self::start_as(cluster, bin, kubeconfig, a, &Role::sim())
+    }
+
+    fn start_as(
+        cluster: &Cluster,
+        bin: &Path,
+        kubeconfig: &Path,
+        a: &Args,
+        role: &Role<'_>,
+    ) -> Result<Self> {
         let state_dir = cluster.dir().join("vkd-state");
         std::fs::create_dir_all(&state_dir)?;
         let admin_port = free_port()?;
-        let fleet = repo_root().join("testdata/fleets/many.yaml");
         let mut args: Vec<String> = [
             "run",
             "--kubeconfig",
@@ -987,13 +1000,11 @@ impl Daemon {
             "--replica-id",
             "bench-0",
             "--node-name",
-            NODE,
-            "--node-label",
-            "vkd.io/bench=true",
+            role.node,
             "--provider",
-            "sim",
+            role.provider,
             "--provider-config",
-            &fleet.display().to_string(),
+            &role.config.display().to_string(),
             "--state-dir",
             &state_dir.display().to_string(),
             "--admin-port",
@@ -1010,6 +1021,7 @@ impl Daemon {
         .into_iter()
         .map(str::to_owned)
         .collect();
+        args.extend(role.extra.iter().map(|s| (*s).to_owned()));
         args.extend(a.vkd_args.iter().cloned());
         let mut d = Self {
             args,

@@ -2,6 +2,8 @@
 //! its own task, [`lease`]), and posts its status when it changes and at least
 //! every 5 minutes, as the kubelet does. When the provider is unhealthy or does
 //! not answer, the Node says Ready=False with a reason rather than going silent.
+//! A backend that is only unreachable (its instances run on) leaves the Node
+//! Ready and sets the `BackendUnreachable` condition instead.
 
 mod lease;
 

@@ -72,6 +72,7 @@ pub struct KubernetesProvider {
     homes: Homes,
     /// Downstream namespaces known to exist.
     namespaces: Mutex<HashSet<String>>,
+    namespace_create: tokio::sync::Mutex<()>,
     /// UIDs whose downstream Pod vkd itself asked to delete: any other
     /// deletion is someone else's, and the upstream Pod fails saying so.
     deleting: Mutex<HashSet<String>>,
@@ -122,6 +123,16 @@ fn checked_uid(uid: &str) -> Result<&str> {
     }
 }
 
+/// What the stores keep of an object's metadata: not its managedFields nor
+/// kubectl's copy of the last applied object, which vkd never reads and
+/// which are often most of the object (every tenant's Pod is held).
+fn slim(meta: &mut kube::api::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
 /// The kubeconfig's current context.
 fn current_context(kubeconfig: &Kubeconfig) -> Option<&kube::config::Context> {
     let current = kubeconfig.current_context.as_deref();
@@ -165,6 +176,7 @@ impl KubernetesProvider {
             events,
             homes: Arc::default(),
             namespaces: Mutex::default(),
+            namespace_create: tokio::sync::Mutex::default(),
             deleting: Mutex::default(),
             unreachable_since: Mutex::default(),
             cpu_totals: Mutex::default(),
@@ -199,7 +211,13 @@ impl KubernetesProvider {
         let (nodes, writer) = reflector::store();
         let stream = reflector::reflector(
             writer,
-            watcher(Api::<Node>::all(client.clone()), node_watch),
+            watcher(Api::<Node>::all(client.clone()), node_watch).modify(|n: &mut Node| {
+                slim(&mut n.metadata);
+                // A real Node lists every image it holds: capacity needs none.
+                if let Some(s) = n.status.as_mut() {
+                    s.images = None;
+                }
+            }),
         )
         .default_backoff();
         let node_error = Arc::clone(&watch_error);
@@ -216,7 +234,8 @@ impl KubernetesProvider {
         let (pods, writer) = reflector::store();
         let stream = reflector::reflector(
             writer,
-            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()),
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+                .modify(|p: &mut Pod| slim(&mut p.metadata)),
         )
         .default_backoff();
         let (events, homes) = (self.events.clone(), Arc::clone(&self.homes));
@@ -316,6 +335,11 @@ impl KubernetesProvider {
     }
 
     async fn ensure_namespace(&self, d: &Downstream, namespace: &str) -> Result<()> {
+        if lock(&self.namespaces).contains(namespace) {
+            return Ok(());
+        }
+        // One create at a time: a burst of Pods in a new namespace makes it once.
+        let _one = self.namespace_create.lock().await;
         if lock(&self.namespaces).contains(namespace) {
             return Ok(());
         }

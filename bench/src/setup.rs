@@ -1,0 +1,70 @@
+//! What both modes start: a control plane, the bench namespace, a vkd.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use kube::Client;
+use vkd_e2e::{Cluster, repo_root};
+
+use super::{Args, NAMESPACE, NODE, admin_client, sibling, wait_until};
+
+/// A control plane with the limits given on the command line.
+pub(crate) fn cluster_up(name: &str, args: &Args, extra: &[&str]) -> Result<Cluster> {
+    let limits = [
+        "--max-requests-inflight".to_owned(),
+        args.max_requests_inflight.to_string(),
+        "--max-mutating-requests-inflight".to_owned(),
+        args.max_mutating_requests_inflight.to_string(),
+        "--component-qps".to_owned(),
+        args.component_qps.to_string(),
+    ];
+    let all: Vec<&str> = limits
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        .collect();
+    Cluster::up(name, &all)
+}
+
+/// The bench namespace, once its default ServiceAccount exists; an admin client.
+pub(crate) async fn bench_namespace(cluster: &Cluster) -> Result<Client> {
+    cluster.kubectl(&["create", "namespace", NAMESPACE])?;
+    let client = admin_client(cluster).await?;
+    wait_until("the bench namespace's default ServiceAccount", 60, || {
+        cluster
+            .kubectl(&["get", "serviceaccount", "default", "-n", NAMESPACE])
+            .is_ok()
+    })
+    .await?;
+    Ok(client)
+}
+
+/// `--vkd-binary`, or the vkd beside this binary.
+pub(crate) fn vkd_binary(args: &Args) -> Result<PathBuf> {
+    match &args.vkd_binary {
+        Some(path) if path.exists() => Ok(path.clone()),
+        Some(path) => bail!("--vkd-binary {} not found", path.display()),
+        None => sibling("vkd"),
+    }
+}
+
+/// What one vkd runs: its node, provider, the provider's config and extra flags.
+#[derive(Debug)]
+pub(crate) struct Role<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) provider: &'a str,
+    pub(crate) config: PathBuf,
+    pub(crate) extra: &'a [&'a str],
+}
+
+impl Role<'_> {
+    /// The sim on `many.yaml` (one host, zero latency), node `vk-bench`.
+    pub(crate) fn sim() -> Self {
+        Role {
+            node: NODE,
+            provider: "sim",
+            config: repo_root().join("testdata/fleets/many.yaml"),
+            extra: &["--node-label", "vkd.io/bench=true"],
+        }
+    }
+}
