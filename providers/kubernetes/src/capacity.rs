@@ -142,7 +142,14 @@ pub fn host_slices<'a>(
             let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
             let total = Requests::of_list(alloc, gpu);
             let get = |k: &str| alloc.and_then(|a| a.get(k)).map(|q| q.0.as_str());
-            let max_pods = get("pods").and_then(|q| q.parse().ok()).unwrap_or(110);
+            // A quantity: the API server writes 20000 as "20k". One it cannot
+            // read places nothing; none at all is the kubelet's default.
+            let max_pods = get("pods").map_or(110, |q| {
+                quantity::count(q)
+                    .ok()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0)
+            });
             let disk = get("ephemeral-storage")
                 .and_then(|q| quantity::bytes(q).ok())
                 .unwrap_or(0);
@@ -199,6 +206,7 @@ pub fn host_slices<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
 
     fn config() -> KubernetesConfig {
@@ -265,6 +273,13 @@ mod tests {
         assert_eq!((a.max_pods, a.pods_running), (20, 2));
         assert_eq!(a.ephemeral_storage_bytes, 100 << 30);
         assert!(a.labels.contains_key("nvidia.com/gpu.product") && !a.labels.contains_key("team"));
+        // Pods as the API server writes a large count.
+        let mut big = node("big", "True", false, 0);
+        if let Some(alloc) = big.status.as_mut().and_then(|s| s.allocatable.as_mut()) {
+            alloc.insert("pods".into(), Quantity("20k".into()));
+        }
+        let hosts = host_slices(&[big], &[], &config());
+        assert_eq!(hosts[0].max_pods, 20_000);
     }
 
     #[test]
