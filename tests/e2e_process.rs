@@ -47,6 +47,10 @@ fn main() -> ExitCode {
             ephemeral_containers,
         ),
         ("kill_9_keeps_processes_and_restart_adopts_them", adoption),
+        (
+            "attach_reaches_stdin_over_websocket_and_spdy_across_a_restart",
+            attach,
+        ),
     ]);
     if let Some(Ok(v)) = VKD.lock().unwrap_or_else(|p| p.into_inner()).take() {
         v.reap_processes();
@@ -1333,4 +1337,149 @@ fn ephemeral_containers(c: &Cluster) -> Result<()> {
         "the ephemeral container outlived its Pod"
     );
     Ok(())
+}
+
+/// `kubectl attach -i` to `name`'s container `main` in `ns`: sends `input` and
+/// waits for `expect` in what comes back, then hangs up. `spdy` picks the
+/// older protocol (kubectl uses WebSocket unless told otherwise).
+fn attach_echo(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    input: &str,
+    expect: &str,
+    spdy: bool,
+) -> Result<()> {
+    let mut cmd = kubectl_cmd(c)?;
+    if spdy {
+        cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+    }
+    let mut child = cmd
+        .args(["attach", "-i", name, "-n", ns, "-c", "main"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().context("kubectl's stdout")?;
+    let mut stderr = child.stderr.take().context("kubectl's stderr")?;
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stdin = child.stdin.take().context("kubectl's stdin")?;
+    let outcome = (|| -> Result<()> {
+        use std::io::Write;
+        // Sent until it comes back: the first line may go before the session is up.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            stdin
+                .write_all(input.as_bytes())
+                .and_then(|()| stdin.flush())?;
+            while let Ok(line) = rx.recv_timeout(Duration::from_secs(2)) {
+                if line.contains(expect) {
+                    return Ok(());
+                }
+                seen.push(line);
+            }
+        }
+        anyhow::bail!("no {expect:?} back through attach (spdy: {spdy}); saw {seen:?}")
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let errors = errors.join().unwrap_or_default();
+    outcome.with_context(|| format!("kubectl attach (spdy: {spdy}) said: {}", errors.trim()))
+}
+
+fn attach(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    c.namespace("proc-attach")?;
+    // Its own vkd, to kill and restart without disturbing the other tests.
+    let ca = c
+        .env("VKD_E2E_KUBELET_CLIENT_CA")
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .to_owned();
+    let mut own = Vkd::start_process(
+        c,
+        "vk-proc-attach",
+        &[
+            "--node-label",
+            "vkd.io/e2e=proc-attach",
+            "--client-ca-file",
+            &ca,
+        ],
+    )?;
+    let result = (|| -> Result<()> {
+        c.apply(&pod(
+            "talkback",
+            "proc-attach",
+            "proc-attach",
+            r#"  containers:
+  - name: main
+    image: busybox
+    stdin: true
+    command: [sh, -c, 'while read line; do echo "echo:$line"; done']"#,
+        ))?;
+        let get = || c.kubectl_json(&["get", "pod", "talkback", "-n", "proc-attach"]);
+        wait_for("talkback Ready", Duration::from_secs(60), || {
+            Ok(running_and_ready(&get()?).then_some(()))
+        })?;
+        attach_echo(c, "proc-attach", "talkback", "ws-1\n", "echo:ws-1", false)?;
+        attach_echo(
+            c,
+            "proc-attach",
+            "talkback",
+            "spdy-1\n",
+            "echo:spdy-1",
+            true,
+        )?;
+        // vkd dies and comes back: the shim kept the container's stdin.
+        own.kill()?;
+        own.spawn()?;
+        let port = own.kubelet_port;
+        wait_for("vkd's kubelet API again", Duration::from_secs(60), || {
+            Ok(std::net::TcpStream::connect(("127.0.0.1", port))
+                .is_ok()
+                .then_some(()))
+        })?;
+        attach_echo(c, "proc-attach", "talkback", "ws-2\n", "echo:ws-2", false)?;
+        attach_echo(
+            c,
+            "proc-attach",
+            "talkback",
+            "spdy-2\n",
+            "echo:spdy-2",
+            true,
+        )?;
+        let p = get()?;
+        ensure!(
+            container_status(&p)["restartCount"] == 0,
+            "the container restarted: {}",
+            container_status(&p)
+        );
+        eprintln!(
+            "attach -i: echoed over WebSocket and SPDY, before and after SIGKILL and restart of vkd"
+        );
+        c.kubectl(&[
+            "delete",
+            "pod",
+            "talkback",
+            "-n",
+            "proc-attach",
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
+        Ok(())
+    })();
+    own.reap_processes();
+    result
 }

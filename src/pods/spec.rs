@@ -437,6 +437,9 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
             }
             _ => vkd_provider::TerminationMessagePolicy::File,
         },
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
     })
 }
 

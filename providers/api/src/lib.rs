@@ -133,6 +133,16 @@ pub struct ContainerSpec {
     pub termination_message_path: Option<String>,
     #[serde(default)]
     pub termination_message_policy: TerminationMessagePolicy,
+    /// `stdin: true`: the container's stdin stays open for `kubectl attach -i`
+    /// (else it reads end-of-file at once).
+    #[serde(default)]
+    pub stdin: bool,
+    /// `stdinOnce: true`: stdin closes when the first attach session ends.
+    #[serde(default)]
+    pub stdin_once: bool,
+    /// `tty: true`, as the Pod says (a backend without terminals ignores it).
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// terminationMessagePath when the Pod does not say (the API server's default).

@@ -12,6 +12,7 @@
 //! trusting or signalling it. `create` is idempotent on the Pod UID: a sandbox
 //! that exists is never started twice.
 
+mod attach;
 pub mod cgroup;
 pub mod config;
 mod disk;
@@ -927,7 +928,7 @@ impl Provider for ProcessProvider {
         Capabilities {
             logs: Support::Supported,
             exec: Support::Supported,
-            attach: Support::Unsupported,
+            attach: Support::Supported,
             port_forward: Support::Supported,
             stats: Support::Supported,
             volumes: Support::Supported,
@@ -1214,6 +1215,10 @@ impl Provider for ProcessProvider {
         let status =
             status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
         Ok(shim::exit_code(status))
+    }
+
+    async fn attach(&self, uid: &str, container: &str, io: StreamIo) -> Result<()> {
+        self.attach_container(uid, container, io).await
     }
 
     async fn port_forward(&self, uid: &str, port: u16, mut stream: Box<dyn Duplex>) -> Result<()> {

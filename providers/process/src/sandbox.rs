@@ -15,6 +15,8 @@
 //!   logs/<container>/current.log, current.log.1, previous.log
 //!   ephemeral/<name>.json an ephemeral container to start (0600, in a 0700
 //!                   directory): its spec and launch   written by the provider
+//!   attach/<n>      the stdin of launch n (`stdin: true`), a Unix socket the
+//!                   shim listens on (in a 0700 directory)  made by the shim
 //! ```
 
 use std::io::Write;
@@ -148,6 +150,17 @@ impl Sandbox {
             write_json(&path, &launch.env, 0o600)?;
         }
         Ok(path)
+    }
+
+    /// The directory of the stdin sockets (see [`Self::attach_socket`]).
+    pub fn attach_dir(&self) -> PathBuf {
+        self.dir.join("attach")
+    }
+
+    /// The socket that feeds launch `index`'s stdin: by index, not by name, so
+    /// the path stays within a socket address's 108 bytes.
+    pub fn attach_socket(&self, index: usize) -> PathBuf {
+        self.attach_dir().join(index.to_string())
     }
 
     /// The files vkd wrote into each file volume at its last refresh, by

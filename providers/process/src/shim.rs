@@ -32,6 +32,7 @@ use crate::procfs::ProcessId;
 use crate::sandbox::{ContainerRun, Launch, Sandbox, ShimSpec, StatusFile, write_json};
 
 mod ephemeral;
+mod stdin;
 
 const BACKOFF_START: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -81,6 +82,8 @@ struct Shim {
     /// PIDs the shim started itself and waits for; any other child is an orphan
     /// re-parented here, which the shim reaps.
     own: Mutex<std::collections::HashSet<i32>>,
+    /// The stdin pipe of each launch with `stdin: true` (see `stdin`).
+    stdin: stdin::Slots,
 }
 
 /// The longest wait the shim schedules: a Pod's own number (a grace period of
@@ -213,6 +216,7 @@ impl Shim {
             changed: watch::channel(0).0,
             pod_cgroup,
             own: Mutex::default(),
+            stdin: (0..wanted).map(|_| Mutex::default()).collect(),
         })
     }
 
@@ -408,7 +412,11 @@ impl Shim {
         // Ephemeral containers (`kubectl debug`) start whenever asked while the
         // Pod runs, and stop once its containers have ended.
         let ephemeral = self.start_ephemeral();
+        let attach = self.listen_stdin();
         Arc::clone(&self).run_pod().await;
+        for task in attach {
+            task.abort();
+        }
         ephemeral.finish().await;
         reaper.abort();
         self.end_all().await;
@@ -693,6 +701,7 @@ impl Shim {
             Ok(r) => r,
             Err(why) => return (Ended::StartFailed(why), false, None),
         };
+        self.set_stdin(self.launch_index(i, init), child.stdin.take());
         let (process, started_at) = (run.process, run.started_at);
         let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
         let sidecar = self.sidecar(i, init);
@@ -833,6 +842,10 @@ impl Shim {
             .and_then(|mut cmd| {
                 cmd.stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped());
+                if spec.stdin {
+                    // Held by the shim for `kubectl attach -i` (see `stdin`).
+                    cmd.stdin(std::process::Stdio::piped());
+                }
                 self.spawn(&mut cmd)
             })
             .map_err(|e| format!("starting {program}: {e}"))?;

@@ -1,0 +1,123 @@
+//! `kubectl attach` on the process provider: stdin through the shim, output
+//! from the log, across a restart of the provider, and `stdinOnce`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fence, provider, remove, running, spec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vkd_process::ProcessProvider;
+use vkd_provider::{Provider, StreamIo};
+
+/// Attaches to `main`, sends `input`, and returns what came out until `until`
+/// appeared (or 20 s passed); the session is then dropped, as a client that
+/// goes away.
+async fn attach_and_send(p: &ProcessProvider, uid: &str, input: &str, until: &str) -> String {
+    let (stdin_w, stdin_r) = tokio::io::duplex(1024);
+    let (stdout_w, mut stdout_r) = tokio::io::duplex(64 * 1024);
+    let io = StreamIo {
+        stdin: Some(Box::new(stdin_r)),
+        stdout: Some(Box::new(stdout_w)),
+        stderr: None,
+        tty: false,
+        resize: None,
+    };
+    let session = p.attach(uid, "main", io);
+    let mut stdin_w = stdin_w;
+    let client = async {
+        // Give the attach a moment to follow the log from its end.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stdin_w.write_all(input.as_bytes()).await.unwrap();
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !seen.contains(until) {
+            match tokio::time::timeout_at(deadline, stdout_r.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                _ => break,
+            }
+        }
+        seen
+    };
+    tokio::select! {
+        seen = client => seen,
+        r = session => panic!("the attach ended first: {r:?}"),
+    }
+}
+
+fn echo_spec(uid: &str, once: bool) -> vkd_provider::InstanceSpec {
+    let mut s = spec(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "while read line; do echo \"echo:$line\"; done; echo stdin-closed; sleep 3600",
+        ],
+    );
+    s.containers[0].stdin = true;
+    s.containers[0].stdin_once = once;
+    s
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attach_feeds_stdin_and_survives_a_new_provider() {
+    let (p, dir) = provider();
+    p.create(&fence(), &echo_spec("u-attach", false))
+        .await
+        .unwrap();
+    running(&p, "u-attach").await;
+    let seen = attach_and_send(&p, "u-attach", "hello\n", "echo:hello").await;
+    assert!(seen.contains("echo:hello"), "{seen:?}");
+    // A second session, then the same through a provider opened afresh (vkd
+    // restarted): the shim kept the pipe, the program still reads it.
+    let seen = attach_and_send(&p, "u-attach", "second\n", "echo:second").await;
+    assert!(seen.contains("echo:second"), "{seen:?}");
+    drop(p);
+    let again = ProcessProvider::open(common::config(), &dir, common::shim_exe()).unwrap();
+    let seen = attach_and_send(&again, "u-attach", "after\n", "echo:after").await;
+    assert!(seen.contains("echo:after"), "{seen:?}");
+    let i = again.get("u-attach").await.unwrap().unwrap();
+    assert_eq!(i.containers[0].restart_count, 0, "the same run throughout");
+    remove(&again, "u-attach").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stdin_once_closes_when_the_first_session_ends() {
+    let (p, dir) = provider();
+    p.create(&fence(), &echo_spec("u-once", true))
+        .await
+        .unwrap();
+    running(&p, "u-once").await;
+    let seen = attach_and_send(&p, "u-once", "only\n", "echo:only").await;
+    assert!(seen.contains("echo:only"), "{seen:?}");
+    // The session is gone: the program reads end-of-file.
+    common::wait_for("stdin closed", async || {
+        common::log_text(&p, "u-once", "main")
+            .await
+            .contains("stdin-closed")
+            .then_some(())
+    })
+    .await;
+    remove(&p, "u-once").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_without_stdin_reads_end_of_file() {
+    let (p, dir) = provider();
+    let mut s = echo_spec("u-nostdin", false);
+    s.containers[0].stdin = false;
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-nostdin").await;
+    common::wait_for("stdin closed at once", async || {
+        common::log_text(&p, "u-nostdin", "main")
+            .await
+            .contains("stdin-closed")
+            .then_some(())
+    })
+    .await;
+    remove(&p, "u-nostdin").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
