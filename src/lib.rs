@@ -84,6 +84,7 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
                     })?;
             info!(
                 limits = provider.limits_mode(),
+                isolation = provider.isolation_mode(),
                 tracking = provider.tracking_mode(),
                 run_as = ?provider.run_as(),
                 "process provider ready"

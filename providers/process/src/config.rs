@@ -82,6 +82,27 @@ pub struct ProcessConfig {
     /// is never applied by default.
     #[serde(default)]
     pub pod_pids_limit: Option<u64>,
+    /// Containers in namespaces of their own (`namespaces`), as host
+    /// processes (`host`), or namespaces where vkd may make them (`auto`).
+    #[serde(default)]
+    pub isolation: IsolationMode,
+    /// With namespaces: the host's tree is read-only in containers.
+    #[serde(default = "yes")]
+    pub host_root_read_only: bool,
+}
+
+/// `isolation` in the config.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationMode {
+    #[default]
+    Auto,
+    Namespaces,
+    Host,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_log_max() -> u64 {
@@ -105,6 +126,8 @@ impl Default for ProcessConfig {
             max_pods: default_max_pods(),
             cgroup_parent: default_cgroup(),
             pod_pids_limit: None,
+            isolation: IsolationMode::Auto,
+            host_root_read_only: true,
         }
     }
 }

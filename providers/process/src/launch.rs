@@ -10,7 +10,16 @@
 //! It is single-threaded, so the per-thread identity calls change the whole process.
 //!
 //! `<launcher> process-launch [--rlimit-data BYTES] [--rlimit-nproc N] [--cgroup DIR]
-//!  [--user UID:GID] [--env-file FILE] [--cwd DIR] -- PROGRAM ARGS...`
+//!  [--user UID:GID] [--env-file FILE] [--cwd DIR] [--sandbox PLAN | --enter PID]
+//!  -- PROGRAM ARGS...`
+//!
+//! With `--sandbox` (a container's run) or `--enter` (exec, a probe, a hook
+//! in a running container) the program gets namespaces (`isolation`): the
+//! launcher makes a new PID namespace, or enters the container's, and starts
+//! itself again there (`--stage2`) as that namespace's process; the second
+//! launcher makes or enters the mount and UTS namespaces and becomes the
+//! program. The first stays, as the run-as user, to wait for it and exit as
+//! it did: the shim's view of a container is one process either way.
 //!
 //! The env file is JSON, `[["NAME","value"], ...]`, written by the provider
 //! (mode 0600) and read before the identity changes.
@@ -29,7 +38,17 @@ pub struct LaunchArgs<'a> {
     pub user: Option<(u32, u32)>,
     pub env_file: &'a Path,
     pub cwd: &'a Path,
+    pub isolation: Option<Isolation<'a>>,
     pub argv: &'a [String],
+}
+
+/// The namespaces a launch gets (see the module's docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation<'a> {
+    /// New ones, built from the mount plan in this file.
+    New(&'a Path),
+    /// Those of the container whose launcher is this process.
+    Enter(i32),
 }
 
 /// The limits that the cgroup a process joins (`joined`, with the controllers
@@ -78,6 +97,11 @@ impl LaunchArgs<'_> {
         }
         flag("--env-file", self.env_file.into());
         flag("--cwd", self.cwd.into());
+        match self.isolation {
+            Some(Isolation::New(plan)) => flag("--sandbox", plan.into()),
+            Some(Isolation::Enter(pid)) => flag("--enter", pid.to_string().into()),
+            None => {}
+        }
         a.push("--".into());
         a.extend(self.argv.iter().map(OsString::from));
         a
@@ -93,6 +117,10 @@ struct Request {
     user: Option<(u32, u32)>,
     env_file: Option<String>,
     cwd: Option<String>,
+    sandbox: Option<String>,
+    enter: Option<i32>,
+    /// The second launcher, in the container's PID namespace.
+    stage2: bool,
     argv: Vec<String>,
 }
 
@@ -110,6 +138,17 @@ fn parse(args: &[String]) -> Result<Request, String> {
             "--cgroup" => r.cgroup = Some(it.next().ok_or("--cgroup wants a directory")?.clone()),
             "--env-file" => r.env_file = Some(it.next().ok_or("--env-file wants a file")?.clone()),
             "--cwd" => r.cwd = Some(it.next().ok_or("--cwd wants a directory")?.clone()),
+            "--sandbox" => {
+                r.sandbox = Some(it.next().ok_or("--sandbox wants a file")?.clone());
+            }
+            "--enter" => {
+                let pid = it
+                    .next()
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .filter(|p| *p > 0);
+                r.enter = Some(pid.ok_or("--enter wants a process id")?);
+            }
+            "--stage2" => r.stage2 = true,
             "--user" => {
                 let user = it.next().and_then(|v| {
                     let (u, g) = v.split_once(':')?;
@@ -126,6 +165,9 @@ fn parse(args: &[String]) -> Result<Request, String> {
     }
     if r.argv.is_empty() {
         return Err("no program given".into());
+    }
+    if r.sandbox.is_some() && r.enter.is_some() {
+        return Err("--sandbox and --enter exclude each other".into());
     }
     Ok(r)
 }
@@ -144,9 +186,98 @@ fn set_limit(resource: rustix::process::Resource, value: u64) -> rustix::io::Res
     rustix::process::setrlimit(resource, limit)
 }
 
+/// Switches to the run-as user for good (all of the thread's ids).
+fn drop_to(user: Option<(u32, u32)>) -> Result<(), String> {
+    let Some((uid, gid)) = user else {
+        return Ok(());
+    };
+    let gid = rustix::process::Gid::from_raw(gid);
+    let uid = rustix::process::Uid::from_raw(uid);
+    rustix::thread::set_thread_groups(&[gid])
+        .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
+        .and_then(|()| rustix::thread::set_thread_res_uid(uid, uid, uid))
+        .map_err(|e| format!("switching to uid {}: {e}", uid.as_raw()))
+}
+
+fn read_plan(path: &str) -> Result<crate::isolation::MountPlan, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("reading the mount plan {path}: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("the mount plan {path}: {e}"))
+}
+
+/// The first launcher of an isolated launch: makes or enters the PID
+/// namespace, starts the second launcher in it, drops to the run-as user and
+/// waits, exiting as the program did (128 + the signal that killed it).
+/// Signals to the container's process group reach the program directly;
+/// this launcher only absorbs them, so a SIGTERM leaves the program its grace.
+fn supervise(args: &[String], r: &Request) -> i32 {
+    let pid_ns = match r.enter {
+        Some(pid) => crate::isolation::join_pid(crate::isolation::program_of(pid)),
+        None => crate::isolation::new_pid_namespace(),
+    };
+    if let Err(e) = pid_ns {
+        eprintln!("process-launch: the container's PID namespace: {e}");
+        return 126;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("process-launch: {e}");
+            return 126;
+        }
+    };
+    runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        for kind in [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::hangup(),
+            SignalKind::quit(),
+            SignalKind::user_defined1(),
+            SignalKind::user_defined2(),
+            SignalKind::alarm(),
+            SignalKind::pipe(),
+        ] {
+            if let Ok(mut s) = signal(kind) {
+                tokio::spawn(async move { while s.recv().await.is_some() {} });
+            }
+        }
+        let child = tokio::process::Command::new("/proc/self/exe")
+            .arg("process-launch")
+            .arg("--stage2")
+            .args(args)
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("process-launch: starting the container's first process: {e}");
+                return 126;
+            }
+        };
+        if let Err(e) = drop_to(r.user) {
+            eprintln!("process-launch: {e}");
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return 126;
+        }
+        match child.wait().await {
+            Ok(st) => crate::shim::exit_code(st),
+            Err(e) => {
+                eprintln!("process-launch: waiting for the container: {e}");
+                126
+            }
+        }
+    })
+}
+
 /// Runs the launcher; returns only on failure, with the exit code to use
 /// (127: the program is missing, 126: it cannot be run, 125: bad arguments).
 pub fn main(args: &[String]) -> i32 {
+    if args == ["--check-namespaces"] {
+        return if crate::isolation::check() { 0 } else { 1 };
+    }
     let r = match parse(args) {
         Ok(r) => r,
         Err(e) => {
@@ -187,16 +318,30 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("process-launch: setting the process limit: {e}");
         return 126;
     }
-    if let Some((uid, gid)) = r.user {
-        let gid = rustix::process::Gid::from_raw(gid);
-        let uid = rustix::process::Uid::from_raw(uid);
-        let dropped = rustix::thread::set_thread_groups(&[gid])
-            .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
-            .and_then(|()| rustix::thread::set_thread_res_uid(uid, uid, uid));
-        if let Err(e) = dropped {
-            eprintln!("process-launch: switching to uid {}: {e}", uid.as_raw());
-            return 126;
-        }
+    if (r.sandbox.is_some() || r.enter.is_some()) && !r.stage2 {
+        return supervise(args, &r);
+    }
+    let isolated = if let Some(plan) = &r.sandbox {
+        read_plan(plan).and_then(|p| crate::isolation::enter_new(&p).map_err(|e| e.to_string()))
+    } else if let Some(pid) = r.enter {
+        crate::isolation::join(crate::isolation::program_of(pid)).map_err(|e| e.to_string())
+    } else {
+        Ok(())
+    };
+    if let Err(e) = isolated {
+        eprintln!("process-launch: the container's namespaces: {e}");
+        return 126;
+    }
+    if let Err(e) = drop_to(r.user) {
+        eprintln!("process-launch: {e}");
+        return 126;
+    }
+    if r.stage2 {
+        // The first launcher is the container for the shim: when it goes
+        // (SIGKILL of the group), so does this, and with it the namespace.
+        // Set after the identity changes, which would clear it.
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     }
     // From here on, as the Pod's user: its working directory is entered with its rights.
     if let Some(dir) = &r.cwd
@@ -268,6 +413,7 @@ mod tests {
             user: Some((65534, 65534)),
             env_file: Path::new("/s/env/c.json"),
             cwd: Path::new("/s/root"),
+            isolation: Some(Isolation::Enter(42)),
             argv: &argv,
         };
         let cmd = la.command(Path::new("/vkd"));
@@ -281,6 +427,7 @@ mod tests {
         let r = parse(&line).unwrap();
         assert_eq!(r.user, Some((65534, 65534)));
         assert_eq!(r.cwd.as_deref(), Some("/s/root"));
+        assert_eq!(r.enter, Some(42));
         assert_eq!(r.argv, argv);
     }
 
@@ -320,6 +467,8 @@ mod tests {
             &["--bogus", "--", "x"],
             &["--cwd"],
             &["--"],
+            &["--enter", "0", "--", "x"],
+            &["--enter", "1", "--sandbox", "/p", "--", "x"],
         ] {
             assert!(parse(&args(bad)).is_err(), "{bad:?}");
         }

@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod config;
 mod disk;
 mod ephemeral;
+pub mod isolation;
 pub mod launch;
 mod listing;
 pub mod logs;
@@ -79,6 +80,11 @@ pub enum OpenError {
     RootPods,
     #[error("process provider config: cgroupParent: {0}")]
     Cgroup(#[from] cgroup::CgroupError),
+    #[error(
+        "process provider config: isolation is namespaces, but this host cannot make mount and \
+         PID namespaces for Pods (vkd must run as root, with CAP_SYS_ADMIN); use auto or host"
+    )]
+    NoNamespaces,
     #[error(
         "{path} (owner uid {owner}, mode {mode:o}) could be replaced by a Pod's user: every \
          directory above the state must be root's and not writable by others (or sticky, as \
@@ -179,6 +185,8 @@ struct Inner {
     cpu_samples: Mutex<HashMap<(String, String), (SystemTime, u64)>>,
     /// Recent disk measurements of the sandboxes.
     disk: disk::Measurements,
+    /// Containers get namespaces of their own (`isolation`).
+    isolated: bool,
 }
 
 #[derive(Debug)]
@@ -190,6 +198,8 @@ struct RunningContainer {
     /// The cgroup hierarchy the shim used, from spec.json.
     controllers: Option<cgroup::CgroupParent>,
     env_file: PathBuf,
+    /// With namespaces: the container's launcher, whose namespaces exec enters.
+    process: Option<i32>,
 }
 
 #[derive(Clone, Debug)]
@@ -264,6 +274,12 @@ impl ProcessProvider {
                 mode,
             });
         }
+        let isolated = match config.isolation {
+            config::IsolationMode::Host => false,
+            config::IsolationMode::Auto => isolation::available(&shim_exe),
+            config::IsolationMode::Namespaces if isolation::available(&shim_exe) => true,
+            config::IsolationMode::Namespaces => return Err(OpenError::NoNamespaces),
+        };
         let (events, _) = broadcast::channel(1024);
         let provider = Self {
             inner: Arc::new(Inner {
@@ -282,9 +298,20 @@ impl ProcessProvider {
                 )?,
                 cpu_samples: Mutex::default(),
                 disk: disk::Measurements::default(),
+                isolated,
             }),
         };
         Ok(provider)
+    }
+
+    /// How Pods are isolated here: `namespaces` (each container in mount, PID
+    /// and UTS namespaces of its own) or `host` (host processes).
+    pub fn isolation_mode(&self) -> &'static str {
+        if self.inner.isolated {
+            "namespaces"
+        } else {
+            "host"
+        }
     }
 
     /// How limits are enforced here: `cgroup-v2` when the Pod cgroups get the
@@ -548,6 +575,11 @@ impl ProcessProvider {
             pids_limit: spec.pids_rlimit,
             controllers: spec.cgroup,
             env_file,
+            // Ephemeral containers run without namespaces of their own.
+            process: run
+                .process
+                .filter(|_| spec.isolated && spec.containers.iter().any(|l| l.name == container))
+                .map(|p| p.pid),
         })
     }
 
@@ -565,6 +597,7 @@ impl ProcessProvider {
             user: Some(self.inner.run_as),
             env_file: &run.env_file,
             cwd: &run.launch.cwd,
+            isolation: run.process.map(launch::Isolation::Enter),
             argv: command,
         }
         .command(&self.inner.shim_exe)
@@ -637,6 +670,7 @@ impl ProcessProvider {
                 cgroup: self.inner.cgroup.clone(),
                 pids_limit: self.inner.config.pids_limit(),
                 pids_rlimit: self.inner.config.pids_rlimit(),
+                isolated: self.inner.isolated,
             };
             sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
             let rec = InstanceRecord {
@@ -937,6 +971,13 @@ impl Provider for ProcessProvider {
             pod_spec: Support::Unsupported,
             pod_network: Support::Unsupported,
         }
+    }
+
+    fn identity(&self) -> Vec<(String, String)> {
+        vec![(
+            "vkd.io/isolation".to_owned(),
+            self.isolation_mode().to_owned(),
+        )]
     }
 
     async fn health(&self) -> Health {

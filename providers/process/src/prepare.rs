@@ -250,7 +250,96 @@ impl ProcessProvider {
         }
         self.hand_over(&sb.root()).map_err(e)?;
         self.hand_over(&sb.volumes()).map_err(e)?;
+        if self.inner.isolated {
+            self.write_mount_plans(sb, spec, launches).map_err(e)?;
+        }
         Ok(())
+    }
+
+    /// With namespaces: each launch's mount plan and the Pod's /etc files,
+    /// root's, read by the launcher as root before it drops to the Pod's user.
+    fn write_mount_plans(
+        &self,
+        sb: &Sandbox,
+        spec: &InstanceSpec,
+        launches: &[Launch],
+    ) -> std::io::Result<()> {
+        let etc = sb.etc();
+        std::fs::create_dir_all(&etc)?;
+        std::fs::create_dir_all(sb.rootfs())?;
+        std::fs::create_dir_all(sb.mount_plan(0).parent().unwrap_or(&sb.dir))?;
+        let hostname = spec.pod.name.clone();
+        let hosts = format!(
+            "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
+             fe00::0\tip6-localnet\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n127.0.0.1\t{hostname}\n"
+        );
+        // The Pod shares the host's network, so it resolves names as the host does.
+        let resolv = std::fs::read("/etc/resolv.conf").unwrap_or_default();
+        for (name, data) in [
+            ("hosts", hosts.as_bytes()),
+            ("hostname", format!("{hostname}\n").as_bytes()),
+            ("resolv.conf", &resolv),
+        ] {
+            sandbox::write_atomic(&etc.join(name), data, 0o644)?;
+        }
+        let specs = spec.init_containers.iter().chain(&spec.containers);
+        for (i, (c, l)) in specs.zip(launches).enumerate() {
+            let plan = mount_plan(self, sb, c, l, &hostname);
+            let json = serde_json::to_vec(&plan).map_err(std::io::Error::other)?;
+            sandbox::write_atomic(&sb.mount_plan(i), &json, 0o600)?;
+        }
+        Ok(())
+    }
+}
+
+/// What container `c` sees (see `isolation`): its sandbox at its own path
+/// (`$VKD_POD_ROOT`), the Pod's /etc files, its volumes at their mountPaths
+/// (parents first; a volume at /etc/hosts wins over the Pod's file, as under
+/// the kubelet), and its termination message file.
+fn mount_plan(
+    p: &ProcessProvider,
+    sb: &Sandbox,
+    c: &vkd_provider::ContainerSpec,
+    l: &Launch,
+    hostname: &str,
+) -> crate::isolation::MountPlan {
+    use crate::isolation::Bind;
+    let bind = |source: PathBuf, target: PathBuf, read_only: bool| Bind {
+        source,
+        target,
+        read_only,
+        optional: false,
+    };
+    let mut binds = vec![bind(sb.dir.clone(), sb.dir.clone(), false)];
+    for f in ["hosts", "hostname", "resolv.conf"] {
+        binds.push(bind(sb.etc().join(f), Path::new("/etc").join(f), false));
+    }
+    let mut mounts: Vec<&vkd_provider::Mount> = c.mounts.iter().collect();
+    mounts.sort_by_key(|m| Path::new(&m.path).components().count());
+    for m in &mounts {
+        let mut source = sb.volumes().join(&m.volume);
+        if let Some(sub) = &m.sub_path {
+            source.push(sub);
+        }
+        binds.push(bind(source, PathBuf::from(&m.path), m.read_only));
+    }
+    // The message file is the shim's, in the sandbox; one under a volume is
+    // the volume's own file already.
+    if let Some(rel) = &l.termination_log {
+        let target = Path::new("/").join(rel);
+        if !mounts.iter().any(|m| target.starts_with(&m.path)) {
+            binds.push(Bind {
+                optional: true,
+                ..bind(sb.root().join(rel), target, false)
+            });
+        }
+    }
+    crate::isolation::MountPlan {
+        root: sb.rootfs(),
+        host_root_read_only: p.inner.config.host_root_read_only,
+        hostname: hostname.to_owned(),
+        hide: vec![p.inner.dir.clone()],
+        binds,
     }
 }
 

@@ -85,10 +85,13 @@ impl ProcessId {
         if !self.alive() {
             return false;
         }
-        let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", self.pid)) else {
+        if !is_launcher(self.pid) {
             return false;
-        };
-        if !is_launcher_cmdline(&cmdline) {
+        }
+        // With namespaces the launcher stays, waiting for its one child: the
+        // container's program, or a second launcher not yet replaced by it.
+        let program = crate::isolation::program_of(self.pid);
+        if program != self.pid && !is_launcher(program) {
             return false;
         }
         // Where the executable can be read (not always, as another user), it
@@ -111,9 +114,15 @@ impl ProcessId {
     /// program at once with 143, as if it had been running and stopped.
     pub fn starting_without_sigterm_handler(&self) -> bool {
         const STARTING: Duration = Duration::from_millis(250);
+        // With namespaces, the program behind the launcher that waits for it.
+        let program = if is_launcher(self.pid) {
+            crate::isolation::program_of(self.pid)
+        } else {
+            self.pid
+        };
         self.alive()
             && self.age().is_some_and(|a| a < STARTING)
-            && default_disposition(self.pid, 15) == Some(true)
+            && default_disposition(program, 15) == Some(true)
     }
 
     /// How long ago the process started, at the clock tick's resolution.
@@ -150,6 +159,10 @@ fn default_disposition(pid: i32, signal: u32) -> Option<bool> {
 }
 
 /// Whether a /proc/PID/cmdline is the launcher's, as the shim starts it.
+fn is_launcher(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_launcher_cmdline(&c))
+}
+
 fn is_launcher_cmdline(cmdline: &[u8]) -> bool {
     let mut args = cmdline.split(|b| *b == 0);
     args.next() == Some(b"/proc/self/exe") && args.next() == Some(b"process-launch")

@@ -15,6 +15,11 @@
 //!   logs/<container>/current.log, current.log.1, previous.log
 //!   ephemeral/<name>.json an ephemeral container to start (0600, in a 0700
 //!                   directory): its spec and launch   written by the provider
+//!   mounts/<n>.json launch n's mount plan, with namespaces (root's, 0600)
+//!                                                     written by the provider
+//!   etc/            hosts, hostname, resolv.conf for the Pod, with namespaces
+//!   rootfs/         where each container's root is assembled, in its own
+//!                   mount namespace (empty as the host sees it)
 //!   attach/<n>      the stdin of launch n (`stdin: true`), a Unix socket the
 //!                   shim listens on (in a 0700 directory)  made by the shim
 //! ```
@@ -61,6 +66,10 @@ pub struct ShimSpec {
     /// the config names `podPidsLimit` itself).
     #[serde(default)]
     pub pids_rlimit: Option<u64>,
+    /// Each container runs in namespaces of its own, from `mounts/<n>.json`
+    /// (`isolation`); false for host processes and for a spec from before.
+    #[serde(default)]
+    pub isolated: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -150,6 +159,21 @@ impl Sandbox {
             write_json(&path, &launch.env, 0o600)?;
         }
         Ok(path)
+    }
+
+    /// Launch `index`'s mount plan (see `isolation`).
+    pub fn mount_plan(&self, index: usize) -> PathBuf {
+        self.dir.join("mounts").join(format!("{index}.json"))
+    }
+
+    /// The Pod's own /etc files, with namespaces.
+    pub fn etc(&self) -> PathBuf {
+        self.dir.join("etc")
+    }
+
+    /// Where containers' roots are assembled (see `isolation`).
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
     }
 
     /// The directory of the stdin sockets (see [`Self::attach_socket`]).

@@ -284,6 +284,17 @@ impl Shim {
         }
     }
 
+    /// The running process of container (or init container) `name`.
+    fn process_of(&self, name: &str) -> Option<ProcessId> {
+        let st = lock(&self.status);
+        st.init
+            .iter()
+            .chain(&st.containers)
+            .find(|c| c.status.name == name)
+            .and_then(|c| c.process)
+            .filter(ProcessId::alive)
+    }
+
     fn update(&self, f: impl FnOnce(&mut StatusFile)) {
         let mut st = match self.status.lock() {
             Ok(g) => g,
@@ -660,6 +671,7 @@ impl Shim {
         argv: &[String],
         spec: &ContainerSpec,
         cgroup: Option<&Path>,
+        isolation: Option<crate::launch::Isolation<'_>>,
     ) -> std::io::Result<tokio::process::Command> {
         let env_file = self.sandbox.ensure_env_file(launch)?;
         let (data_limit, nproc_limit) = crate::launch::rlimits(
@@ -674,6 +686,7 @@ impl Shim {
             user: self.spec.run_as,
             env_file: &env_file,
             cwd: &launch.cwd,
+            isolation,
             argv,
         };
         // The launcher is this very program, never a path a file names.
@@ -697,11 +710,13 @@ impl Shim {
             Ok(p) => p,
             Err(why) => return (Ended::StartFailed(why), false, None),
         };
-        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref()) {
-            Ok(r) => r,
-            Err(why) => return (Ended::StartFailed(why), false, None),
-        };
-        self.set_stdin(self.launch_index(i, init), child.stdin.take());
+        let index = self.launch_index(i, init);
+        let (mut child, run) =
+            match self.spawn_run(spec, launch, &writer, cgroup.as_deref(), Some(index)) {
+                Ok(r) => r,
+                Err(why) => return (Ended::StartFailed(why), false, None),
+            };
+        self.set_stdin(index, child.stdin.take());
         let (process, started_at) = (run.process, run.started_at);
         let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
         let sidecar = self.sidecar(i, init);
@@ -828,17 +843,26 @@ impl Shim {
 
     /// Starts the container's process, in `cgroup`, its output pumped into
     /// `writer`. Fails with why it did not start.
+    /// With namespaces, `index` (the launch's) names its mount plan; an
+    /// ephemeral container (no index) runs as a host process, as it does
+    /// without namespaces (docs/process-provider.md).
     fn spawn_run(
         &self,
         spec: &ContainerSpec,
         launch: &Launch,
         writer: &Arc<Mutex<LogWriter>>,
         cgroup: Option<&Path>,
+        index: Option<usize>,
     ) -> Result<(tokio::process::Child, Run), String> {
         let oom_before = cgroup.map_or(0, oom_kills);
         let program = launch.argv.first().map_or("", String::as_str);
+        let plan = index.map(|i| self.sandbox.mount_plan(i));
+        let isolation = plan
+            .as_deref()
+            .filter(|_| self.spec.isolated)
+            .map(crate::launch::Isolation::New);
         let mut child = self
-            .command(launch, &launch.argv, spec, cgroup)
+            .command(launch, &launch.argv, spec, cgroup, isolation)
             .and_then(|mut cmd| {
                 cmd.stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped());
@@ -1109,7 +1133,17 @@ impl Shim {
                     .as_ref()
                     .map(|p| p.join(&spec.name))
                     .filter(|d| d.is_dir());
-                let Ok(mut cmd) = self.command(launch, command, spec, cgroup.as_deref()) else {
+                // With namespaces, in the container's own.
+                let isolation = if self.spec.isolated {
+                    match self.process_of(&spec.name) {
+                        Some(p) => Some(crate::launch::Isolation::Enter(p.pid)),
+                        None => return false,
+                    }
+                } else {
+                    None
+                };
+                let Ok(mut cmd) = self.command(launch, command, spec, cgroup.as_deref(), isolation)
+                else {
                     return false;
                 };
                 cmd.stdout(std::process::Stdio::null())
@@ -1442,6 +1476,7 @@ mod tests {
             cgroup: None,
             pids_limit: None,
             pids_rlimit: None,
+            isolated: false,
         };
         write_json(&dir.join("spec.json"), &shim_spec, 0o600).unwrap();
         let shim = Arc::new(Shim::open(&dir).unwrap());

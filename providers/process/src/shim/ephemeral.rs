@@ -187,7 +187,8 @@ impl Shim {
             Ok(p) => p,
             Err(why) => return fail(why),
         };
-        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref()) {
+        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref(), None)
+        {
             Ok(r) => r,
             Err(why) => {
                 if let Some(cg) = &cgroup {

@@ -1,0 +1,492 @@
+//! Containers in their own namespaces, where vkd runs as root: each container
+//! gets a mount, PID and UTS namespace of its own, built by the launcher
+//! (`launch`) before it drops to the run-as user. What the container sees:
+//!
+//! - the host's tree, read-only by default (`hostRootReadOnly`), so the
+//!   programs an image maps to are where they are on the host;
+//! - its own /proc (only its own processes), /dev (null, zero, full, random,
+//!   urandom, tty, shm), /tmp, and /sys read-only;
+//! - the Pod's volumes, subPaths, termination message file and /etc/hosts,
+//!   /etc/hostname and /etc/resolv.conf, each at the path the spec names;
+//! - no other Pod's sandbox: the provider's state directory is hidden, and
+//!   only this Pod's sandbox is shown again, at its own path, so
+//!   `$VKD_POD_ROOT` means what it means without namespaces.
+//!
+//! A mount point the host lacks is made without touching the host: the
+//! nearest directory above it is covered with a tmpfs that holds binds of what
+//! was there, and the new directory or file is made in that tmpfs.
+//! `kubectl exec`, probes and hooks enter the container's namespaces
+//! ([`join`]). The program is its PID namespace's init, as in a container: when
+//! it ends, every process it left ends with it.
+
+use std::os::fd::AsRawFd;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use serde::{Deserialize, Serialize};
+
+/// What one container's mount namespace holds besides the host's tree: the
+/// provider writes it at create (`mounts/<n>.json`, root's), the launcher
+/// builds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountPlan {
+    /// A directory of the host where the container's root is assembled, in
+    /// the container's own mount namespace (nothing there is seen outside).
+    pub root: PathBuf,
+    /// The host's tree is seen read-only.
+    pub host_root_read_only: bool,
+    /// The Pod's hostname, in its own UTS namespace.
+    pub hostname: String,
+    /// Host directories covered by an empty directory (the provider's state).
+    pub hide: Vec<PathBuf>,
+    /// What is mounted where, in the order given (parents before children).
+    pub binds: Vec<Bind>,
+}
+
+/// One bind mount: `source` on the host at `target` in the container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    pub source: PathBuf,
+    /// Absolute, as the container sees it.
+    pub target: PathBuf,
+    pub read_only: bool,
+    /// A missing source is skipped rather than an error.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+/// Why a container's namespaces could not be made or entered.
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    #[error("{what} {path}: {source}")]
+    Mount {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+type Result<T> = std::result::Result<T, IsolationError>;
+
+fn err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> IsolationError + 'a {
+    move |source| IsolationError::Mount {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn errno<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(rustix::io::Errno) -> IsolationError + 'a {
+    move |e| IsolationError::Mount {
+        what,
+        path: path.to_owned(),
+        source: e.into(),
+    }
+}
+
+/// The top-level host entries a container never gets as they are: it has its
+/// own of each.
+const OWN: [&str; 4] = ["proc", "dev", "tmp", "sys"];
+
+/// The device nodes a container's /dev holds, as a runtime's does.
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Makes a new mount and UTS namespace for the calling process, which is
+/// already the init of a new PID namespace, and moves it into the container's
+/// root. Single-threaded callers only (the launcher).
+pub fn enter_new(plan: &MountPlan) -> Result<()> {
+    unshare(rustix::thread::UnshareFlags::NEWNS | rustix::thread::UnshareFlags::NEWUTS)?;
+    // Nothing mounted from here on reaches the host.
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(errno("making private", Path::new("/")))?;
+    let root = &plan.root;
+    if !root.is_absolute() {
+        return Err(IsolationError::Invalid(format!(
+            "the container root {} is not absolute",
+            root.display()
+        )));
+    }
+    tmpfs(root, "mode=0755")?;
+    let mut builder = Builder {
+        root,
+        read_only: plan.host_root_read_only,
+        covers: vec![root.clone()],
+        ours: vec![root.clone()],
+    };
+    builder.replicate(Path::new("/"), root, &OWN)?;
+    builder.own_dirs()?;
+    for dir in &plan.hide {
+        let at = builder.mount_point(dir, true)?;
+        tmpfs(&at, "mode=0755")?;
+        builder.covers.push(at.clone());
+        builder.ours.push(at);
+    }
+    for b in &plan.binds {
+        match b.source.symlink_metadata() {
+            Err(_) if b.optional => continue,
+            Err(e) => return Err(err("volume", &b.source)(e)),
+            Ok(_) => {}
+        }
+        let dir = b.source.is_dir();
+        let at = builder.mount_point(&b.target, dir)?;
+        rustix::mount::mount_bind_recursive(&b.source, &at).map_err(errno("binding", &at))?;
+        // What is made under it from now on would be made in the volume.
+        builder.ours.retain(|o| *o != at);
+        if b.read_only {
+            read_only(&at)?;
+        }
+    }
+    // The directories made for mount points are fixed too.
+    if plan.host_root_read_only {
+        for c in &builder.covers {
+            rustix::mount::mount_remount(c, MountFlags::RDONLY | MountFlags::NOSUID, "")
+                .map_err(errno("making read-only", c))?;
+        }
+    }
+    if !plan.hostname.is_empty() {
+        rustix::system::sethostname(plan.hostname.as_bytes())
+            .map_err(errno("setting the hostname", Path::new(&plan.hostname)))?;
+    }
+    // The new root replaces the host's; the old one goes entirely.
+    std::env::set_current_dir(root).map_err(err("entering", root))?;
+    rustix::process::pivot_root(".", ".").map_err(errno("pivot_root", root))?;
+    rustix::mount::unmount(".", UnmountFlags::DETACH)
+        .map_err(errno("detaching the host's root", root))?;
+    std::env::set_current_dir("/").map_err(err("entering", Path::new("/")))?;
+    Ok(())
+}
+
+/// Enters the mount and UTS namespaces of process `pid` (a container's
+/// program): `kubectl exec`, probes and hooks see what the container sees.
+/// Its PID namespace is entered by the caller's parent ([`join_pid`]).
+pub fn join(pid: i32) -> Result<()> {
+    use rustix::thread::LinkNameSpaceType as Ns;
+    // Both are opened before either is entered: /proc is the host's until then.
+    let uts = ns_file(pid, "uts")?;
+    let mnt = ns_file(pid, "mnt")?;
+    for (f, kind, name) in [
+        (&uts, Ns::HostNameAndNISDomainName, "uts"),
+        (&mnt, Ns::Mount, "mnt"),
+    ] {
+        rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(f), Some(kind))
+            .map_err(errno("entering the namespace", &ns_path(pid, name)))?;
+    }
+    Ok(())
+}
+
+/// Makes the caller's next children members of process `pid`'s PID namespace.
+pub fn join_pid(pid: i32) -> Result<()> {
+    let f = ns_file(pid, "pid")?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&f),
+        Some(rustix::thread::LinkNameSpaceType::ProcessID),
+    )
+    .map_err(errno("entering the namespace", &ns_path(pid, "pid")))
+}
+
+/// Makes the caller's next children the init of a PID namespace of their own.
+pub fn new_pid_namespace() -> Result<()> {
+    unshare(rustix::thread::UnshareFlags::NEWPID)
+}
+
+/// The container's program behind launcher process `pid`: with namespaces the
+/// launcher waits in the host's PID namespace while its one child, the
+/// program, is the init of the container's. Without, `pid` itself.
+pub fn program_of(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(pid)
+}
+
+fn ns_path(pid: i32, ns: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/ns/{ns}"))
+}
+
+fn ns_file(pid: i32, ns: &str) -> Result<std::fs::File> {
+    let p = ns_path(pid, ns);
+    std::fs::File::open(&p).map_err(err("opening", &p))
+}
+
+#[allow(unsafe_code)]
+fn unshare(flags: rustix::thread::UnshareFlags) -> Result<()> {
+    // SAFETY: the flags never include FILES, the one that makes file
+    // descriptors thread-local; the launcher is single-threaded besides.
+    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(errno("unshare", Path::new("/")))
+}
+
+fn tmpfs(at: &Path, options: &str) -> Result<()> {
+    let options = std::ffi::CString::new(options)
+        .map_err(|_| IsolationError::Invalid(format!("tmpfs options {options:?}")))?;
+    rustix::mount::mount(
+        "tmpfs",
+        at,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(options.as_c_str()),
+    )
+    .map_err(errno("mounting a tmpfs on", at))
+}
+
+/// Makes the mount at `at` and every mount under it read-only, keeping their
+/// other flags (`mount_setattr` with AT_RECURSIVE).
+#[allow(unsafe_code)]
+fn read_only(at: &Path) -> Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 1;
+    const AT_RECURSIVE: libc::c_int = 0x8000;
+    let path = std::ffi::CString::new(at.as_os_str().as_encoded_bytes())
+        .map_err(|_| IsolationError::Invalid(format!("{} holds a NUL byte", at.display())))?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is a NUL-terminated string and `attr` a mount_attr of the
+    // size passed, both alive for the call; the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(err("making read-only", at)(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Assembles a container's root.
+struct Builder<'a> {
+    root: &'a Path,
+    read_only: bool,
+    /// The tmpfs mounts made for the root and for new mount points.
+    covers: Vec<PathBuf>,
+    /// The directories whose entries are the container's own (in a tmpfs
+    /// made here), where a mount point may be made: never the host's.
+    ours: Vec<PathBuf>,
+}
+
+impl Builder<'_> {
+    /// Fills the (empty, writable) directory `to` with binds of what `from`
+    /// holds, but `skip`: directories and files are bound, links copied.
+    fn replicate(&mut self, from: &Path, to: &Path, skip: &[&str]) -> Result<()> {
+        for entry in std::fs::read_dir(from).map_err(err("reading", from))? {
+            let entry = entry.map_err(err("reading", from))?;
+            let name = entry.file_name();
+            if skip.iter().any(|s| name == *s) {
+                continue;
+            }
+            let (src, dst) = (entry.path(), to.join(&name));
+            let kind = entry.file_type().map_err(err("reading", &src))?;
+            if kind.is_symlink() {
+                let target = std::fs::read_link(&src).map_err(err("reading", &src))?;
+                std::os::unix::fs::symlink(target, &dst).map_err(err("linking", &dst))?;
+                continue;
+            }
+            if kind.is_dir() {
+                std::fs::create_dir(&dst).map_err(err("making", &dst))?;
+            } else {
+                std::fs::File::create(&dst).map_err(err("making", &dst))?;
+            }
+            rustix::mount::mount_bind_recursive(&src, &dst).map_err(errno("binding", &dst))?;
+            if self.read_only {
+                read_only(&dst)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// /proc, /dev, /tmp and /sys of the container's own.
+    fn own_dirs(&mut self) -> Result<()> {
+        let at = |p: &str| self.root.join(p);
+        for d in OWN {
+            std::fs::create_dir(at(d)).map_err(err("making", &at(d)))?;
+        }
+        self.ours.extend([at("tmp"), at("dev")]);
+        let proc = at("proc");
+        rustix::mount::mount(
+            "proc",
+            &proc,
+            "proc",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            None,
+        )
+        .map_err(errno("mounting proc on", &proc))?;
+        let sys = at("sys");
+        rustix::mount::mount_bind_recursive("/sys", &sys).map_err(errno("binding", &sys))?;
+        read_only(&sys)?;
+        tmpfs(&at("tmp"), "mode=1777")?;
+        let dev = at("dev");
+        tmpfs(&dev, "mode=0755")?;
+        for d in DEVICES {
+            let host = Path::new("/dev").join(d);
+            if !host.exists() {
+                continue;
+            }
+            let node = dev.join(d);
+            std::fs::File::create(&node).map_err(err("making", &node))?;
+            rustix::mount::mount_bind(&host, &node).map_err(errno("binding", &node))?;
+        }
+        let shm = dev.join("shm");
+        std::fs::create_dir(&shm).map_err(err("making", &shm))?;
+        tmpfs(&shm, "mode=1777")?;
+        for (name, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            let link = dev.join(name);
+            std::os::unix::fs::symlink(target, &link).map_err(err("linking", &link))?;
+        }
+        Ok(())
+    }
+
+    /// The host path in the root where `target` (as the container sees it)
+    /// is mounted, made if missing: a directory when `dir`, else an empty
+    /// file. Links on the way resolve within the root, never out of it.
+    fn mount_point(&mut self, target: &Path, dir: bool) -> Result<PathBuf> {
+        let mut rest: Vec<std::ffi::OsString> = Vec::new();
+        push_components(&mut rest, target)?;
+        rest.reverse();
+        let mut at = self.root.to_owned();
+        let mut hops = 0;
+        while let Some(part) = rest.pop() {
+            if part == ".." {
+                if at != self.root {
+                    at.pop();
+                }
+                continue;
+            }
+            let next = at.join(&part);
+            match next.symlink_metadata() {
+                Ok(m) if m.file_type().is_symlink() => {
+                    hops += 1;
+                    if hops > 40 {
+                        return Err(IsolationError::Invalid(format!(
+                            "{}: too many links",
+                            target.display()
+                        )));
+                    }
+                    let link = std::fs::read_link(&next).map_err(err("reading", &next))?;
+                    if link.is_absolute() {
+                        at = self.root.to_owned();
+                    }
+                    let mut more = Vec::new();
+                    push_components(&mut more, &link)?;
+                    rest.extend(more.into_iter().rev());
+                }
+                Ok(m) if m.is_dir() => at = next,
+                Ok(_) if rest.is_empty() && !dir => at = next,
+                Ok(_) => {
+                    return Err(IsolationError::Invalid(format!(
+                        "{} is not a directory in the container",
+                        target.display()
+                    )));
+                }
+                Err(_) => {
+                    self.writable(&at)?;
+                    if rest.is_empty() && !dir {
+                        std::fs::File::create(&next).map_err(err("making", &next))?;
+                    } else {
+                        std::fs::create_dir(&next).map_err(err("making", &next))?;
+                        self.ours.push(next.clone());
+                    }
+                    at = next;
+                }
+            }
+        }
+        Ok(at)
+    }
+
+    /// Makes directory `dir` of the root writable for new entries: it is in
+    /// a tmpfs already, or it is covered with one that binds what it held.
+    fn writable(&mut self, dir: &Path) -> Result<()> {
+        if self.ours.iter().any(|o| o == dir) {
+            return Ok(());
+        }
+        // What the directory holds stays reachable through its handle once covered.
+        let held = std::fs::File::open(dir).map_err(err("opening", dir))?;
+        let meta = held.metadata().map_err(err("reading", dir))?;
+        use std::os::unix::fs::MetadataExt;
+        tmpfs(
+            dir,
+            &format!(
+                "mode={:o},uid={},gid={}",
+                meta.mode() & 0o7777,
+                meta.uid(),
+                meta.gid()
+            ),
+        )?;
+        self.covers.push(dir.to_owned());
+        self.ours.push(dir.to_owned());
+        let from = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        self.replicate(&from, dir, &[])
+    }
+}
+
+/// Pushes the normal components of `path` (and `..`) onto `out`.
+fn push_components(out: &mut Vec<std::ffi::OsString>, path: &Path) -> Result<()> {
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p.to_owned()),
+            Component::ParentDir => out.push("..".into()),
+            Component::RootDir | Component::CurDir => {}
+            Component::Prefix(_) => {
+                return Err(IsolationError::Invalid(format!(
+                    "{}: not a Unix path",
+                    path.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether this host can give containers namespaces: vkd is root and the
+/// kernel allows new mount and PID namespaces (checked in a child, as the
+/// caller is threaded).
+pub fn available(launcher: &Path) -> bool {
+    rustix::process::geteuid().is_root()
+        && std::process::Command::new(launcher)
+            .args(["process-launch", "--check-namespaces"])
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// The check behind [`available`], in the launcher.
+pub fn check() -> bool {
+    unshare(
+        rustix::thread::UnshareFlags::NEWNS
+            | rustix::thread::UnshareFlags::NEWPID
+            | rustix::thread::UnshareFlags::NEWUTS,
+    )
+    .is_ok()
+}

@@ -1,0 +1,180 @@
+//! Containers in namespaces of their own (where the tests run as root): the
+//! Pod's volumes at the paths the spec names, its own /proc, /tmp and
+//! /dev/termination-log, a read-only host, exec in the same namespaces, and
+//! nothing of the Pod left on the host once it is gone.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fence, log_text, provider, remove, running, spec, stream_io, wait_for};
+use tokio::io::AsyncReadExt;
+use vkd_provider::{
+    ContainerState, InstancePhase, Mount, Provider, RestartPolicy, Volume, VolumeFile, VolumeSource,
+};
+
+fn processes(pattern: &str) -> usize {
+    std::process::Command::new("pgrep")
+        .args(["-f", pattern])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0)
+}
+
+/// The provider, when this host gives containers namespaces; else `None`
+/// (the test says so and passes: there is nothing to isolate with).
+fn isolated() -> Option<(vkd_process::ProcessProvider, std::path::PathBuf)> {
+    let (p, dir) = provider();
+    if p.isolation_mode() == "namespaces" {
+        Some((p, dir))
+    } else {
+        eprintln!("no namespaces here (not root?): nothing to check");
+        let _ = std::fs::remove_dir_all(dir);
+        None
+    }
+}
+
+fn mount(volume: &str, path: &str, sub_path: Option<&str>, read_only: bool) -> Mount {
+    Mount {
+        volume: volume.into(),
+        path: path.into(),
+        sub_path: sub_path.map(str::to_owned),
+        read_only,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_sees_its_volumes_at_their_paths_and_only_its_own_processes() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-isolated";
+    let script = "\
+        cat /etc/vkd-isolation-test/key; echo; \
+        cat /single; echo; \
+        echo pid=$$; \
+        echo procs=$(ls /proc | grep -c '^[0-9]'); \
+        echo host=$(cat /etc/hostname); \
+        touch /usr/vkd-isolation-test 2>/dev/null || echo root-read-only; \
+        touch /config-ro/new 2>/dev/null || echo volume-read-only; \
+        echo scratch > /tmp/x && echo tmp=$(cat /tmp/x); \
+        echo kept > /data/deep/f && echo data=$(cat /data/deep/f); \
+        exec sleep 3601";
+    let mut s = spec(uid, &["sh", "-c", script]);
+    s.volumes = vec![
+        Volume {
+            name: "config".into(),
+            source: VolumeSource::Files {
+                files: vec![VolumeFile {
+                    path: "key".into(),
+                    data: b"from-the-volume".to_vec(),
+                    mode: 0o644,
+                }],
+            },
+        },
+        Volume {
+            name: "scratch".into(),
+            source: VolumeSource::EmptyDir { size_limit: None },
+        },
+    ];
+    s.containers[0].mounts = vec![
+        mount("config", "/etc/vkd-isolation-test", None, false),
+        mount("config", "/single", Some("key"), false),
+        mount("config", "/config-ro", None, true),
+        mount("scratch", "/data/deep", None, false),
+    ];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = wait_for("the script's output", async || {
+        let t = log_text(&p, uid, "main").await;
+        t.contains("data=").then_some(t)
+    })
+    .await;
+    for want in [
+        "from-the-volume\nfrom-the-volume\n",
+        "pid=1\n",
+        "host=pod-u-isolated\n",
+        "root-read-only\n",
+        "volume-read-only\n",
+        "tmp=scratch\n",
+        "data=kept\n",
+    ] {
+        assert!(log.contains(want), "no {want:?} in {log:?}");
+    }
+    // Only its own processes: sh (PID 1), the subshell, ls and grep; the
+    // host has many more.
+    let procs: usize = log
+        .split("procs=")
+        .nth(1)
+        .and_then(|t| t.lines().next()?.parse().ok())
+        .unwrap_or(usize::MAX);
+    assert!(procs <= 4, "{procs} processes in /proc: {log}");
+    // Nothing of it reached the host.
+    for p in [
+        "/etc/vkd-isolation-test",
+        "/single",
+        "/config-ro",
+        "/data/deep",
+    ] {
+        assert!(
+            !std::path::Path::new(p).exists(),
+            "{p} was made on the host"
+        );
+    }
+
+    // exec enters the same namespaces.
+    let (w, mut r) = tokio::io::duplex(4096);
+    let code = p
+        .exec(
+            uid,
+            "main",
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "cat /etc/vkd-isolation-test/key; echo; cat /proc/1/cmdline | tr '\\0' ' '; exit 3"
+                    .into(),
+            ],
+            stream_io(w, false),
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    r.read_to_string(&mut out).await.unwrap();
+    assert_eq!(code, 3, "{out}");
+    assert!(out.starts_with("from-the-volume\nsleep 3601"), "{out:?}");
+
+    remove(&p, uid).await;
+    assert_eq!(processes("sleep 3601"), 0, "a process outlived its Pod");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_termination_message_is_read_from_the_path_the_spec_names() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-isolated-msg";
+    let mut s = spec(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "echo 'gone for good' > /dev/termination-log; exit 4",
+        ],
+    );
+    s.restart_policy = RestartPolicy::Never;
+    p.create(&fence(), &s).await.unwrap();
+    let i = wait_for("the Pod to end", async || {
+        let i = p.get(uid).await.unwrap()?;
+        (i.phase == InstancePhase::Failed).then_some(i)
+    })
+    .await;
+    let ContainerState::Terminated(t) = &i.containers[0].state else {
+        panic!("{:?}", i.containers[0].state)
+    };
+    assert_eq!(t.exit_code, 4);
+    assert_eq!(t.message.as_deref().map(str::trim), Some("gone for good"));
+    assert!(
+        std::fs::read_to_string("/dev/termination-log").is_err(),
+        "the message went to the host's /dev"
+    );
+    remove(&p, uid).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
