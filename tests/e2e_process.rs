@@ -713,13 +713,27 @@ fn condition_of<'a>(p: &'a Value, t: &str) -> &'a Value {
 /// and a deleted Pod a finalizer holds keeps the final states of its containers
 /// (Succeeded: the container exited 0 on SIGTERM, leaving a termination message;
 /// the sidecar's own exit code does not count).
+/// Whether the process node gives containers namespaces of their own (its
+/// `vkd.io/isolation` annotation).
+fn namespaces(c: &Cluster) -> Result<bool> {
+    let n = c.kubectl_json(&["get", "node", NODE])?;
+    let mode = at(&n, "metadata.annotations")
+        .get("vkd.io/isolation")
+        .and_then(Value::as_str)
+        .context("the node has no vkd.io/isolation annotation")?
+        .to_owned();
+    ensure!(matches!(mode.as_str(), "namespaces" | "host"), "{mode}");
+    Ok(mode == "namespaces")
+}
+
 fn init_and_sidecars(c: &Cluster) -> Result<()> {
     vkd(c)?;
     c.apply(&pod(
         "initpod",
         NS,
         "proc",
-        r#"  initContainers:
+        r#"  terminationGracePeriodSeconds: 3
+  initContainers:
   - name: setup
     image: busybox
     command: [sh, -c, "echo init says hi; sleep 4"]
@@ -822,7 +836,10 @@ fn init_and_sidecars(c: &Cluster) -> Result<()> {
     let main = &container_status(&p)["state"]["terminated"];
     ensure!(main["exitCode"] == 0 && main["message"] == "stopped", "{p}");
     let proxy = &at(&p, "status.initContainerStatuses")[1]["state"]["terminated"];
-    ensure!(proxy["exitCode"] == 143, "{p}");
+    // In its own PID namespace the sidecar's sh is init: it ignores SIGTERM,
+    // as under a runtime, and is killed when the grace period ends.
+    let stopped_by = if namespaces(c)? { 137 } else { 143 };
+    ensure!(proxy["exitCode"] == stopped_by, "{p}");
     ensure!(processes_with("marker-initpod")?.is_empty());
     c.kubectl(&[
         "patch",

@@ -206,7 +206,8 @@ impl ProcessProvider {
             ..pod.clone()
         };
         let launch = self
-            .launches(&alone, &sb.root())?
+            // Ephemeral containers run without namespaces of their own.
+            .launches(&alone, &sb.root(), false)?
             .pop()
             .ok_or_else(|| ProviderError::transient("no launch for the ephemeral container"))?;
         // Fresh: a leftover of an earlier attempt may hold an older environment.

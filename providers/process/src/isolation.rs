@@ -41,6 +41,10 @@ pub struct MountPlan {
     pub hide: Vec<PathBuf>,
     /// What is mounted where, in the order given (parents before children).
     pub binds: Vec<Bind>,
+    /// The container's workingDir, made (empty) if the tree lacks it, as a
+    /// runtime makes it.
+    #[serde(default)]
+    pub working_dir: Option<PathBuf>,
 }
 
 /// One bind mount: `source` on the host at `target` in the container.
@@ -146,6 +150,9 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
         if b.read_only {
             read_only(&at)?;
         }
+    }
+    if let Some(wd) = &plan.working_dir {
+        builder.mount_point(wd, true)?;
     }
     // The directories made for mount points are fixed too.
     if plan.host_root_read_only {

@@ -650,7 +650,7 @@ impl ProcessProvider {
             ));
         }
         let sb = self.sandbox(uid);
-        let launches = self.launches(spec, &sb.root())?;
+        let launches = self.launches(spec, &sb.root(), self.inner.isolated)?;
         // A directory without instance.json is a create that died half way: start over.
         if sb.dir.exists() {
             std::fs::remove_dir_all(&sb.dir).map_err(io_err(&sb.dir))?;
@@ -1024,9 +1024,11 @@ impl Provider for ProcessProvider {
                 ),
             });
         }
-        if let Err(ProviderError::Invalid { reason, message }) =
-            self.launches(spec, &self.sandbox(&spec.pod.uid).root())
-        {
+        if let Err(ProviderError::Invalid { reason, message }) = self.launches(
+            spec,
+            &self.sandbox(&spec.pod.uid).root(),
+            self.inner.isolated,
+        ) {
             return Ok(Admission::Rejected { reason, message });
         }
         let (cpu_total, mem_total) = self.totals();

@@ -11,7 +11,14 @@ use crate::sandbox::{self, Launch, Sandbox};
 
 impl ProcessProvider {
     /// Resolves what each container runs: argv, environment, working directory.
-    pub(crate) fn launches(&self, spec: &InstanceSpec, root: &Path) -> Result<Vec<Launch>> {
+    /// `isolated`: the containers get namespaces (`isolation`), so a
+    /// workingDir is the path the spec names, not one under the Pod's root.
+    pub(crate) fn launches(
+        &self,
+        spec: &InstanceSpec,
+        root: &Path,
+        isolated: bool,
+    ) -> Result<Vec<Launch>> {
         let mut out = Vec::new();
         for c in spec.init_containers.iter().chain(&spec.containers) {
             let image = self.inner.config.image(&c.image).ok_or_else(|| {
@@ -52,8 +59,14 @@ impl ProcessProvider {
                             ),
                         ));
                     }
-                    root.join(rel)
+                    // With namespaces, the path the spec names, as a runtime's.
+                    if isolated {
+                        Path::new("/").join(rel)
+                    } else {
+                        root.join(rel)
+                    }
                 }
+                None if isolated => PathBuf::from("/"),
                 None => root.to_owned(),
             };
             let mut env: Vec<(String, String)> = vec![
@@ -267,6 +280,7 @@ impl ProcessProvider {
         let etc = sb.etc();
         std::fs::create_dir_all(&etc)?;
         std::fs::create_dir_all(sb.rootfs())?;
+        std::fs::create_dir_all(sb.termination_dir())?;
         std::fs::create_dir_all(sb.mount_plan(0).parent().unwrap_or(&sb.dir))?;
         let hostname = spec.pod.name.clone();
         let hosts = format!(
@@ -325,14 +339,17 @@ fn mount_plan(
     }
     // The message file is the shim's, in the sandbox; one under a volume is
     // the volume's own file already.
-    if let Some(rel) = &l.termination_log {
-        let target = Path::new("/").join(rel);
-        if !mounts.iter().any(|m| target.starts_with(&m.path)) {
-            binds.push(Bind {
-                optional: true,
-                ..bind(sb.root().join(rel), target, false)
-            });
-        }
+    if let Some(rel) = &l.termination_log
+        && sandbox::own_termination_file(c, rel)
+    {
+        binds.push(Bind {
+            optional: true,
+            ..bind(
+                sb.termination_dir().join(&c.name),
+                Path::new("/").join(rel),
+                false,
+            )
+        });
     }
     crate::isolation::MountPlan {
         root: sb.rootfs(),
@@ -340,6 +357,7 @@ fn mount_plan(
         hostname: hostname.to_owned(),
         hide: vec![p.inner.dir.clone()],
         binds,
+        working_dir: Some(l.cwd.clone()),
     }
 }
 

@@ -18,6 +18,7 @@
 //!   mounts/<n>.json launch n's mount plan, with namespaces (root's, 0600)
 //!                                                     written by the provider
 //!   etc/            hosts, hostname, resolv.conf for the Pod, with namespaces
+//!   termination/<c> container c's termination message file, with namespaces
 //!   rootfs/         where each container's root is assembled, in its own
 //!                   mount namespace (empty as the host sees it)
 //!   attach/<n>      the stdin of launch n (`stdin: true`), a Unix socket the
@@ -32,6 +33,14 @@ use serde::{Deserialize, Serialize};
 use vkd_provider::{ContainerStatus, InstancePhase, InstanceSpec, PodRef};
 
 use crate::procfs::ProcessId;
+
+/// Whether container `c`'s termination message file (`rel`, under the root)
+/// is a file of its own, with namespaces: not one inside a volume it mounts,
+/// which is the volume's.
+pub fn own_termination_file(c: &vkd_provider::ContainerSpec, rel: &Path) -> bool {
+    let at = Path::new("/").join(rel);
+    !c.mounts.iter().any(|m| at.starts_with(&m.path))
+}
 
 /// What the provider records about an instance when it creates it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -164,6 +173,12 @@ impl Sandbox {
     /// Launch `index`'s mount plan (see `isolation`).
     pub fn mount_plan(&self, index: usize) -> PathBuf {
         self.dir.join("mounts").join(format!("{index}.json"))
+    }
+
+    /// With namespaces: each container's termination message file, by
+    /// container name, bound at its terminationMessagePath.
+    pub fn termination_dir(&self) -> PathBuf {
+        self.dir.join("termination")
     }
 
     /// The Pod's own /etc files, with namespaces.

@@ -284,6 +284,23 @@ impl Shim {
         }
     }
 
+    /// Asks container process `g` to stop. Without namespaces, its whole
+    /// process group. With them, as a runtime does, the program alone (its
+    /// PID namespace's init, which ignores a SIGTERM it has no handler for);
+    /// a SIGKILL still goes to the group, and the namespace ends with it.
+    fn ask_to_stop(&self, g: ProcessId) {
+        let signal = stop_signal(g);
+        if !self.spec.isolated || signal == Signal::KILL {
+            g.signal_group(signal);
+            return;
+        }
+        if g.alive()
+            && let Some(pid) = rustix::process::Pid::from_raw(crate::isolation::program_of(g.pid))
+        {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+
     /// The running process of container (or init container) `name`.
     fn process_of(&self, name: &str) -> Option<ProcessId> {
         let st = lock(&self.status);
@@ -766,7 +783,7 @@ impl Shim {
             {
                 turn_by = None;
                 if let Some(g) = group {
-                    g.signal_group(stop_signal(g));
+                    self.ask_to_stop(g);
                 }
                 // The kubelet's floor: never less than 2 s between SIGTERM and SIGKILL.
                 kill_at = Some(by.max(after(Duration::from_secs(2))));
@@ -830,7 +847,8 @@ impl Shim {
             restarted,
         )
         .map_err(|e| format!("opening the log: {e}"))?;
-        if !launch.cwd.is_dir() {
+        // With namespaces the launcher makes it in the container's own tree.
+        if !self.spec.isolated && !launch.cwd.is_dir() {
             return Err(format!(
                 "workingDir {} is not a directory in the Pod's root",
                 launch.cwd.display()
@@ -972,7 +990,7 @@ impl Shim {
     ) -> Instant {
         let deadline = self.pre_stop(pre_stop, launch, spec).await;
         if let Some(g) = group {
-            g.signal_group(stop_signal(g));
+            self.ask_to_stop(g);
         }
         // Like the kubelet, a preStop hook that used the whole grace period still
         // leaves the process 2 s between SIGTERM and SIGKILL.
@@ -989,10 +1007,11 @@ impl Shim {
     /// another container of the Pod that writes the same file runs.
     fn fresh_termination_log(&self, launch: &Launch) {
         use rustix::fs::{Mode, OFlags};
-        let Some(rel) = launch.termination_log.as_deref() else {
+        let Some((root, rel)) = self.termination_file(launch) else {
             return;
         };
-        let shared = {
+        let rel = rel.as_path();
+        let shared = !self.spec.isolated && {
             let st = lock(&self.status);
             st.init.iter().chain(&st.containers).any(|c| {
                 c.status.name != launch.name
@@ -1005,7 +1024,6 @@ impl Shim {
         if shared {
             return;
         }
-        let root = self.sandbox.root();
         let made = match crate::sandbox::open_beneath(
             &root,
             rel,
@@ -1044,6 +1062,27 @@ impl Shim {
         }
     }
 
+    /// Where `launch`'s termination message file is, as a directory of the
+    /// host and a path beneath it: with namespaces, a file of the
+    /// container's own (bound at its terminationMessagePath), else the path
+    /// under the Pod's root.
+    fn termination_file(&self, launch: &Launch) -> Option<(PathBuf, PathBuf)> {
+        let rel = launch.termination_log.as_deref()?;
+        let spec = self
+            .spec
+            .spec
+            .init_containers
+            .iter()
+            .chain(&self.spec.spec.containers)
+            .find(|c| c.name == launch.name);
+        match spec {
+            Some(c) if self.spec.isolated && crate::sandbox::own_termination_file(c, rel) => {
+                Some((self.sandbox.termination_dir(), PathBuf::from(&launch.name)))
+            }
+            _ => Some((self.sandbox.root(), rel.to_owned())),
+        }
+    }
+
     /// A regular file the Pod's user owns (what root may read or truncate for it).
     fn owned_by_pod(&self, f: &std::fs::File) -> bool {
         use std::os::unix::fs::MetadataExt;
@@ -1062,9 +1101,10 @@ impl Shim {
         code: i32,
     ) -> Option<String> {
         use std::io::{Read, Seek};
-        let from_file = launch.termination_log.as_deref().and_then(|rel| {
+        let from_file = self.termination_file(launch).and_then(|(root, rel)| {
+            let rel = rel.as_path();
             let f = crate::sandbox::open_beneath(
-                &self.sandbox.root(),
+                &root,
                 rel,
                 rustix::fs::OFlags::RDONLY,
                 rustix::fs::Mode::empty(),
