@@ -221,10 +221,13 @@ fn exec_real_command(c: &Cluster) -> Result<()> {
         lines.first() == Some(&"hello-from-env"),
         "env not seen: {out:?}"
     );
-    ensure!(
-        lines.get(2).is_some_and(|l| l.ends_with("/root/srv")),
-        "workingDir not used: {out:?}"
-    );
+    // With namespaces, the path itself; without, that path under the Pod's root.
+    let wd_ok = if namespaces(c)? {
+        lines.get(2) == Some(&"/srv")
+    } else {
+        lines.get(2).is_some_and(|l| l.ends_with("/root/srv"))
+    };
+    ensure!(wd_ok, "workingDir not used: {out:?}");
     let pid: u32 = lines
         .get(3)
         .and_then(|l| l.strip_prefix("pid="))
@@ -249,6 +252,38 @@ fn exec_real_command(c: &Cluster) -> Result<()> {
         "the container runs as {:?}",
         uid_of(procs[0].0)
     );
+    // With namespaces, ps in the container shows the Pod's processes alone:
+    // its sh as PID 1, its sleep, and ps itself.
+    if namespaces(c)? {
+        let ps = c.kubectl(&[
+            "exec",
+            "exec-target",
+            "-n",
+            NS,
+            "--",
+            "ps",
+            "-e",
+            "-o",
+            "pid=,args=",
+        ])?;
+        let seen: Vec<(&str, &str)> = ps
+            .lines()
+            .filter_map(|l| l.trim().split_once(' '))
+            .collect();
+        ensure!(
+            seen.first()
+                .is_some_and(|(pid, args)| *pid == "1" && args.contains("marker-exec-target")),
+            "PID 1 is not the container's program: {ps}"
+        );
+        ensure!(
+            seen.len() == 3
+                && seen.iter().all(|(_, a)| a.contains("marker-exec-target")
+                    || a.starts_with("sleep")
+                    || a.starts_with("ps")),
+            "ps shows more than the Pod's processes: {ps}"
+        );
+        eprintln!("exec: ps in the container shows {} processes", seen.len());
+    }
     // A command that does not exist: kubectl reports the exit code.
     let code = kubectl_status(
         c,
@@ -1010,7 +1045,10 @@ spec: {{ports: [{{port: 8765, targetPort: 8080}}]}}
         "deadline",
         NS,
         "proc",
-        r#"  containers:
+        // Its sh ignores SIGTERM (as its PID namespace's init, or under a
+        // runtime), so the grace period is what stopping it takes.
+        r#"  terminationGracePeriodSeconds: 3
+  containers:
   - name: main
     image: busybox
     command: [sh, -c, "sleep 3600; : marker-deadline"]"#,
