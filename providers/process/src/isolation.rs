@@ -57,6 +57,10 @@ pub struct Bind {
     /// A missing source is skipped rather than an error.
     #[serde(default)]
     pub optional: bool,
+    /// The volume `source` lies in: what the source resolves to (through
+    /// any link a Pod planted in the volume) must stay inside it.
+    #[serde(default)]
+    pub within: Option<PathBuf>,
 }
 
 /// Why a container's namespaces could not be made or entered.
@@ -142,9 +146,20 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
             Err(e) => return Err(err("volume", &b.source)(e)),
             Ok(_) => {}
         }
-        let dir = b.source.is_dir();
+        // Held open from the check to the mount, so a link swapped in
+        // between cannot redirect it.
+        let held = match &b.within {
+            Some(volume) => Some(open_within(&b.source, volume)?),
+            None => None,
+        };
+        let source = match &held {
+            Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+            None => b.source.clone(),
+        };
+        let dir = source.is_dir();
         let at = builder.mount_point(&b.target, dir)?;
-        rustix::mount::mount_bind_recursive(&b.source, &at).map_err(errno("binding", &at))?;
+        rustix::mount::mount_bind_recursive(&source, &at).map_err(errno("binding", &at))?;
+        drop(held);
         // What is made under it from now on would be made in the volume.
         builder.ours.retain(|o| *o != at);
         if b.read_only {
@@ -215,6 +230,36 @@ pub fn program_of(pid: i32) -> i32 {
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse().ok())
         .unwrap_or(pid)
+}
+
+/// Opens `source` (O_PATH) only if what it resolves to lies in `volume`, as
+/// resolved too; checked again on the open handle itself.
+fn open_within(source: &Path, volume: &Path) -> Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let root = std::fs::canonicalize(volume).map_err(err("resolving", volume))?;
+    let leaves = || {
+        IsolationError::Invalid(format!(
+            "{} leads out of its volume {}",
+            source.display(),
+            volume.display()
+        ))
+    };
+    let real = std::fs::canonicalize(source).map_err(err("resolving", source))?;
+    if !real.starts_with(&root) {
+        return Err(leaves());
+    }
+    let fd = rustix::fs::open(
+        &real,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno("opening", &real))?;
+    let now = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(err("resolving", &real))?;
+    if !now.starts_with(&root) {
+        return Err(leaves());
+    }
+    Ok(fd)
 }
 
 fn ns_path(pid: i32, ns: &str) -> PathBuf {

@@ -273,7 +273,8 @@ fn supervise(args: &[String], r: &Request) -> i32 {
 }
 
 /// Runs the launcher; returns only on failure, with the exit code to use
-/// (127: the program is missing, 126: it cannot be run, 125: bad arguments).
+/// (127: the program is missing, 126: it cannot be run, 125: bad arguments),
+/// or as the first launcher of an isolated launch, with the program's code.
 pub fn main(args: &[String]) -> i32 {
     if args == ["--check-namespaces"] {
         return if crate::isolation::check() { 0 } else { 1 };

@@ -263,6 +263,14 @@ impl ProcessProvider {
         }
         self.hand_over(&sb.root()).map_err(e)?;
         self.hand_over(&sb.volumes()).map_err(e)?;
+        // An emptyDir is open to every user of the Pod, as the kubelet makes it.
+        for v in &spec.volumes {
+            if matches!(v.source, VolumeSource::EmptyDir { .. }) {
+                let vdir = sb.volumes().join(&v.name);
+                std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(0o777))
+                    .map_err(e)?;
+            }
+        }
         if self.inner.isolated {
             self.write_mount_plans(sb, spec, launches).map_err(e)?;
         }
@@ -282,7 +290,7 @@ impl ProcessProvider {
         std::fs::create_dir_all(sb.rootfs())?;
         std::fs::create_dir_all(sb.termination_dir())?;
         std::fs::create_dir_all(sb.mount_plan(0).parent().unwrap_or(&sb.dir))?;
-        let hostname = spec.pod.name.clone();
+        let hostname = pod_hostname(&spec.pod.name);
         let hosts = format!(
             "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
              fe00::0\tip6-localnet\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n127.0.0.1\t{hostname}\n"
@@ -306,6 +314,13 @@ impl ProcessProvider {
     }
 }
 
+/// The Pod's hostname as the kubelet makes it: its name, cut to 63
+/// characters without a trailing `-` or `.` (a hostname is at most 64 bytes).
+fn pod_hostname(name: &str) -> String {
+    let cut: String = name.chars().take(63).collect();
+    cut.trim_end_matches(['-', '.']).to_owned()
+}
+
 /// What container `c` sees (see `isolation`): its sandbox at its own path
 /// (`$VKD_POD_ROOT`), the Pod's /etc files, its volumes at their mountPaths
 /// (parents first; a volume at /etc/hosts wins over the Pod's file, as under
@@ -323,19 +338,47 @@ fn mount_plan(
         target,
         read_only,
         optional: false,
+        within: None,
     };
     let mut binds = vec![bind(sb.dir.clone(), sb.dir.clone(), false)];
     for f in ["hosts", "hostname", "resolv.conf"] {
         binds.push(bind(sb.etc().join(f), Path::new("/etc").join(f), false));
     }
+    // The programs an image maps to are where they are on the host, even
+    // under /tmp, which is the container's own: their directories (the
+    // program's and its PATH) are shown there, read-only.
+    let path = l
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let program_dir = l.argv.first().and_then(|p| Path::new(p).parent());
+    let mut image_dirs: Vec<PathBuf> = path
+        .into_iter()
+        .flat_map(|p| p.split(':'))
+        .map(PathBuf::from)
+        .chain(program_dir.map(Path::to_owned))
+        .filter(|d| d.starts_with("/tmp") && d.is_dir() && !d.starts_with(&p.inner.dir))
+        .collect();
+    image_dirs.sort();
+    image_dirs.dedup();
+    for d in image_dirs {
+        binds.push(bind(d.clone(), d, true));
+    }
     let mut mounts: Vec<&vkd_provider::Mount> = c.mounts.iter().collect();
     mounts.sort_by_key(|m| Path::new(&m.path).components().count());
     for m in &mounts {
-        let mut source = sb.volumes().join(&m.volume);
+        let volume = sb.volumes().join(&m.volume);
+        let mut source = volume.clone();
         if let Some(sub) = &m.sub_path {
             source.push(sub);
         }
-        binds.push(bind(source, PathBuf::from(&m.path), m.read_only));
+        // A volume the Pod writes may hold links: the bind never leaves it.
+        binds.push(Bind {
+            within: Some(volume),
+            ..bind(source, PathBuf::from(&m.path), m.read_only)
+        });
     }
     // The message file is the shim's, in the sandbox; one under a volume is
     // the volume's own file already.
@@ -397,4 +440,17 @@ fn not_found(container: &str, program: &str, path: &str, image: &str) -> Provide
             "container {container}: executable {program:?} not found in PATH {path} (image {image:?})"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pod_hostname;
+
+    #[test]
+    fn a_hostname_is_cut_as_the_kubelet_cuts_it() {
+        assert_eq!(pod_hostname("web-0"), "web-0");
+        let long = format!("{}-{}", "a".repeat(62), "b".repeat(10));
+        assert_eq!(pod_hostname(&long), "a".repeat(62));
+        assert_eq!(pod_hostname(&"c".repeat(80)).len(), 63);
+    }
 }

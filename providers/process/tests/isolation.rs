@@ -178,3 +178,44 @@ async fn the_termination_message_is_read_from_the_path_the_spec_names() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A link a Pod plants in its volume never leads a subPath mount out of it:
+/// the container that would mount it does not start, and says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sub_path_through_a_planted_link_does_not_leave_its_volume() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-isolated-escape";
+    let mut s = spec(uid, &["sh", "-c", "ls /escaped; sleep 3602"]);
+    s.restart_policy = RestartPolicy::Never;
+    s.volumes = vec![Volume {
+        name: "scratch".into(),
+        source: VolumeSource::EmptyDir { size_limit: None },
+    }];
+    s.init_containers = vec![vkd_provider::ContainerSpec {
+        name: "plant".into(),
+        image: "busybox".into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "rmdir /scratch/escape; ln -s / /scratch/escape".into(),
+        ],
+        mounts: vec![mount("scratch", "/scratch", None, false)],
+        ..Default::default()
+    }];
+    s.containers[0].mounts = vec![mount("scratch", "/escaped", Some("escape"), false)];
+    p.create(&fence(), &s).await.unwrap();
+    let i = wait_for("the Pod to fail", async || {
+        let i = p.get(uid).await.unwrap()?;
+        (i.phase == InstancePhase::Failed).then_some(i)
+    })
+    .await;
+    let ContainerState::Terminated(t) = &i.containers[0].state else {
+        panic!("{:?}", i.containers[0].state)
+    };
+    assert_eq!(t.exit_code, 126, "{t:?}");
+    let log = log_text(&p, uid, "main").await;
+    assert!(log.contains("leads out of its volume"), "{log:?}");
+    assert_eq!(processes("sleep 3602"), 0);
+    remove(&p, uid).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
