@@ -557,6 +557,9 @@ fn probe(
         timeout: secs(p.timeout_seconds, 1).max(Duration::from_secs(1)),
         success_threshold: count(p.success_threshold, 1),
         failure_threshold: count(p.failure_threshold, 3),
+        termination_grace: p
+            .termination_grace_period_seconds
+            .map(|g| Duration::from_secs(g.max(0).unsigned_abs())),
     })
 }
 

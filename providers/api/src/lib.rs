@@ -224,6 +224,10 @@ pub struct Probe {
     pub timeout: Duration,
     pub success_threshold: u32,
     pub failure_threshold: u32,
+    /// The probe's own `terminationGracePeriodSeconds`: the grace a container
+    /// this (liveness or startup) probe restarts gets instead of the Pod's.
+    #[serde(default)]
+    pub termination_grace: Option<Duration>,
 }
 
 /// A Pod volume, with the content vkd resolved from the API.

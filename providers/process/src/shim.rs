@@ -820,10 +820,11 @@ impl Shim {
                             let ready = r && may_be_ready;
                             self.set(i, init, |c| c.status.ready = ready);
                         }
-                        ProbeOutcome::Restart(why) => {
+                        ProbeOutcome::Restart(why, grace) => {
                             self.note(&why);
                             terminating = true;
-                            kill_at = Some(self.terminate(group, spec.pre_stop.as_deref(), launch, spec).await);
+                            let grace = grace.map(|g| g.min(LONGEST_WAIT));
+                            kill_at = Some(self.terminate_within(grace, group, spec.pre_stop.as_deref(), launch, spec).await);
                         }
                     }
                 }
@@ -970,7 +971,17 @@ impl Shim {
         launch: &Launch,
         spec: &ContainerSpec,
     ) -> Instant {
-        let grace = self.grace();
+        self.pre_stop_within(self.grace(), pre_stop, launch, spec)
+            .await
+    }
+
+    async fn pre_stop_within(
+        &self,
+        grace: Duration,
+        pre_stop: Option<&Handler>,
+        launch: &Launch,
+        spec: &ContainerSpec,
+    ) -> Instant {
         let deadline = after(grace);
         if let Some(h) = pre_stop {
             // The hook bounds itself by `grace`; an outer timeout would drop it
@@ -988,7 +999,22 @@ impl Shim {
         launch: &Launch,
         spec: &ContainerSpec,
     ) -> Instant {
-        let deadline = self.pre_stop(pre_stop, launch, spec).await;
+        self.terminate_within(None, group, pre_stop, launch, spec)
+            .await
+    }
+
+    /// As `terminate`, with `grace` instead of the Pod's when given (a
+    /// probe's own terminationGracePeriodSeconds, as the kubelet uses it).
+    async fn terminate_within(
+        &self,
+        grace: Option<Duration>,
+        group: Option<ProcessId>,
+        pre_stop: Option<&Handler>,
+        launch: &Launch,
+        spec: &ContainerSpec,
+    ) -> Instant {
+        let grace = grace.unwrap_or_else(|| self.grace());
+        let deadline = self.pre_stop_within(grace, pre_stop, launch, spec).await;
         if let Some(g) = group {
             self.ask_to_stop(g);
         }
@@ -1335,7 +1361,8 @@ async fn http_get(
 enum ProbeOutcome {
     Nothing,
     Ready(bool),
-    Restart(String),
+    /// Restart the container, with the probe's own grace period if it has one.
+    Restart(String, Option<Duration>),
 }
 
 struct ProbeState {
@@ -1444,10 +1471,13 @@ impl Probes {
                     }
                 }
                 Some(false) => {
-                    return ProbeOutcome::Restart(format!(
-                        "container {} failed its startup probe, will be restarted",
-                        spec.name
-                    ));
+                    return ProbeOutcome::Restart(
+                        format!(
+                            "container {} failed its startup probe, will be restarted",
+                            spec.name
+                        ),
+                        s.probe.termination_grace,
+                    );
                 }
                 None => {}
             }
@@ -1460,10 +1490,13 @@ impl Probes {
                 .handle(&l.probe.handler, launch, spec, l.probe.timeout)
                 .await;
             if l.record(ok) == Some(false) {
-                return ProbeOutcome::Restart(format!(
-                    "container {} failed its liveness probe, will be restarted",
-                    spec.name
-                ));
+                return ProbeOutcome::Restart(
+                    format!(
+                        "container {} failed its liveness probe, will be restarted",
+                        spec.name
+                    ),
+                    l.probe.termination_grace,
+                );
             }
         }
         if let Some(r) = self.readiness.as_mut()

@@ -588,6 +588,7 @@ async fn a_huge_grace_period_does_not_panic_the_shim() {
         timeout: Duration::from_secs(1),
         success_threshold: 1,
         failure_threshold: 1,
+        termination_grace: None,
     }));
     p.create(&fence(), &s).await.unwrap();
     wait_for("a restart after the liveness failure", async || {
@@ -597,6 +598,46 @@ async fn a_huge_grace_period_does_not_panic_the_shim() {
     })
     .await;
     remove(&p, "u-grace").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A liveness probe's own terminationGracePeriodSeconds bounds the restart it
+/// causes, not the Pod's (here 600 s, which the program would use up: it
+/// ignores SIGTERM).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probes_own_grace_period_bounds_its_restart() {
+    let (p, dir) = provider();
+    let mut s = spec("u-probe-grace", &["sh", "-c", "trap '' TERM; sleep 1000"]);
+    s.termination_grace = Duration::from_secs(600);
+    s.containers[0].liveness_probe = Some(Box::new(vkd_provider::Probe {
+        handler: vkd_provider::Handler::Exec {
+            command: vec!["false".into()],
+        },
+        initial_delay: Duration::ZERO,
+        period: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
+        success_threshold: 1,
+        failure_threshold: 1,
+        termination_grace: Some(Duration::from_secs(2)),
+    }));
+    p.create(&fence(), &s).await.unwrap();
+    // Within the probe's 2 s grace (and a period or two), not the Pod's 600 s.
+    wait_for("a restart after the probe's grace", async || {
+        let i = p.get("u-probe-grace").await.unwrap()?;
+        (i.containers.first()?.restart_count >= 1).then_some(())
+    })
+    .await;
+    p.delete(&fence(), "u-probe-grace", Duration::from_secs(1))
+        .await
+        .unwrap();
+    wait_for("deletion", async || {
+        p.get("u-probe-grace")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
