@@ -1,5 +1,6 @@
 //! `kubectl attach` on the process provider: stdin through the shim, output
 //! from the log, across a restart of the provider, and `stdinOnce`.
+#![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
 
 mod common;
 

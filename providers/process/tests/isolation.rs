@@ -2,6 +2,7 @@
 //! Pod's volumes at the paths the spec names, its own /proc, /tmp and
 //! /dev/termination-log, a read-only host, exec in the same namespaces, and
 //! nothing of the Pod left on the host once it is gone.
+#![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
 
 mod common;
 
