@@ -65,6 +65,9 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
             }
         };
         let shim = sb.shim_process();
+        // With namespaces a container's recorded process is the launcher that
+        // waits outside them; its program, the one child, is what is shown.
+        let mut launchers = Vec::new();
         let mut processes: Vec<(String, i32)> = status
             .map(|st| {
                 st.init
@@ -73,14 +76,21 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
                     .chain(st.ephemeral.iter().flatten())
                     .filter_map(|c| {
                         let p = c.process.filter(|p| p.alive())?;
-                        Some((c.status.name.clone(), p.pid))
+                        let program = if procfs::is_launcher(p.pid) {
+                            launchers.push(p.pid);
+                            crate::isolation::program_of(p.pid)
+                        } else {
+                            p.pid
+                        };
+                        Some((c.status.name.clone(), program))
                     })
                     .collect()
             })
             .unwrap_or_default();
         if let Some(s) = shim.filter(|p| p.alive()) {
             for pid in procfs::descendants(s.pid) {
-                let launcher_or_known = processes.iter().any(|(_, p)| *p == pid);
+                let launcher_or_known =
+                    launchers.contains(&pid) || processes.iter().any(|(_, p)| *p == pid);
                 if !launcher_or_known && procfs::stat(pid).is_some_and(|st| st.state != 'Z') {
                     processes.push(("other".into(), pid));
                 }

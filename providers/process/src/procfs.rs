@@ -159,7 +159,8 @@ fn default_disposition(pid: i32, signal: u32) -> Option<bool> {
 }
 
 /// Whether a /proc/PID/cmdline is the launcher's, as the shim starts it.
-fn is_launcher(pid: i32) -> bool {
+/// Whether process `pid` is this program's launcher (`process-launch`).
+pub(crate) fn is_launcher(pid: i32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_launcher_cmdline(&c))
 }
 
