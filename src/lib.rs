@@ -78,9 +78,19 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
             })?;
             let provider =
                 vkd_process::ProcessProvider::open(config, &cfg.state_dir.join("process"), exe)
-                    .map_err(|e| Error::Provider {
-                        provider: "process",
-                        message: e.to_string(),
+                    .map_err(|e| {
+                        // A field of the provider config that this host cannot honour.
+                        if e.is_config() {
+                            Error::Config(config::ConfigError {
+                                field: "provider-config".into(),
+                                message: e.to_string(),
+                            })
+                        } else {
+                            Error::Provider {
+                                provider: "process",
+                                message: e.to_string(),
+                            }
+                        }
                     })?;
             info!(
                 limits = provider.limits_mode(),

@@ -535,6 +535,18 @@ fn bad_input_exits_64(_c: &Cluster) -> Result<()> {
             "imagez",
         ),
         (
+            vec![
+                "run".into(),
+                "--node-name".into(),
+                "vk".into(),
+                "--provider-config".into(),
+                path(&repo_root().join("testdata/bad/process-cgroup-parent.yaml")),
+                "--state-dir".into(),
+                state.clone(),
+            ],
+            "cgroupParent",
+        ),
+        (
             vec!["run".into(), "--no-such-flag".into()],
             "--no-such-flag",
         ),

@@ -299,7 +299,9 @@ pub fn main(args: &[String]) -> i32 {
             return 126;
         }
     };
-    if let Some(dir) = &r.cgroup {
+    // The second launcher of an isolated launch inherits the first's cgroup
+    // and rlimits.
+    if let Some(dir) = r.cgroup.as_ref().filter(|_| !r.stage2) {
         let procs = std::path::Path::new(dir).join("cgroup.procs");
         if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
             // Outside its cgroup the process would escape the Pod's limits and its end.
@@ -307,13 +309,13 @@ pub fn main(args: &[String]) -> i32 {
             return 126;
         }
     }
-    if let Some(bytes) = r.data_limit
+    if let Some(bytes) = r.data_limit.filter(|_| !r.stage2)
         && let Err(e) = set_limit(rustix::process::Resource::Data, bytes)
     {
         eprintln!("process-launch: setting the memory limit: {e}");
         return 126;
     }
-    if let Some(n) = r.nproc_limit
+    if let Some(n) = r.nproc_limit.filter(|_| !r.stage2)
         && let Err(e) = set_limit(rustix::process::Resource::Nproc, n)
     {
         eprintln!("process-launch: setting the process limit: {e}");

@@ -108,6 +108,14 @@ pub enum OpenError {
     },
 }
 
+impl OpenError {
+    /// Whether the provider config is what is wrong (a field says what it
+    /// cannot have), rather than the host or the state directory.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Cgroup(_) | Self::RootPods | Self::NoNamespaces)
+    }
+}
+
 /// Makes the state directories root's alone to write, and checks every directory
 /// above them: one a Pod's user could rename or fill would let it plant a sandbox
 /// that root then runs.

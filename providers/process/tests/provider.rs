@@ -579,17 +579,7 @@ async fn a_huge_grace_period_does_not_panic_the_shim() {
         &["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
     );
     s.termination_grace = Duration::from_secs(i64::MAX as u64);
-    s.containers[0].liveness_probe = Some(Box::new(vkd_provider::Probe {
-        handler: vkd_provider::Handler::Exec {
-            command: vec!["false".into()],
-        },
-        initial_delay: Duration::ZERO,
-        period: Duration::from_secs(1),
-        timeout: Duration::from_secs(1),
-        success_threshold: 1,
-        failure_threshold: 1,
-        termination_grace: None,
-    }));
+    s.containers[0].liveness_probe = Some(Box::new(failing_liveness(None)));
     p.create(&fence(), &s).await.unwrap();
     wait_for("a restart after the liveness failure", async || {
         let i = p.get("u-grace").await.unwrap()?;
@@ -601,15 +591,10 @@ async fn a_huge_grace_period_does_not_panic_the_shim() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A liveness probe's own terminationGracePeriodSeconds bounds the restart it
-/// causes, not the Pod's (here 600 s, which the program would use up: it
-/// ignores SIGTERM).
-#[tokio::test(flavor = "multi_thread")]
-async fn a_probes_own_grace_period_bounds_its_restart() {
-    let (p, dir) = provider();
-    let mut s = spec("u-probe-grace", &["sh", "-c", "trap '' TERM; sleep 1000"]);
-    s.termination_grace = Duration::from_secs(600);
-    s.containers[0].liveness_probe = Some(Box::new(vkd_provider::Probe {
+/// A liveness probe that fails at once, every second, with `grace` as its own
+/// terminationGracePeriodSeconds.
+fn failing_liveness(grace: Option<Duration>) -> vkd_provider::Probe {
+    vkd_provider::Probe {
         handler: vkd_provider::Handler::Exec {
             command: vec!["false".into()],
         },
@@ -618,8 +603,19 @@ async fn a_probes_own_grace_period_bounds_its_restart() {
         timeout: Duration::from_secs(1),
         success_threshold: 1,
         failure_threshold: 1,
-        termination_grace: Some(Duration::from_secs(2)),
-    }));
+        termination_grace: grace,
+    }
+}
+
+/// A liveness probe's own terminationGracePeriodSeconds bounds the restart it
+/// causes, not the Pod's (here 600 s, which the program would use up: it
+/// ignores SIGTERM).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probes_own_grace_period_bounds_its_restart() {
+    let (p, dir) = provider();
+    let mut s = spec("u-probe-grace", &["sh", "-c", "trap '' TERM; sleep 1000"]);
+    s.termination_grace = Duration::from_secs(600);
+    s.containers[0].liveness_probe = Some(Box::new(failing_liveness(Some(Duration::from_secs(2)))));
     p.create(&fence(), &s).await.unwrap();
     // Within the probe's 2 s grace (and a period or two), not the Pod's 600 s.
     wait_for("a restart after the probe's grace", async || {
