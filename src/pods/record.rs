@@ -160,6 +160,8 @@ pub struct PodRecord {
     pub queued_since: Option<Stamp>,
     /// `vkd.io/partition-policy: fence`: stop the instance in a partition.
     pub fence_on_partition: bool,
+    /// `spec.hostNetwork`: the Pod's IP is the host's, on any backend.
+    pub host_network: bool,
     /// vkd's own final delete of the Pod was accepted: the watch's Delete event
     /// is all that is left (an update seen before it must not delete again).
     pub delete_sent: bool,
@@ -345,6 +347,7 @@ impl PodRecord {
                 .as_ref()
                 .and_then(|a| a.get(crate::fencing::PARTITION_POLICY_ANNOTATION))
                 .is_some_and(|v| v == "fence"),
+            host_network: spec.host_network.unwrap_or(false),
             delete_sent: previous.is_some_and(|p| p.delete_sent),
             active_deadline: ActiveDeadline::of(spec),
             storage_limits: super::eviction::StorageLimits::of(spec),

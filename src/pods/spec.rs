@@ -215,6 +215,8 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             volumes: Vec::new(),
             termination_grace: Duration::from_secs(grace),
             pod_spec: None,
+            host_network: spec.host_network.unwrap_or(false),
+            host_ports: host_ports(&all)?,
         },
         env: all
             .iter()
@@ -345,6 +347,51 @@ fn resource_fields(c: &Container) -> BTreeMap<String, String> {
     out
 }
 
+/// The names in `c`'s env whose final value is the Pod's IP (the last
+/// declaration of a name wins, as in [`Resolver::env`]).
+fn pod_ip_env(c: &Container) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for e in c.env.iter().flatten() {
+        names.retain(|n| *n != e.name);
+        let path = e
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str());
+        if matches!(path, Some("status.podIP" | "status.podIPs")) {
+            names.push(e.name.clone());
+        }
+    }
+    names
+}
+
+/// Every container port with a `hostPort`, checked: both ports in 1..=65535.
+fn host_ports(containers: &[&Container]) -> Result<Vec<vkd_provider::HostPort>, SpecError> {
+    let mut out = Vec::new();
+    for c in containers {
+        for p in c.ports.iter().flatten() {
+            let Some(host_port) = p.host_port.filter(|&h| h != 0) else {
+                continue;
+            };
+            let port = |n: i32, what: &str| {
+                u16::try_from(n).ok().filter(|&n| n != 0).ok_or_else(|| {
+                    spec_error(
+                        "InvalidSpec",
+                        format!("container {}: {what} {n} is not in 1-65535", c.name),
+                    )
+                })
+            };
+            out.push(vkd_provider::HostPort {
+                container_port: port(p.container_port, "containerPort")?,
+                host_port: port(host_port, "hostPort")?,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                host_ip: p.host_ip.clone().filter(|h| !h.is_empty()),
+            });
+        }
+    }
+    Ok(out)
+}
+
 fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError> {
     let ports: BTreeMap<&str, u16> = c
         .ports
@@ -437,6 +484,7 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
             }
             _ => vkd_provider::TerminationMessagePolicy::File,
         },
+        pod_ip_env: pod_ip_env(c),
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),

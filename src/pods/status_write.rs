@@ -10,9 +10,11 @@ impl PodController {
         instance: Option<&Instance>,
         waiting: &Waiting,
     ) -> Result<(), ReconcileError> {
-        // A backend with Pod networking reports the IP itself, maybe later.
+        // A backend with Pod networking reports the IP itself, maybe later; a
+        // hostNetwork Pod has the host's on any backend.
         let shares_host_ip = instance.is_some()
-            && self.provider.capabilities().pod_network != vkd_provider::Support::Supported;
+            && (rec.host_network
+                || self.provider.capabilities().pod_network != vkd_provider::Support::Supported);
         self.write_status_of(rec, instance, waiting, shares_host_ip)
             .await
     }

@@ -50,6 +50,8 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
         volumes: Vec::new(),
         termination_grace: Duration::from_secs(5),
         pod_spec: None,
+        host_network: false,
+        host_ports: Vec::new(),
     }
 }
 

@@ -143,6 +143,12 @@ pub struct ContainerSpec {
     /// `tty: true`, as the Pod says (a backend without terminals ignores it).
     #[serde(default)]
     pub tty: bool,
+    /// The variables of `env` whose value is the Pod's IP (a `fieldRef` to
+    /// `status.podIP` or `status.podIPs`). They carry the host's IP, which is
+    /// the Pod's unless the backend gives it one of its own; such a backend
+    /// sets them to that IP before the container starts, as the kubelet does.
+    #[serde(default)]
+    pub pod_ip_env: Vec<String>,
 }
 
 /// terminationMessagePath when the Pod does not say (the API server's default).
@@ -308,6 +314,26 @@ pub struct InstanceSpec {
     /// `containers[].env` and `volumes`, which a backend uses instead.
     #[serde(default)]
     pub pod_spec: Option<String>,
+    /// `spec.hostNetwork`: the Pod shares the host's network and IP, even on a
+    /// backend that gives Pods networks of their own.
+    #[serde(default)]
+    pub host_network: bool,
+    /// The containers' ports that ask for a `hostPort`, for a backend with
+    /// Pod networks to map (the scheduler has kept them unique on the node).
+    #[serde(default)]
+    pub host_ports: Vec<HostPort>,
+}
+
+/// A container port published on the host (`ports[].hostPort`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostPort {
+    pub container_port: u16,
+    pub host_port: u16,
+    /// `TCP`, `UDP` or `SCTP`, as in the Pod spec.
+    pub protocol: String,
+    /// `hostIP`, when the port is published on one address only.
+    #[serde(default)]
+    pub host_ip: Option<String>,
 }
 
 fn default_grace() -> Duration {

@@ -13,6 +13,11 @@
 //! podPidsLimit: 1024            # processes per Pod (the kubelet's podPidsLimit); 0: no limit;
 //!                               # set here, also RLIMIT_NPROC where the cgroup has no pids controller
 //! cgroupParent: auto            # auto | none | a cgroup v2 directory vkd may create children in
+//! isolation: auto               # auto | namespaces | host
+//! hostRootReadOnly: true        # with namespaces: the host's tree is read-only in containers
+//! network:                      # a network namespace and IP per Pod, through CNI (needs namespaces)
+//!   cniConfig: /etc/vkd/cni/pods.conflist   # a CNI network configuration list (JSON)
+//!   cniBinDir: /opt/cni/bin     # its plugins, and `loopback`
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -89,6 +94,20 @@ pub struct ProcessConfig {
     /// With namespaces: the host's tree is read-only in containers.
     #[serde(default = "yes")]
     pub host_root_read_only: bool,
+    /// Pods get network namespaces of their own, set up by CNI plugins;
+    /// without it they share the host's network.
+    #[serde(default)]
+    pub network: Option<NetworkConfig>,
+}
+
+/// `network` in the config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NetworkConfig {
+    /// A CNI network configuration list (`.conflist`), read at start.
+    pub cni_config: PathBuf,
+    /// Where the plugins it names are, with `loopback`.
+    pub cni_bin_dir: PathBuf,
 }
 
 /// `isolation` in the config.
@@ -128,6 +147,7 @@ impl Default for ProcessConfig {
             pod_pids_limit: None,
             isolation: IsolationMode::Auto,
             host_root_read_only: true,
+            network: None,
         }
     }
 }

@@ -45,6 +45,14 @@ pub struct MountPlan {
     /// runtime makes it.
     #[serde(default)]
     pub working_dir: Option<PathBuf>,
+    /// The Pod's network namespace (a bind mount of one), joined first;
+    /// `None` keeps the host's network.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
+    /// Mount points detached (with all beneath them) from the container's
+    /// mount namespace: the other Pods' network namespaces.
+    #[serde(default)]
+    pub detach: Vec<PathBuf>,
 }
 
 /// One bind mount: `source` on the host at `target` in the container.
@@ -111,6 +119,14 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// already the init of a new PID namespace, and moves it into the container's
 /// root. Single-threaded callers only (the launcher).
 pub fn enter_new(plan: &MountPlan) -> Result<()> {
+    if let Some(netns) = &plan.netns {
+        let f = std::fs::File::open(netns).map_err(err("opening", netns))?;
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&f),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .map_err(errno("entering the network namespace", netns))?;
+    }
     unshare(rustix::thread::UnshareFlags::NEWNS | rustix::thread::UnshareFlags::NEWUTS)?;
     // Nothing mounted from here on reaches the host.
     rustix::mount::mount_change(
@@ -118,6 +134,14 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
         MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
     )
     .map_err(errno("making private", Path::new("/")))?;
+    for d in &plan.detach {
+        // Gone from this namespace alone (it is private now); not a mount
+        // point, or none there, leaves nothing to detach.
+        match rustix::mount::unmount(d, UnmountFlags::DETACH) {
+            Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(errno("detaching", d)(e)),
+        }
+    }
     let root = &plan.root;
     if !root.is_absolute() {
         return Err(IsolationError::Invalid(format!(
@@ -189,15 +213,17 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
     Ok(())
 }
 
-/// Enters the mount and UTS namespaces of process `pid` (a container's
+/// Enters the network, mount and UTS namespaces of process `pid` (a container's
 /// program): `kubectl exec`, probes and hooks see what the container sees.
 /// Its PID namespace is entered by the caller's parent ([`join_pid`]).
 pub fn join(pid: i32) -> Result<()> {
     use rustix::thread::LinkNameSpaceType as Ns;
     // Both are opened before either is entered: /proc is the host's until then.
+    let net = ns_file(pid, "net")?;
     let uts = ns_file(pid, "uts")?;
     let mnt = ns_file(pid, "mnt")?;
     for (f, kind, name) in [
+        (&net, Ns::Network, "net"),
         (&uts, Ns::HostNameAndNISDomainName, "uts"),
         (&mnt, Ns::Mount, "mnt"),
     ] {

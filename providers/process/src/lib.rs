@@ -21,6 +21,7 @@ pub mod isolation;
 pub mod launch;
 mod listing;
 pub mod logs;
+pub mod network;
 mod prepare;
 pub mod procfs;
 pub mod sandbox;
@@ -86,6 +87,14 @@ pub enum OpenError {
     )]
     NoNamespaces,
     #[error(
+        "process provider config: network gives each Pod a network namespace, which needs \
+         isolation: namespaces (vkd as root, with CAP_SYS_ADMIN); this node runs Pods as host \
+         processes"
+    )]
+    NetworkNeedsNamespaces,
+    #[error("process provider config: {0}")]
+    Network(#[from] network::NetworkError),
+    #[error(
         "{path} (owner uid {owner}, mode {mode:o}) could be replaced by a Pod's user: every \
          directory above the state must be root's and not writable by others (or sticky, as \
          /tmp is), since vkd runs as root what the state describes"
@@ -112,7 +121,14 @@ impl OpenError {
     /// Whether the provider config is what is wrong (a field says what it
     /// cannot have), rather than the host or the state directory.
     pub fn is_config(&self) -> bool {
-        matches!(self, Self::Cgroup(_) | Self::RootPods | Self::NoNamespaces)
+        matches!(
+            self,
+            Self::Cgroup(_)
+                | Self::RootPods
+                | Self::NoNamespaces
+                | Self::NetworkNeedsNamespaces
+                | Self::Network(network::NetworkError::Config { .. })
+        )
     }
 }
 
@@ -195,6 +211,8 @@ struct Inner {
     disk: disk::Measurements,
     /// Containers get namespaces of their own (`isolation`).
     isolated: bool,
+    /// Pods get network namespaces of their own (`network`).
+    network: Option<network::Network>,
 }
 
 #[derive(Debug)]
@@ -213,6 +231,23 @@ struct RunningContainer {
 #[derive(Clone, Debug)]
 pub struct ProcessProvider {
     inner: Arc<Inner>,
+}
+
+/// `spec` with the Pod's own IP in the variables that name it
+/// ([`vkd_provider::ContainerSpec::pod_ip_env`]).
+fn with_pod_ip<'a>(spec: &'a InstanceSpec, ip: Option<&str>) -> std::borrow::Cow<'a, InstanceSpec> {
+    let Some(ip) = ip else {
+        return std::borrow::Cow::Borrowed(spec);
+    };
+    let mut spec = spec.clone();
+    for c in spec.init_containers.iter_mut().chain(&mut spec.containers) {
+        for (k, v) in &mut c.env {
+            if c.pod_ip_env.contains(k) {
+                ip.clone_into(v);
+            }
+        }
+    }
+    std::borrow::Cow::Owned(spec)
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ProviderError + '_ {
@@ -288,6 +323,11 @@ impl ProcessProvider {
             config::IsolationMode::Namespaces if isolation::available(&shim_exe) => true,
             config::IsolationMode::Namespaces => return Err(OpenError::NoNamespaces),
         };
+        let network = match &config.network {
+            Some(_) if !isolated => return Err(OpenError::NetworkNeedsNamespaces),
+            Some(n) => Some(network::Network::load(n, dir)?),
+            None => None,
+        };
         let (events, _) = broadcast::channel(1024);
         let provider = Self {
             inner: Arc::new(Inner {
@@ -307,6 +347,7 @@ impl ProcessProvider {
                 cpu_samples: Mutex::default(),
                 disk: disk::Measurements::default(),
                 isolated,
+                network,
             }),
         };
         Ok(provider)
@@ -369,13 +410,12 @@ impl ProcessProvider {
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                let _ = std::fs::remove_dir_all(e.path());
-                continue;
-            }
             let sb = Sandbox::new(e.path());
-            if !sb.instance().exists() {
-                let _ = std::fs::remove_dir_all(&sb.dir);
+            // A removal or a create that died half way.
+            if name.starts_with('.') || !sb.instance().exists() {
+                if let Err(e) = self.discard(&sb.dir) {
+                    eprintln!("process provider: {name}: {e}");
+                }
                 continue;
             }
             if sb.shim_process().is_none()
@@ -385,6 +425,37 @@ impl ProcessProvider {
                 eprintln!("process provider: starting the shim of {name}: {e}");
             }
         }
+    }
+
+    /// Removes a sandbox nothing runs in (a create that failed or died half
+    /// way), giving back its network first.
+    fn discard(&self, dir: &Path) -> Result<()> {
+        network::release(dir).map_err(|e| {
+            ProviderError::transient(format!("releasing the network of {}: {e}", dir.display()))
+        })?;
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(dir)(e)),
+        }
+    }
+
+    /// With `network`, and unless the Pod uses the host's: makes the Pod's
+    /// network namespace and runs CNI ADD, recorded first so that DEL can
+    /// follow whatever happens next; returns the Pod's IP.
+    fn attach_network(&self, sb: &Sandbox, spec: &InstanceSpec) -> Result<Option<String>> {
+        let Some(net) = self.inner.network.as_ref().filter(|_| !spec.host_network) else {
+            return Ok(None);
+        };
+        let mut a = net.attachment(&spec.pod, &spec.host_ports);
+        let path = network::record_path(&sb.dir);
+        network::record(&sb.dir, &a).map_err(io_err(&path))?;
+        let ip = a.add().map_err(|e| {
+            ProviderError::transient(format!("setting up the network of {}: {e}", spec.pod))
+        })?;
+        a.ip = Some(ip.clone());
+        network::record(&sb.dir, &a).map_err(io_err(&path))?;
+        Ok(Some(ip))
     }
 
     /// Refuses a stale epoch, also one another process recorded; the guard holds
@@ -441,7 +512,7 @@ impl ProcessProvider {
             epoch: rec.epoch,
             phase,
             containers,
-            ip: None,
+            ip: rec.ip,
             host: Some(rec.host),
             created_at: rec.created_at,
             started_at,
@@ -469,6 +540,10 @@ impl ProcessProvider {
                 "the cgroup of Pod {pod_uid} still holds processes after SIGKILL"
             )));
         }
+        // The IP goes back to the pool before the record of it goes.
+        network::release(&sb.dir).map_err(|e| {
+            ProviderError::transient(format!("releasing the network of Pod {pod_uid}: {e}"))
+        })?;
         // Rename first, so a half-removed sandbox is never taken for a live one.
         let uid = sb
             .dir
@@ -658,14 +733,18 @@ impl ProcessProvider {
             ));
         }
         let sb = self.sandbox(uid);
-        let launches = self.launches(spec, &sb.root(), self.inner.isolated)?;
+        // Checked before anything is made: a spec that cannot run leaves nothing.
+        self.launches(spec, &sb.root(), self.inner.isolated)?;
         // A directory without instance.json is a create that died half way: start over.
         if sb.dir.exists() {
-            std::fs::remove_dir_all(&sb.dir).map_err(io_err(&sb.dir))?;
+            self.discard(&sb.dir)?;
         }
         std::fs::create_dir(&sb.dir).map_err(io_err(&sb.dir))?;
         let built = (|| -> Result<InstanceRecord> {
-            self.materialize(&sb, spec, &launches)?;
+            let pod_ip = self.attach_network(&sb, spec)?;
+            let spec: &InstanceSpec = &with_pod_ip(spec, pod_ip.as_deref());
+            let launches = self.launches(spec, &sb.root(), self.inner.isolated)?;
+            self.materialize(&sb, spec, &launches, pod_ip.as_deref())?;
             for l in &launches {
                 sb.ensure_env_file(l)
                     .map_err(io_err(&sb.env_file(&l.name)))?;
@@ -679,6 +758,7 @@ impl ProcessProvider {
                 pids_limit: self.inner.config.pids_limit(),
                 pids_rlimit: self.inner.config.pids_rlimit(),
                 isolated: self.inner.isolated,
+                pod_ip: pod_ip.clone(),
             };
             sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
             let rec = InstanceRecord {
@@ -690,6 +770,7 @@ impl ProcessProvider {
                 created_at: SystemTime::now(),
                 cpu_millis: spec.resources.cpu_millis,
                 memory_bytes: spec.resources.memory_bytes,
+                ip: pod_ip,
             };
             // Written last: its presence is what makes the sandbox an instance.
             sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;
@@ -698,13 +779,13 @@ impl ProcessProvider {
         let rec = match built {
             Ok(r) => r,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&sb.dir);
+                let _ = self.discard(&sb.dir);
                 return Err(e);
             }
         };
         if let Err(e) = self.spawn_shim(&sb) {
             // Nothing runs yet: gone, so a retried create starts afresh.
-            let _ = std::fs::remove_dir_all(&sb.dir);
+            let _ = self.discard(&sb.dir);
             return Err(ProviderError::transient(format!(
                 "starting the shim for {}: {e}",
                 spec.pod
@@ -977,15 +1058,28 @@ impl Provider for ProcessProvider {
             limits: Support::Supported,
             ephemeral_containers: Support::Supported,
             pod_spec: Support::Unsupported,
-            pod_network: Support::Unsupported,
+            pod_network: if self.inner.network.is_some() {
+                Support::Supported
+            } else {
+                Support::Unsupported
+            },
         }
     }
 
     fn identity(&self) -> Vec<(String, String)> {
-        vec![(
-            "vkd.io/isolation".to_owned(),
-            self.isolation_mode().to_owned(),
-        )]
+        vec![
+            (
+                "vkd.io/isolation".to_owned(),
+                self.isolation_mode().to_owned(),
+            ),
+            (
+                "vkd.io/pod-network".to_owned(),
+                self.inner
+                    .network
+                    .as_ref()
+                    .map_or("host".to_owned(), |n| format!("cni:{}", n.name())),
+            ),
+        ]
     }
 
     async fn health(&self) -> Health {
@@ -1273,14 +1367,29 @@ impl Provider for ProcessProvider {
     }
 
     async fn port_forward(&self, uid: &str, port: u16, mut stream: Box<dyn Duplex>) -> Result<()> {
-        if self.read(uid)?.is_none() {
+        let Some((sb, _, _)) = self.read(uid)? else {
             return Err(ProviderError::NotFound {
                 uid: uid.to_owned(),
             });
-        }
-        let mut upstream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map_err(|e| ProviderError::transient(format!("connecting to port {port}: {e}")))?;
+        };
+        let refused =
+            |e: std::io::Error| ProviderError::transient(format!("connecting to port {port}: {e}"));
+        // In the Pod's own network, its loopback, as a runtime's port-forward.
+        let mut upstream = match network::attachment_of(&sb.dir).map_err(io_err(&sb.dir))? {
+            Some(a) => {
+                let std = tokio::task::spawn_blocking(move || {
+                    network::connect_in(&a.netns, port, Duration::from_secs(10))
+                })
+                .await
+                .map_err(|e| ProviderError::transient(format!("connecting to port {port}: {e}")))?
+                .map_err(refused)?;
+                std.set_nonblocking(true).map_err(refused)?;
+                tokio::net::TcpStream::from_std(std).map_err(refused)?
+            }
+            None => tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map_err(refused)?,
+        };
         let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
         Ok(())
     }
@@ -1377,6 +1486,7 @@ mod tests {
             created_at: SystemTime::now(),
             cpu_millis: 0,
             memory_bytes: 0,
+            ip: None,
         };
         sandbox::write_json(&sb.instance(), &rec, 0o644).unwrap();
         let mut own = std::process::Command::new("sleep")

@@ -167,6 +167,7 @@ impl ProcessProvider {
         sb: &Sandbox,
         spec: &InstanceSpec,
         launches: &[Launch],
+        pod_ip: Option<&str>,
     ) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let e = |e: std::io::Error| ProviderError::transient(format!("building the sandbox: {e}"));
@@ -272,7 +273,8 @@ impl ProcessProvider {
             }
         }
         if self.inner.isolated {
-            self.write_mount_plans(sb, spec, launches).map_err(e)?;
+            self.write_mount_plans(sb, spec, launches, pod_ip)
+                .map_err(e)?;
         }
         Ok(())
     }
@@ -284,6 +286,7 @@ impl ProcessProvider {
         sb: &Sandbox,
         spec: &InstanceSpec,
         launches: &[Launch],
+        pod_ip: Option<&str>,
     ) -> std::io::Result<()> {
         let etc = sb.etc();
         std::fs::create_dir_all(&etc)?;
@@ -291,11 +294,14 @@ impl ProcessProvider {
         std::fs::create_dir_all(sb.termination_dir())?;
         std::fs::create_dir_all(sb.mount_plan(0).parent().unwrap_or(&sb.dir))?;
         let hostname = pod_hostname(&spec.pod.name);
+        // The kubelet's managed file: the Pod's IP names the Pod (the
+        // loopback does, where it shares the host's network).
+        let own = pod_ip.unwrap_or("127.0.0.1");
         let hosts = format!(
             "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
-             fe00::0\tip6-localnet\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n127.0.0.1\t{hostname}\n"
+             fe00::0\tip6-localnet\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n{own}\t{hostname}\n"
         );
-        // The Pod shares the host's network, so it resolves names as the host does.
+        // The host's resolver, which a Pod on a node network reaches too.
         let resolv = std::fs::read("/etc/resolv.conf").unwrap_or_default();
         for (name, data) in [
             ("hosts", hosts.as_bytes()),
@@ -306,7 +312,14 @@ impl ProcessProvider {
         }
         let specs = spec.init_containers.iter().chain(&spec.containers);
         for (i, (c, l)) in specs.zip(launches).enumerate() {
-            let plan = mount_plan(self, sb, c, l, &hostname);
+            let mut plan = mount_plan(self, sb, c, l, &hostname);
+            if let Some(net) = &self.inner.network {
+                // No container holds another Pod's network namespace alive.
+                plan.detach.push(net.netns_dir().to_owned());
+                if pod_ip.is_some() {
+                    plan.netns = Some(net.netns_dir().join(&spec.pod.uid));
+                }
+            }
             let json = serde_json::to_vec(&plan).map_err(std::io::Error::other)?;
             sandbox::write_atomic(&sb.mount_plan(i), &json, 0o600)?;
         }
@@ -401,6 +414,8 @@ fn mount_plan(
         hide: vec![p.inner.dir.clone()],
         binds,
         working_dir: Some(l.cwd.clone()),
+        netns: None,
+        detach: Vec::new(),
     }
 }
 

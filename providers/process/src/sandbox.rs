@@ -21,6 +21,8 @@
 //!   termination/<c> container c's termination message file, with namespaces
 //!   rootfs/         where each container's root is assembled, in its own
 //!                   mount namespace (empty as the host sees it)
+//!   network.json    the Pod's network namespace and CNI attachment, recorded
+//!                   before ADD runs (0600)              written by the provider
 //!   attach/<n>      the stdin of launch n (`stdin: true`), a Unix socket the
 //!                   shim listens on (in a 0700 directory)  made by the shim
 //! ```
@@ -54,6 +56,9 @@ pub struct InstanceRecord {
     /// Requests, for capacity accounting.
     pub cpu_millis: u64,
     pub memory_bytes: u64,
+    /// The Pod's own IP, where it has a network namespace (`network`).
+    #[serde(default)]
+    pub ip: Option<String>,
 }
 
 /// What the shim runs.
@@ -79,6 +84,10 @@ pub struct ShimSpec {
     /// (`isolation`); false for host processes and for a spec from before.
     #[serde(default)]
     pub isolated: bool,
+    /// The Pod's own IP, where it has a network namespace: where probes
+    /// without a host connect.
+    #[serde(default)]
+    pub pod_ip: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -451,6 +451,16 @@ impl Shim {
         ephemeral.finish().await;
         reaper.abort();
         self.end_all().await;
+        // As the kubelet stops a finished Pod's sandbox: its IP goes back to
+        // the pool now, not when the Pod object is deleted.
+        if self.spec.pod_ip.is_some() {
+            let dir = self.sandbox.dir.clone();
+            match tokio::task::spawn_blocking(move || crate::network::release(&dir)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => self.note(&format!("releasing the Pod's network: {e}")),
+                Err(e) => self.note(&format!("releasing the Pod's network: {e}")),
+            }
+        }
         self.update(|s| s.done = true);
     }
 
@@ -1244,11 +1254,17 @@ impl Shim {
                 headers,
                 ..
             } => {
-                let host = host.as_deref().unwrap_or("127.0.0.1");
+                let host = host
+                    .as_deref()
+                    .or(self.spec.pod_ip.as_deref())
+                    .unwrap_or("127.0.0.1");
                 matches!(tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await, Ok(Ok(code)) if (200..400).contains(&code))
             }
             Handler::TcpSocket { host, port } => {
-                let host = host.as_deref().unwrap_or("127.0.0.1");
+                let host = host
+                    .as_deref()
+                    .or(self.spec.pod_ip.as_deref())
+                    .unwrap_or("127.0.0.1");
                 matches!(
                     tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, *port)))
                         .await,
@@ -1362,6 +1378,7 @@ mod tests {
             pids_limit: None,
             pids_rlimit: None,
             isolated: false,
+            pod_ip: None,
         };
         write_json(&dir.join("spec.json"), &shim_spec, 0o600).unwrap();
         let shim = Arc::new(Shim::open(&dir).unwrap());

@@ -1,0 +1,605 @@
+//! A network namespace and an IP per Pod, through CNI plugins (the
+//! standard ones, or any that follow the CNI spec), where the config names a
+//! network (`network` in the provider config) and containers have namespaces.
+//!
+//! At create the provider makes the Pod's network namespace, kept by a bind
+//! mount at `<state>/netns/<uid>`, raises nothing but what a runtime raises in
+//! it (unprivileged ports from 0, as the kubelet's runtimes do, so a Pod binds
+//! port 80 as its own user), and runs `loopback` and then the configured list
+//! with ADD, as containerd does. The first IP of the result is the Pod's IP.
+//! Every container's launcher joins the namespace; `kubectl exec`, probes and
+//! port-forward reach the Pod there. When the sandbox is removed (the Pod is
+//! gone, or vkd finds a half-made or orphaned sandbox after a crash) the list
+//! runs DEL and the namespace is unmounted, so the IPAM plugin gets its IP
+//! back. What was set up is recorded (`network.json`) before the first plugin
+//! runs, so a crash at any point leaves something DEL can be run from.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The name of the Pod's interface in its namespace.
+pub const INTERFACE: &str = "eth0";
+/// How long one plugin may run.
+const PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// What the plugins find on PATH (portmap and bridge run iptables).
+const PLUGIN_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("network config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("the Pod's network namespace {path}: {source}")]
+    Namespace {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("CNI plugin {plugin} ({command}): {message}")]
+    Plugin {
+        plugin: String,
+        command: &'static str,
+        message: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, NetworkError>;
+
+/// The network configuration list, checked at start.
+#[derive(Clone, Debug)]
+pub struct Network {
+    /// The list as read (`cniVersion`, `name`, `plugins`).
+    list: Value,
+    bin_dir: PathBuf,
+    /// Where the Pods' namespaces are kept: `<state>/netns`.
+    netns_dir: PathBuf,
+}
+
+impl Network {
+    /// Reads and checks the list: valid JSON with a name, a version and
+    /// plugins, each a program in `bin_dir`, as `loopback` must be.
+    pub fn load(config: &crate::config::NetworkConfig, state: &Path) -> Result<Self> {
+        let path = &config.cni_config;
+        let bad = |message: String| NetworkError::Config {
+            path: path.clone(),
+            message,
+        };
+        let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let list: Value =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        for key in ["cniVersion", "name"] {
+            if !list.get(key).is_some_and(Value::is_string) {
+                return Err(bad(format!("{key} must be a string")));
+            }
+        }
+        let plugins = list
+            .get("plugins")
+            .and_then(Value::as_array)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| bad("plugins must be a non-empty list (a .conflist)".into()))?;
+        let mut types: Vec<&str> = vec!["loopback"];
+        for (i, p) in plugins.iter().enumerate() {
+            types.push(
+                p.get("type")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("plugins[{i}].type must be a string")))?,
+            );
+        }
+        if let Some(t) = types.iter().find(|t| {
+            t.is_empty()
+                || t.starts_with('.')
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        }) {
+            return Err(bad(format!(
+                "plugin type {t:?} is not a plain program name"
+            )));
+        }
+        for t in types {
+            if !is_executable(&config.cni_bin_dir.join(t)) {
+                return Err(bad(format!(
+                    "plugin {t} is not an executable in cniBinDir {}",
+                    config.cni_bin_dir.display()
+                )));
+            }
+        }
+        let netns_dir = state.join("netns");
+        keep_apart(&netns_dir).map_err(|source| NetworkError::Namespace {
+            path: netns_dir.clone(),
+            source,
+        })?;
+        Ok(Self {
+            list,
+            bin_dir: config.cni_bin_dir.clone(),
+            netns_dir,
+        })
+    }
+
+    /// The list's name (`name`), for the Node's annotations and logs.
+    pub fn name(&self) -> &str {
+        self.list.get("name").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// The directory holding every Pod's namespace: a mount point of its own,
+    /// which a container's mount namespace detaches, so that no container
+    /// holds another Pod's network namespace alive.
+    pub fn netns_dir(&self) -> &Path {
+        &self.netns_dir
+    }
+
+    /// What Pod `pod` gets, with its `hostPort`s.
+    pub fn attachment(
+        &self,
+        pod: &vkd_provider::PodRef,
+        host_ports: &[vkd_provider::HostPort],
+    ) -> Attachment {
+        Attachment {
+            list: self.list.clone(),
+            bin_dir: self.bin_dir.clone(),
+            netns: self.netns_dir.join(&pod.uid),
+            container_id: pod.uid.clone(),
+            // The kubelet's CNI_ARGS; names and namespaces are DNS labels, so
+            // they hold no `;` or `=`.
+            args: format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+                pod.namespace, pod.name, pod.uid, pod.uid
+            ),
+            port_mappings: host_ports.to_vec(),
+            ip: None,
+        }
+    }
+}
+
+/// One Pod's network: everything DEL needs, recorded before ADD runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attachment {
+    list: Value,
+    bin_dir: PathBuf,
+    /// The bind mount that keeps the namespace.
+    pub netns: PathBuf,
+    container_id: String,
+    args: String,
+    port_mappings: Vec<vkd_provider::HostPort>,
+    /// The Pod's IP, once ADD gave one.
+    #[serde(default)]
+    pub ip: Option<String>,
+}
+
+impl Attachment {
+    /// Makes the namespace and runs ADD; returns the Pod's IP.
+    pub fn add(&self) -> Result<String> {
+        make_netns(&self.netns)?;
+        let loopback = json!({
+            "cniVersion": self.list.get("cniVersion").cloned().unwrap_or(Value::Null),
+            "name": "cni-loopback",
+            "type": "loopback",
+        });
+        self.exec("ADD", &loopback, "lo")?;
+        let mut prev: Option<Value> = None;
+        for i in 0..self.plugin_count() {
+            let conf = self.plugin_conf(i, prev.as_ref());
+            let out = self.exec("ADD", &conf, INTERFACE)?;
+            prev = Some(out);
+        }
+        let result = prev.unwrap_or(Value::Null);
+        pod_ip(&result).ok_or_else(|| NetworkError::Plugin {
+            plugin: self.plugin_type(self.plugin_count().saturating_sub(1)),
+            command: "ADD",
+            message: format!("the result names no IP: {result}"),
+        })
+    }
+
+    /// Runs DEL (last plugin first; each tolerates what is already gone, as
+    /// the spec asks) and removes the namespace. Safe to repeat.
+    pub fn del(&self) -> Result<()> {
+        for i in (0..self.plugin_count()).rev() {
+            let conf = self.plugin_conf(i, None);
+            self.exec("DEL", &conf, INTERFACE)?;
+        }
+        remove_netns(&self.netns)
+    }
+
+    fn plugin_count(&self) -> usize {
+        self.list
+            .get("plugins")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len)
+    }
+
+    fn plugin_type(&self, i: usize) -> String {
+        self.list["plugins"][i]["type"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+
+    /// Plugin `i`'s own config, as libcni builds it: the list's name and
+    /// version, the previous plugin's result, and the runtime's values for
+    /// the capabilities it declares (here `portMappings`).
+    fn plugin_conf(&self, i: usize, prev: Option<&Value>) -> Value {
+        let mut conf = self.list["plugins"][i].clone();
+        if let Some(obj) = conf.as_object_mut() {
+            obj.insert("cniVersion".into(), self.list["cniVersion"].clone());
+            obj.insert("name".into(), self.list["name"].clone());
+            if let Some(p) = prev {
+                obj.insert("prevResult".into(), p.clone());
+            }
+            let wants_ports = obj
+                .get("capabilities")
+                .and_then(|c| c.get("portMappings"))
+                .and_then(Value::as_bool)
+                == Some(true);
+            if wants_ports && !self.port_mappings.is_empty() {
+                let mappings: Vec<Value> = self
+                    .port_mappings
+                    .iter()
+                    .map(|m| {
+                        let mut v = json!({
+                            "hostPort": m.host_port,
+                            "containerPort": m.container_port,
+                            "protocol": m.protocol.to_ascii_lowercase(),
+                        });
+                        if let Some(ip) = &m.host_ip {
+                            v["hostIP"] = json!(ip);
+                        }
+                        v
+                    })
+                    .collect();
+                obj.insert("runtimeConfig".into(), json!({ "portMappings": mappings }));
+            }
+        }
+        conf
+    }
+
+    /// Runs one plugin with `conf` on its stdin; its result (ADD) or null.
+    fn exec(&self, command: &'static str, conf: &Value, ifname: &str) -> Result<Value> {
+        let plugin = conf.get("type").and_then(Value::as_str).unwrap_or("");
+        let fail = |message: String| NetworkError::Plugin {
+            plugin: plugin.to_owned(),
+            command,
+            message,
+        };
+        // DEL of a namespace already gone passes none, as the spec allows.
+        let netns = if command == "DEL" && !self.netns.exists() {
+            String::new()
+        } else {
+            self.netns.display().to_string()
+        };
+        let mut child = std::process::Command::new(self.bin_dir.join(plugin))
+            .env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &self.container_id)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_ARGS", &self.args)
+            .env("CNI_PATH", &self.bin_dir)
+            .env("PATH", PLUGIN_PATH)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| fail(e.to_string()))?;
+        let input = serde_json::to_vec(conf).map_err(|e| fail(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(&input).map_err(|e| fail(e.to_string()))?;
+        }
+        // Read on threads: a plugin that fills a pipe must not stall the wait.
+        let read = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(r) = r {
+                    let _ = r.take(1 << 20).read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out = read(child.stdout.take().map(|s| Box::new(s) as _));
+        let err = read(child.stderr.take().map(|s| Box::new(s) as _));
+        let deadline = Instant::now() + PLUGIN_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(fail(format!("did not finish in {PLUGIN_TIMEOUT:?}")));
+                }
+                Err(e) => return Err(fail(e.to_string())),
+            }
+        };
+        let stdout = out.join().unwrap_or_default();
+        let stderr = err.join().unwrap_or_default();
+        if !status.success() {
+            // A failing plugin prints {"code", "msg", "details"} on stdout.
+            let why = serde_json::from_slice::<Value>(&stdout)
+                .ok()
+                .and_then(|v| {
+                    let msg = v.get("msg")?.as_str()?.to_owned();
+                    Some(match v.get("details").and_then(Value::as_str) {
+                        Some(d) if !d.is_empty() => format!("{msg}: {d}"),
+                        _ => msg,
+                    })
+                })
+                .unwrap_or_else(|| {
+                    String::from_utf8_lossy(if stderr.is_empty() { &stdout } else { &stderr })
+                        .trim()
+                        .to_owned()
+                });
+            return Err(fail(format!("{status}: {why}")));
+        }
+        if command != "ADD" || stdout.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&stdout).map_err(|e| fail(format!("its result is not JSON: {e}")))
+    }
+}
+
+/// Where a sandbox records its Pod's network.
+pub fn record_path(sandbox: &Path) -> PathBuf {
+    sandbox.join("network.json")
+}
+
+/// The network recorded in sandbox directory `sandbox`, if it has one.
+pub fn attachment_of(sandbox: &Path) -> std::io::Result<Option<Attachment>> {
+    crate::sandbox::read_json(&record_path(sandbox))
+}
+
+/// Records `a` in `sandbox` (root's alone: it names the host's plugins).
+pub fn record(sandbox: &Path, a: &Attachment) -> std::io::Result<()> {
+    crate::sandbox::write_json(&record_path(sandbox), a, 0o600)
+}
+
+/// Gives back what sandbox `sandbox` holds of the network (DEL, then the
+/// namespace), and forgets it; nothing when it has none.
+pub fn release(sandbox: &Path) -> std::result::Result<(), String> {
+    let a = match attachment_of(sandbox) {
+        Ok(Some(a)) => a,
+        Ok(None) => return Ok(()),
+        Err(e) => return Err(format!("{}: {e}", record_path(sandbox).display())),
+    };
+    a.del().map_err(|e| e.to_string())?;
+    match std::fs::remove_file(record_path(sandbox)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("{}: {e}", record_path(sandbox).display())),
+    }
+}
+
+/// The Pod's IP from an ADD result: its first IPv4 address, else its first.
+fn pod_ip(result: &Value) -> Option<String> {
+    let ips: Vec<std::net::IpAddr> = result
+        .get("ips")?
+        .as_array()?
+        .iter()
+        .filter_map(|ip| ip.get("address")?.as_str()?.split('/').next()?.parse().ok())
+        .collect();
+    ips.iter()
+        .find(|ip| ip.is_ipv4())
+        .or(ips.first())
+        .map(ToString::to_string)
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Makes `dir` (root's, 0700) a mount point of its own, with private
+/// propagation, unless it is one already.
+fn keep_apart(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let dir = std::fs::canonicalize(dir)?;
+    if !is_mount_point(&dir)? {
+        rustix::mount::mount_bind(&dir, &dir)?;
+    }
+    rustix::mount::mount_change(&dir, rustix::mount::MountPropagationFlags::PRIVATE)?;
+    Ok(())
+}
+
+fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
+    let st = rustix::fs::statx(
+        rustix::fs::CWD,
+        dir,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        rustix::fs::StatxFlags::BASIC_STATS,
+    )?;
+    let mount_root = rustix::fs::StatxAttributes::MOUNT_ROOT;
+    if !st.stx_attributes_mask.contains(mount_root) {
+        return Err(std::io::Error::other(
+            "statx reports no STATX_ATTR_MOUNT_ROOT",
+        ));
+    }
+    Ok(st.stx_attributes.contains(mount_root))
+}
+
+/// Makes a network namespace and keeps it at `path` (a bind mount of the
+/// namespace on an empty file). A namespace already there, from an attempt
+/// that died half way, is kept.
+fn make_netns(path: &Path) -> Result<()> {
+    let err = |source: std::io::Error| NetworkError::Namespace {
+        path: path.to_owned(),
+        source,
+    };
+    if is_netns(path) {
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(err)?;
+    let target = path.to_owned();
+    // A thread of its own enters the new namespace and ends there: no other
+    // thread of this process ever changes its network.
+    std::thread::Builder::new()
+        .name("netns".into())
+        .spawn(move || -> std::io::Result<()> {
+            unshare_net()?;
+            // Per namespace, read by the opener's: what runtimes set for Pods.
+            std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
+            let _ = std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647");
+            rustix::mount::mount_bind("/proc/thread-self/ns/net", &target)?;
+            Ok(())
+        })
+        .map_err(err)?
+        .join()
+        .map_err(|_| err(std::io::Error::other("the namespace thread panicked")))?
+        .map_err(err)
+}
+
+#[allow(unsafe_code)]
+fn unshare_net() -> std::io::Result<()> {
+    // SAFETY: NEWNET only changes the calling thread's network namespace; no
+    // file descriptor table or memory is shared differently afterwards.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
+        .map_err(Into::into)
+}
+
+/// Whether `path` holds a network namespace (an nsfs bind mount).
+fn is_netns(path: &Path) -> bool {
+    const NSFS_MAGIC: i64 = 0x6e73_6673;
+    // f_type's width differs between targets.
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type as i64 == NSFS_MAGIC)
+}
+
+/// Unmounts and removes the namespace file at `path`, if there is one.
+fn remove_netns(path: &Path) -> Result<()> {
+    let err = |source: std::io::Error| NetworkError::Namespace {
+        path: path.to_owned(),
+        source,
+    };
+    while is_netns(path) {
+        rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH)
+            .map_err(|e| err(e.into()))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// Opens a TCP connection to `port` on the loopback of the network
+/// namespace at `netns`, as a runtime's port-forward does (a thread of its
+/// own enters the namespace and ends there).
+pub fn connect_in(
+    netns: &Path,
+    port: u16,
+    timeout: Duration,
+) -> std::io::Result<std::net::TcpStream> {
+    let netns = netns.to_owned();
+    std::thread::Builder::new()
+        .name("netns-connect".into())
+        .spawn(move || {
+            let f = std::fs::File::open(&netns)?;
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&f),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                timeout,
+            )
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_ip_is_the_first_ipv4_of_the_result() {
+        let r = json!({"ips": [
+            {"address": "fd00::5/64"},
+            {"address": "10.1.2.3/24", "gateway": "10.1.2.1"}
+        ]});
+        assert_eq!(pod_ip(&r).as_deref(), Some("10.1.2.3"));
+        let v6 = json!({"ips": [{"address": "fd00::5/64"}]});
+        assert_eq!(pod_ip(&v6).as_deref(), Some("fd00::5"));
+        assert_eq!(pod_ip(&json!({"ips": []})), None);
+        assert_eq!(pod_ip(&json!({"ips": [{"address": "nonsense"}]})), None);
+        assert_eq!(pod_ip(&json!("x")), None);
+    }
+
+    fn attachment(ports: Vec<vkd_provider::HostPort>) -> Attachment {
+        Attachment {
+            list: json!({"cniVersion": "1.0.0", "name": "pods", "plugins": [
+                {"type": "bridge", "bridge": "cni0"},
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]}),
+            bin_dir: "/opt/cni/bin".into(),
+            netns: "/x".into(),
+            container_id: "u".into(),
+            args: String::new(),
+            port_mappings: ports,
+            ip: None,
+        }
+    }
+
+    #[test]
+    fn each_plugin_gets_the_lists_name_the_previous_result_and_its_capabilities() {
+        let a = attachment(vec![vkd_provider::HostPort {
+            container_port: 8080,
+            host_port: 30080,
+            protocol: "TCP".into(),
+            host_ip: None,
+        }]);
+        let prev = json!({"ips": [{"address": "10.0.0.2/24"}]});
+        let bridge = a.plugin_conf(0, None);
+        assert_eq!(bridge["name"], "pods");
+        assert_eq!(bridge["cniVersion"], "1.0.0");
+        assert!(bridge.get("runtimeConfig").is_none() && bridge.get("prevResult").is_none());
+        let portmap = a.plugin_conf(1, Some(&prev));
+        assert_eq!(portmap["prevResult"], prev);
+        assert_eq!(
+            portmap["runtimeConfig"]["portMappings"],
+            json!([{"hostPort": 30080, "containerPort": 8080, "protocol": "tcp"}])
+        );
+        assert!(
+            attachment(Vec::new())
+                .plugin_conf(1, None)
+                .get("runtimeConfig")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_bad_list_is_refused_naming_what_is_wrong() {
+        let dir = std::env::temp_dir().join(format!("vkd-cni-{}", std::process::id()));
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let conf = dir.join("pods.conflist");
+        let load = |text: &str| {
+            std::fs::write(&conf, text).unwrap();
+            Network::load(
+                &crate::config::NetworkConfig {
+                    cni_config: conf.clone(),
+                    cni_bin_dir: bin.clone(),
+                },
+                &dir,
+            )
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(load("{").contains("not JSON"));
+        assert!(load(r#"{"cniVersion":"1.0.0","name":"p","type":"bridge"}"#).contains("plugins"));
+        let e = load(r#"{"cniVersion":"1.0.0","name":"p","plugins":[{"type":"../sh"}]}"#);
+        assert!(e.contains("not a plain program name"), "{e}");
+        let e = load(r#"{"cniVersion":"1.0.0","name":"p","plugins":[{"type":"bridge"}]}"#);
+        assert!(e.contains("loopback is not an executable"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
