@@ -1,0 +1,428 @@
+//! End-to-end: process-provider Pods with network namespaces of their own,
+//! set up by the standard CNI plugins (bridge, host-local, loopback, portmap,
+//! built by `e2e/cluster build-cni`), on the real control plane through the
+//! real kubectl. Needs root (namespaces and a bridge); elsewhere it says so
+//! and passes, as the provider's own isolation tests do.
+
+use std::io::Read;
+use std::process::{ExitCode, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use vkd_e2e::{Cluster, Suite, at, repo_root, wait_for};
+
+mod common;
+use common::{Vkd, items, running_and_ready, str_at};
+
+fn main() -> ExitCode {
+    // One vkd for the suite, which one test kills: one test at a time.
+    let code = Suite::serial("network", &[]).run(&[
+        (
+            "two_pods_share_a_port_at_their_own_ips_and_a_third_reaches_both",
+            two_pods_and_a_third,
+        ),
+        (
+            "twenty_pods_and_a_sigkill_of_vkd_give_every_ip_back",
+            twenty_pods_and_a_sigkill,
+        ),
+    ]);
+    if let Some(Ok(n)) = NET.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        n.tear_down();
+    }
+    code
+}
+
+const NS: &str = "net";
+const NODE: &str = "vk-net";
+const NETWORK: &str = "vkd-e2e";
+
+/// The suite's vkd and its network: a bridge and a /24 of their own.
+struct Net {
+    vkd: Vkd,
+    bridge: String,
+    subnet_prefix: String,
+    ipam_dir: std::path::PathBuf,
+}
+
+impl Net {
+    /// The IPs host-local holds.
+    fn reserved(&self) -> Vec<String> {
+        let mut ips: Vec<String> = std::fs::read_dir(self.ipam_dir.join(NETWORK))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+            .collect();
+        ips.sort();
+        ips
+    }
+
+    /// The network namespaces vkd keeps.
+    fn namespaces(&self) -> usize {
+        std::fs::read_dir(self.vkd.state_dir.join("process/netns")).map_or(0, |d| d.count())
+    }
+
+    fn tear_down(mut self) {
+        let _ = self.vkd.kill();
+        let netns = self.vkd.state_dir.join("process/netns");
+        for e in std::fs::read_dir(&netns).into_iter().flatten().flatten() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(e.path())
+                .status();
+        }
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&netns)
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+    }
+}
+
+static NET: Mutex<Option<std::result::Result<Net, String>>> = Mutex::new(None);
+
+/// Runs `f` with the suite's vkd, started on first use; `Ok(None)` where this
+/// host cannot give Pods network namespaces.
+fn with_net<T>(c: &Cluster, f: impl FnOnce(&mut Net) -> Result<T>) -> Result<Option<T>> {
+    if !rustix_is_root() {
+        eprintln!("not root: no network namespaces to check");
+        return Ok(None);
+    }
+    let mut slot = NET.lock().unwrap_or_else(|p| p.into_inner());
+    let net = slot.get_or_insert_with(|| start(c).map_err(|e| format!("{e:#}")));
+    match net {
+        Ok(n) => f(n).map(Some),
+        Err(e) => Err(anyhow::anyhow!("vkd did not start: {e}")),
+    }
+}
+
+fn rustix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_owned();
+            line.split_whitespace().nth(2).map(|euid| euid == "0")
+        })
+        .unwrap_or(false)
+}
+
+fn start(c: &Cluster) -> Result<Net> {
+    let out = std::process::Command::new(repo_root().join("e2e/cluster"))
+        .arg("build-cni")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "e2e/cluster build-cni: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bin = String::from_utf8(out.stdout)?.trim().to_owned();
+    let pid = std::process::id();
+    let bridge = format!("vke{:x}", pid & 0xfffff);
+    let third = 1 + pid % 250;
+    let ipam_dir = c.dir().join("ipam");
+    let conflist = c.dir().join("pods.conflist");
+    std::fs::write(
+        &conflist,
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": NETWORK,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge,
+                    "isGateway": true,
+                    "isDefaultGateway": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": format!("10.179.{third}.0/24")}]],
+                        "dataDir": ipam_dir,
+                    }
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        })
+        .to_string(),
+    )?;
+    // The suites' process config, with the network.
+    let mut config = std::fs::read_to_string(repo_root().join("testdata/process/e2e.yaml"))?;
+    config.push_str(&format!(
+        "network:\n  cniConfig: {}\n  cniBinDir: {bin}\n",
+        conflist.display()
+    ));
+    let config_path = c.dir().join("process-network.yaml");
+    std::fs::write(&config_path, config)?;
+    let ca = c.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
+    let vkd = Vkd::start_provider(
+        c,
+        NODE,
+        "process",
+        &config_path,
+        &[
+            "--node-label",
+            "vkd.io/e2e=net",
+            "--client-ca-file",
+            &ca,
+            "--allowed-namespace",
+            NS,
+        ],
+    )?;
+    c.namespace(NS)?;
+    let node = wait_for("the node's network annotation", Duration::from_secs(30), || {
+        let n = c.kubectl_json(&["get", "node", NODE])?;
+        Ok(at(&n, "metadata.annotations")
+            .get("vkd.io/pod-network")
+            .and_then(Value::as_str)
+            .map(str::to_owned))
+    })?;
+    ensure!(node == format!("cni:{NETWORK}"), "{node}");
+    Ok(Net {
+        vkd,
+        bridge,
+        subnet_prefix: format!("10.179.{third}."),
+        ipam_dir,
+    })
+}
+
+fn pod(name: &str, body: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}, labels: {{suite: net}}}}
+spec:
+  nodeSelector: {{vkd.io/e2e: net}}
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+{body}
+"#
+    )
+}
+
+/// A server on 8080 and 80 that answers every connection with the Pod's
+/// name and the IP its environment names.
+const SERVER: &str = r#"
+import os, socket, threading
+def serve(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen()
+    while True:
+        c, _ = s.accept()
+        c.sendall(("%s %s\n" % (os.environ["POD_NAME"], os.environ["POD_IP"])).encode())
+        c.close()
+threading.Thread(target=serve, args=(80,)).start()
+serve(8080)
+"#;
+
+fn server_pod(name: &str, host_port: Option<u16>) -> String {
+    let host_port = host_port.map_or(String::new(), |p| format!(", hostPort: {p}"));
+    let script = serde_json::to_string(SERVER).unwrap_or_default();
+    pod(
+        name,
+        &format!(
+            r#"  containers:
+  - name: server
+    image: python:3
+    args: ["-c", {script}]
+    ports: [{{containerPort: 8080{host_port}}}]
+    env:
+    - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+    - {{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}
+    readinessProbe:
+      tcpSocket: {{port: 8080}}
+      periodSeconds: 1"#
+        ),
+    )
+}
+
+fn get(c: &Cluster, name: &str) -> Result<Value> {
+    c.kubectl_json(&["get", "pod", name, "-n", NS])
+}
+
+fn ready(c: &Cluster, name: &str) -> Result<Value> {
+    wait_for(
+        &format!("{name} to be Running and Ready"),
+        Duration::from_secs(60),
+        || {
+            let p = get(c, name)?;
+            Ok(running_and_ready(&p).then_some(p))
+        },
+    )
+}
+
+fn read_from(addr: std::net::SocketAddr) -> Result<String> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out.trim().to_owned())
+}
+
+/// An IPv4 address of the host's own, not loopback and not a test bridge's.
+fn host_address() -> Option<std::net::IpAddr> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            !l.split_whitespace()
+                .nth(1)
+                .is_some_and(|d| d.starts_with("vk"))
+        })
+        .find_map(|l| {
+            let addr = l.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
+            addr.split('/').next()?.parse().ok()
+        })
+}
+
+fn delete_all(c: &Cluster) -> Result<()> {
+    c.kubectl(&[
+        "delete",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "suite=net",
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    Ok(())
+}
+
+fn two_pods_and_a_third(c: &Cluster) -> Result<()> {
+    let Some(()) = with_net(c, |net| {
+        let host_port = common::free_port()?;
+        c.apply(&server_pod("net-a", Some(host_port)))?;
+        c.apply(&server_pod("net-b", None))?;
+        let (a, b) = (ready(c, "net-a")?, ready(c, "net-b")?);
+        let (ip_a, ip_b) = (str_at(&a, "status.podIP"), str_at(&b, "status.podIP"));
+        ensure!(ip_a != ip_b, "both Pods have {ip_a}");
+        for (p, ip) in [(&a, ip_a), (&b, ip_b)] {
+            ensure!(ip.starts_with(&net.subnet_prefix), "{ip} is not in the Pod range");
+            ensure!(ip != str_at(p, "status.hostIP"), "the Pod IP is the host's");
+            ensure!(
+                at(p, "status.podIPs").get(0).map(|v| str_at(v, "ip")) == Some(ip),
+                "podIPs: {}",
+                at(p, "status.podIPs")
+            );
+        }
+        // Both on 8080 (and net-a on 80, as the unprivileged run-as user),
+        // each with its own IP in its environment.
+        let at_ip = |ip: &str, port| std::net::SocketAddr::new(ip.parse().unwrap_or([0u8; 4].into()), port);
+        ensure!(read_from(at_ip(ip_a, 8080))? == format!("net-a {ip_a}"));
+        ensure!(read_from(at_ip(ip_b, 8080))? == format!("net-b {ip_b}"));
+        ensure!(read_from(at_ip(ip_a, 80))? == format!("net-a {ip_a}"));
+        // A third Pod reaches both by IP.
+        let client = format!(
+            "import socket\nfor ip in [{ip_a:?}, {ip_b:?}]:\n    print(socket.create_connection((ip, 8080), 5).recv(100).decode().strip(), flush=True)\n"
+        );
+        c.apply(&pod(
+            "net-c",
+            &format!(
+                "  restartPolicy: Never\n  containers:\n  - name: client\n    image: python:3\n    args: [\"-c\", {}]",
+                serde_json::to_string(&client)?
+            ),
+        ))?;
+        wait_for("net-c to succeed", Duration::from_secs(60), || {
+            let p = get(c, "net-c")?;
+            let phase = str_at(&p, "status.phase");
+            ensure!(phase != "Failed", "net-c failed: {}", at(&p, "status"));
+            Ok((phase == "Succeeded").then_some(()))
+        })?;
+        let logs = c.kubectl(&["logs", "-n", NS, "net-c"])?;
+        ensure!(
+            logs.contains(&format!("net-a {ip_a}")) && logs.contains(&format!("net-b {ip_b}")),
+            "{logs}"
+        );
+        // A finished Pod's IP is back in the pool, as the kubelet stops its sandbox.
+        let ip_c = str_at(&get(c, "net-c")?, "status.podIP").to_owned();
+        wait_for("net-c's IP to be released", Duration::from_secs(20), || {
+            Ok((!net.reserved().contains(&ip_c)).then_some(()))
+        })?;
+        // kubectl port-forward reaches the Pod in its own network.
+        let local = common::free_port()?;
+        let mut fwd = std::process::Command::new(c.env("VKD_E2E_KUBECTL")?)
+            .env("KUBECONFIG", c.kubeconfig())
+            .args(["port-forward", "-n", NS, "pod/net-a", &format!("{local}:8080")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let forwarded = wait_for("the port-forward", Duration::from_secs(20), || {
+            Ok(read_from(std::net::SocketAddr::from(([127, 0, 0, 1], local))).ok())
+        });
+        let _ = fwd.kill();
+        let _ = fwd.wait();
+        ensure!(forwarded? == format!("net-a {ip_a}"));
+        // The hostPort, at the host's own address.
+        match host_address() {
+            Some(h) => ensure!(
+                read_from(std::net::SocketAddr::new(h, host_port))? == format!("net-a {ip_a}")
+            ),
+            None => eprintln!("the host has no address but loopback: hostPort not checked"),
+        }
+        delete_all(c)?;
+        ensure!(net.reserved().is_empty(), "IPs still held: {:?}", net.reserved());
+        ensure!(net.namespaces() == 0, "network namespaces left behind");
+        Ok(())
+    })?
+    else {
+        return Ok(());
+    };
+    Ok(())
+}
+
+fn twenty_pods_and_a_sigkill(c: &Cluster) -> Result<()> {
+    let Some(()) = with_net(c, |net| {
+        let yaml: Vec<String> = (0..20)
+            .map(|i| {
+                pod(
+                    &format!("storm-{i}"),
+                    "  terminationGracePeriodSeconds: 1\n  containers:\n  - {name: main, image: busybox, command: [sleep, '3603']}",
+                )
+            })
+            .collect();
+        c.apply(&yaml.join("\n---\n"))?;
+        // SIGKILL while the creates are under way.
+        wait_for("a few Pods to have an IP", Duration::from_secs(60), || {
+            Ok((net.reserved().len() >= 3).then_some(()))
+        })?;
+        net.vkd.kill()?;
+        net.vkd.spawn()?;
+        let pods = wait_for("all 20 Running with an IP", Duration::from_secs(120), || {
+            let list = c.kubectl_json(&["get", "pods", "-n", NS, "-l", "suite=net"])?;
+            let pods = items(&list);
+            Ok((pods.len() == 20
+                && pods
+                    .iter()
+                    .all(|p| running_and_ready(p) && !str_at(p, "status.podIP").is_empty()))
+            .then_some(pods))
+        })?;
+        let mut ips: Vec<String> = pods
+            .iter()
+            .map(|p| str_at(p, "status.podIP").to_owned())
+            .collect();
+        ips.sort();
+        ips.dedup();
+        ensure!(ips.len() == 20, "IPs shared between Pods: {ips:?}");
+        // Exactly what the Pods hold: nothing leaked by the create that died.
+        ensure!(net.reserved() == ips, "held {:?}, Pods have {ips:?}", net.reserved());
+        ensure!(net.namespaces() == 20, "{} network namespaces", net.namespaces());
+        delete_all(c)?;
+        wait_for("every IP back in the pool", Duration::from_secs(30), || {
+            Ok((net.reserved().is_empty() && net.namespaces() == 0).then_some(()))
+        })?;
+        Ok(())
+    })?
+    else {
+        return Ok(());
+    };
+    Ok(())
+}
