@@ -67,17 +67,7 @@ impl Net {
 
     fn tear_down(mut self) {
         let _ = self.vkd.kill();
-        let netns = self.vkd.state_dir.join("process/netns");
-        for e in std::fs::read_dir(&netns).into_iter().flatten().flatten() {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(e.path())
-                .status();
-        }
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&netns)
-            .status();
+        self.vkd.reap_processes();
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &self.bridge])
             .status();
@@ -172,13 +162,17 @@ fn start(c: &Cluster) -> Result<Net> {
         ],
     )?;
     c.namespace(NS)?;
-    let node = wait_for("the node's network annotation", Duration::from_secs(30), || {
-        let n = c.kubectl_json(&["get", "node", NODE])?;
-        Ok(at(&n, "metadata.annotations")
-            .get("vkd.io/pod-network")
-            .and_then(Value::as_str)
-            .map(str::to_owned))
-    })?;
+    let node = wait_for(
+        "the node's network annotation",
+        Duration::from_secs(30),
+        || {
+            let n = c.kubectl_json(&["get", "node", NODE])?;
+            Ok(at(&n, "metadata.annotations")
+                .get("vkd.io/pod-network")
+                .and_then(Value::as_str)
+                .map(str::to_owned))
+        },
+    )?;
     ensure!(node == format!("cni:{NETWORK}"), "{node}");
     Ok(Net {
         vkd,
@@ -306,7 +300,10 @@ fn two_pods_and_a_third(c: &Cluster) -> Result<()> {
         let (ip_a, ip_b) = (str_at(&a, "status.podIP"), str_at(&b, "status.podIP"));
         ensure!(ip_a != ip_b, "both Pods have {ip_a}");
         for (p, ip) in [(&a, ip_a), (&b, ip_b)] {
-            ensure!(ip.starts_with(&net.subnet_prefix), "{ip} is not in the Pod range");
+            ensure!(
+                ip.starts_with(&net.subnet_prefix),
+                "{ip} is not in the Pod range"
+            );
             ensure!(ip != str_at(p, "status.hostIP"), "the Pod IP is the host's");
             ensure!(
                 at(p, "status.podIPs").get(0).map(|v| str_at(v, "ip")) == Some(ip),
@@ -316,7 +313,8 @@ fn two_pods_and_a_third(c: &Cluster) -> Result<()> {
         }
         // Both on 8080 (and net-a on 80, as the unprivileged run-as user),
         // each with its own IP in its environment.
-        let at_ip = |ip: &str, port| std::net::SocketAddr::new(ip.parse().unwrap_or([0u8; 4].into()), port);
+        let at_ip =
+            |ip: &str, port| std::net::SocketAddr::new(ip.parse().unwrap_or([0u8; 4].into()), port);
         ensure!(read_from(at_ip(ip_a, 8080))? == format!("net-a {ip_a}"));
         ensure!(read_from(at_ip(ip_b, 8080))? == format!("net-b {ip_b}"));
         ensure!(read_from(at_ip(ip_a, 80))? == format!("net-a {ip_a}"));
@@ -351,7 +349,13 @@ fn two_pods_and_a_third(c: &Cluster) -> Result<()> {
         let local = common::free_port()?;
         let mut fwd = std::process::Command::new(c.env("VKD_E2E_KUBECTL")?)
             .env("KUBECONFIG", c.kubeconfig())
-            .args(["port-forward", "-n", NS, "pod/net-a", &format!("{local}:8080")])
+            .args([
+                "port-forward",
+                "-n",
+                NS,
+                "pod/net-a",
+                &format!("{local}:8080"),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
@@ -369,7 +373,11 @@ fn two_pods_and_a_third(c: &Cluster) -> Result<()> {
             None => eprintln!("the host has no address but loopback: hostPort not checked"),
         }
         delete_all(c)?;
-        ensure!(net.reserved().is_empty(), "IPs still held: {:?}", net.reserved());
+        ensure!(
+            net.reserved().is_empty(),
+            "IPs still held: {:?}",
+            net.reserved()
+        );
         ensure!(net.namespaces() == 0, "network namespaces left behind");
         Ok(())
     })?
@@ -396,15 +404,19 @@ fn twenty_pods_and_a_sigkill(c: &Cluster) -> Result<()> {
         })?;
         net.vkd.kill()?;
         net.vkd.spawn()?;
-        let pods = wait_for("all 20 Running with an IP", Duration::from_secs(120), || {
-            let list = c.kubectl_json(&["get", "pods", "-n", NS, "-l", "suite=net"])?;
-            let pods = items(&list);
-            Ok((pods.len() == 20
-                && pods
-                    .iter()
-                    .all(|p| running_and_ready(p) && !str_at(p, "status.podIP").is_empty()))
-            .then_some(pods))
-        })?;
+        let pods = wait_for(
+            "all 20 Running with an IP",
+            Duration::from_secs(120),
+            || {
+                let list = c.kubectl_json(&["get", "pods", "-n", NS, "-l", "suite=net"])?;
+                let pods = items(&list);
+                Ok((pods.len() == 20
+                    && pods
+                        .iter()
+                        .all(|p| running_and_ready(p) && !str_at(p, "status.podIP").is_empty()))
+                .then_some(pods))
+            },
+        )?;
         let mut ips: Vec<String> = pods
             .iter()
             .map(|p| str_at(p, "status.podIP").to_owned())
@@ -413,8 +425,16 @@ fn twenty_pods_and_a_sigkill(c: &Cluster) -> Result<()> {
         ips.dedup();
         ensure!(ips.len() == 20, "IPs shared between Pods: {ips:?}");
         // Exactly what the Pods hold: nothing leaked by the create that died.
-        ensure!(net.reserved() == ips, "held {:?}, Pods have {ips:?}", net.reserved());
-        ensure!(net.namespaces() == 20, "{} network namespaces", net.namespaces());
+        ensure!(
+            net.reserved() == ips,
+            "held {:?}, Pods have {ips:?}",
+            net.reserved()
+        );
+        ensure!(
+            net.namespaces() == 20,
+            "{} network namespaces",
+            net.namespaces()
+        );
         delete_all(c)?;
         wait_for("every IP back in the pool", Duration::from_secs(30), || {
             Ok((net.reserved().is_empty() && net.namespaces() == 0).then_some(()))

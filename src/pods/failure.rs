@@ -157,7 +157,12 @@ impl PodController {
                 let mut view = status::desired_view(rec, Some(&inst), &Waiting::Creating);
                 view.reason = Some(failure.reason.into());
                 view.message = Some(failure.message.into());
-                if view.pod_ip.is_none() {
+                // The host's IP, unless the backend gives Pods their own.
+                if view.pod_ip.is_none()
+                    && (rec.host_network
+                        || self.provider.capabilities().pod_network
+                            != vkd_provider::Support::Supported)
+                {
                     view.pod_ip = Some(self.settings.host_ip.clone());
                 }
                 let body = status::patch_body(rec, &view, Some(&inst), &self.settings.host_ip, now);

@@ -216,6 +216,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             termination_grace: Duration::from_secs(grace),
             pod_spec: None,
             host_network: spec.host_network.unwrap_or(false),
+            share_process_namespace: spec.share_process_namespace.unwrap_or(false),
             host_ports: host_ports(&all)?,
         },
         env: all
@@ -381,11 +382,29 @@ fn host_ports(containers: &[&Container]) -> Result<Vec<vkd_provider::HostPort>, 
                     )
                 })
             };
+            // What reaches the network plugins (root's) is checked here too,
+            // not only by the API server.
+            let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+            if !matches!(protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+                return Err(spec_error(
+                    "InvalidSpec",
+                    format!("container {}: port protocol {protocol:?}", c.name),
+                ));
+            }
+            let host_ip = p.host_ip.clone().filter(|h| !h.is_empty());
+            if let Some(ip) = &host_ip
+                && ip.parse::<std::net::IpAddr>().is_err()
+            {
+                return Err(spec_error(
+                    "InvalidSpec",
+                    format!("container {}: hostIP {ip:?} is not an IP address", c.name),
+                ));
+            }
             out.push(vkd_provider::HostPort {
                 container_port: port(p.container_port, "containerPort")?,
                 host_port: port(host_port, "hostPort")?,
-                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                host_ip: p.host_ip.clone().filter(|h| !h.is_empty()),
+                protocol,
+                host_ip,
             });
         }
     }
@@ -1156,7 +1175,10 @@ impl Resolver<'_> {
                 .map(|q| quantity::bytes(&q.0))
                 .transpose()
                 .map_err(|e| spec_error("InvalidSpec", format!("volume {}: {e}", v.name)))?;
-            return Ok(VolumeSource::EmptyDir { size_limit });
+            return Ok(VolumeSource::EmptyDir {
+                size_limit,
+                memory: e.medium.as_deref() == Some("Memory"),
+            });
         }
         if let Some(h) = &v.host_path {
             if !self.policy.allow_host_path {
@@ -1186,7 +1208,7 @@ impl Resolver<'_> {
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
             let data = self.source(ns, &name, Source::Secret, fetched).await?;
-            let mode = s.default_mode.unwrap_or(0o600);
+            let mode = s.default_mode.unwrap_or(0o644);
             project(
                 &mut files,
                 data,
@@ -1392,8 +1414,10 @@ fn file(path: &str, data: Vec<u8>, mode: i32) -> Result<VolumeFile, ResolveError
     })
 }
 
-/// Writes a ConfigMap's or Secret's keys as files. Secret files are readable by
-/// their owner only, whatever defaultMode says (the API server defaults it to 0644).
+/// Writes a ConfigMap's or Secret's keys as files, with the modes the Pod
+/// gives (the API server defaults defaultMode to 0644), as the kubelet does: a
+/// backend keeps other users out of the volume itself (the process provider's
+/// volume directories are the Pod user's alone).
 fn project(
     files: &mut Vec<VolumeFile>,
     data: Option<BTreeMap<String, Vec<u8>>>,
@@ -1403,7 +1427,6 @@ fn project(
     source: Source,
     name: &str,
 ) -> Result<(), ResolveError> {
-    let from = files.len();
     let Some(mut data) = data else {
         if optional.unwrap_or(false) {
             return Ok(());
@@ -1434,11 +1457,6 @@ fn project(
                 };
                 files.push(file(&it.path, v, it.mode.unwrap_or(mode))?);
             }
-        }
-    }
-    if source == Source::Secret {
-        for f in &mut files[from..] {
-            f.mode &= 0o700;
         }
     }
     Ok(())
@@ -1479,6 +1497,70 @@ mod tests {
         assert_eq!(s.init_containers.len(), 1);
         assert_eq!(s.containers.len(), 2);
         assert_eq!(s.termination_grace, Duration::from_secs(30));
+    }
+
+    /// What a backend with Pod networks needs: hostNetwork, the hostPorts
+    /// (checked, since network plugins run as root), and which variables
+    /// name the Pod's IP (the last declaration of a name wins).
+    #[test]
+    fn host_ports_host_network_and_pod_ip_variables_reach_the_spec() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {
+                "hostNetwork": true,
+                "containers": [{"name": "a", "image": "x",
+                    "ports": [{"containerPort": 8080, "hostPort": 30080},
+                              {"containerPort": 53, "hostPort": 5353, "protocol": "UDP", "hostIP": "127.0.0.1"},
+                              {"containerPort": 9090}],
+                    "env": [
+                        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+                        {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                        {"name": "IPS", "value": "overridden"}
+                    ]}]
+            }
+        }));
+        let s = pending(&p, "vk").unwrap().spec;
+        assert!(s.host_network);
+        assert_eq!(
+            s.host_ports,
+            vec![
+                vkd_provider::HostPort {
+                    container_port: 8080,
+                    host_port: 30080,
+                    protocol: "TCP".into(),
+                    host_ip: None
+                },
+                vkd_provider::HostPort {
+                    container_port: 53,
+                    host_port: 5353,
+                    protocol: "UDP".into(),
+                    host_ip: Some("127.0.0.1".into())
+                }
+            ]
+        );
+        assert_eq!(s.containers[0].pod_ip_env, vec!["IP".to_owned()]);
+        for (port, why) in [
+            (
+                json!({"containerPort": 80, "hostPort": 70000}),
+                "hostPort 70000",
+            ),
+            (
+                json!({"containerPort": 80, "hostPort": 80, "protocol": "ICMP"}),
+                "protocol",
+            ),
+            (
+                json!({"containerPort": 80, "hostPort": 80, "hostIP": "a;b"}),
+                "hostIP",
+            ),
+        ] {
+            let bad = pod(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                "spec": {"containers": [{"name": "a", "image": "x", "ports": [port]}]}
+            }));
+            let e = pending(&bad, "vk").err().unwrap().to_string();
+            assert!(e.contains(why), "{e}");
+        }
     }
 
     /// A sidecar is an init container with `restartPolicy: Always`; the
@@ -1621,7 +1703,7 @@ mod tests {
     }
 
     #[test]
-    fn secret_files_are_owner_only() {
+    fn secret_files_have_the_pods_modes() {
         let data: BTreeMap<String, Vec<u8>> = [("k".to_owned(), b"v".to_vec())].into();
         let mut files = Vec::new();
         project(
@@ -1644,7 +1726,7 @@ mod tests {
             "c",
         )
         .unwrap();
-        assert_eq!((files[0].mode, files[1].mode), (0o600, 0o644));
+        assert_eq!((files[0].mode, files[1].mode), (0o644, 0o644));
         let missing = project(&mut files, None, None, 0o644, None, Source::Secret, "gone");
         assert!(
             matches!(missing, Err(ResolveError::Config(m)) if m == "secret \"gone\" not found")

@@ -178,6 +178,18 @@ impl Vkd {
                 }
             }
         }
+        // The Pods' network namespaces, and the mount point that holds them.
+        let netns = self.state_dir.join("process/netns");
+        let held: Vec<PathBuf> = std::fs::read_dir(&netns)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .chain([netns.clone()])
+            .collect();
+        for path in held {
+            let _ = Command::new("umount").arg("-l").arg(path).output();
+        }
         if self.state_dir.starts_with(std::env::temp_dir()) {
             let _ = std::fs::remove_dir_all(&self.state_dir);
         }

@@ -51,6 +51,7 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
         termination_grace: Duration::from_secs(5),
         pod_spec: None,
         host_network: false,
+        share_process_namespace: false,
         host_ports: Vec::new(),
     }
 }

@@ -247,15 +247,14 @@ pub struct Volume {
 pub enum VolumeSource {
     EmptyDir {
         size_limit: Option<u64>,
+        /// `medium: Memory`: a tmpfs, where the backend can mount one.
+        #[serde(default)]
+        memory: bool,
     },
     /// configMap, secret, downwardAPI and projected volumes: files vkd wrote out.
-    Files {
-        files: Vec<VolumeFile>,
-    },
+    Files { files: Vec<VolumeFile> },
     /// Allowed only where the node policy allows hostPath.
-    HostPath {
-        path: String,
-    },
+    HostPath { path: String },
 }
 
 /// One file of a volume, its path relative to the volume root.
@@ -318,6 +317,9 @@ pub struct InstanceSpec {
     /// backend that gives Pods networks of their own.
     #[serde(default)]
     pub host_network: bool,
+    /// `spec.shareProcessNamespace`: the containers share one PID namespace.
+    #[serde(default)]
+    pub share_process_namespace: bool,
     /// The containers' ports that ask for a `hostPort`, for a backend with
     /// Pod networks to map (the scheduler has kept them unique on the node).
     #[serde(default)]

@@ -1,8 +1,11 @@
-//! What namespaces cost a Pod on the process provider, against host processes:
+//! What namespaces and a Pod network cost a Pod on the process provider,
+//! against host processes:
 //! for N Pods (default 100, `VKD_BENCH_PODS`), created one after another, the
 //! time from `create` to the container's program running (it writes a file
 //! when it starts), p50 and p99, and the memory of each Pod's processes (the
-//! shim, the launcher that waits with namespaces, the program) as PSS.
+//! shim, the launcher that waits with namespaces, the program) as PSS. The
+//! network row adds a network namespace and an IP per Pod through the
+//! standard CNI plugins (bridge, host-local, portmap; `e2e/cluster build-cni`).
 //!
 //! `cargo bench -p vkd-process --bench isolation` (as root: namespaces need
 //! it; otherwise only host mode is measured). docs/process-provider.md keeps
@@ -11,13 +14,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use vkd_process::config::{ImageMap, IsolationMode};
+use vkd_process::config::{ImageMap, IsolationMode, NetworkConfig};
 use vkd_process::{ProcessConfig, ProcessProvider};
 use vkd_provider::conformance::sample_spec;
 use vkd_provider::{ContainerSpec, Fence, Provider};
 
-fn config(isolation: IsolationMode) -> ProcessConfig {
+fn config(isolation: IsolationMode, network: Option<NetworkConfig>) -> ProcessConfig {
     ProcessConfig {
+        network,
         images: vec![ImageMap {
             pattern: "busybox*".into(),
             path: None,
@@ -91,16 +95,67 @@ struct Figures {
     processes_per_pod: f64,
 }
 
-async fn measure(mode: IsolationMode, pods: usize, shim: &Path) -> Option<Figures> {
+/// A network for the bench's Pods: a bridge of its own and a /16.
+fn network(dir: &Path) -> Option<(NetworkConfig, String)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../e2e/cluster");
+    let out = std::process::Command::new(script)
+        .arg("build-cni")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "no CNI plugins: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let bridge = format!("vkb{:x}", std::process::id() & 0xfffff);
+    std::fs::create_dir_all(dir).ok()?;
+    let conf = dir.join("pods.conflist");
+    let list = format!(
+        r#"{{"cniVersion": "1.0.0", "name": "vkd-bench", "plugins": [
+            {{"type": "bridge", "bridge": "{bridge}", "isGateway": true, "isDefaultGateway": true,
+              "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "10.177.0.0/16"}}]],
+                        "dataDir": "{}"}}}},
+            {{"type": "portmap", "capabilities": {{"portMappings": true}}}}]}}"#,
+        dir.join("ipam").display()
+    );
+    std::fs::write(&conf, list).ok()?;
+    Some((
+        NetworkConfig {
+            cni_config: conf,
+            cni_bin_dir: bin,
+        },
+        bridge,
+    ))
+}
+
+async fn measure(
+    mode: IsolationMode,
+    with_network: bool,
+    pods: usize,
+    shim: &Path,
+) -> Option<Figures> {
     let dir = std::env::temp_dir().join(format!("vkd-bench-{}", uuid_like()));
-    let p = match ProcessProvider::open(config(mode), &dir, shim.to_owned()) {
+    let (net, bridge) = match with_network {
+        true => {
+            let (n, b) = network(&dir.join("net"))?;
+            (Some(n), Some(b))
+        }
+        false => (None, None),
+    };
+    let p = match ProcessProvider::open(config(mode, net), &dir, shim.to_owned()) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("{mode:?}: {e}");
             return None;
         }
     };
-    let name = p.isolation_mode();
+    let name = match (p.isolation_mode(), with_network) {
+        ("namespaces", true) => "namespaces+cni",
+        (m, _) => m,
+    };
     let fence = Fence {
         node: "bench".into(),
         epoch: 1,
@@ -148,6 +203,12 @@ async fn measure(mode: IsolationMode, pods: usize, shim: &Path) -> Option<Figure
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(p);
+    if let Some(b) = bridge {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &b])
+            .output();
+        let _ = rustix::mount::unmount(dir.join("netns"), rustix::mount::UnmountFlags::DETACH);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     took.sort();
     Some(Figures {
@@ -186,19 +247,23 @@ fn main() {
         }
     };
     let mut rows = Vec::new();
-    for mode in [IsolationMode::Host, IsolationMode::Namespaces] {
-        if let Some(f) = runtime.block_on(measure(mode, pods, &shim)) {
+    for (mode, with_network) in [
+        (IsolationMode::Host, false),
+        (IsolationMode::Namespaces, false),
+        (IsolationMode::Namespaces, true),
+    ] {
+        if let Some(f) = runtime.block_on(measure(mode, with_network, pods, &shim)) {
             rows.push(f);
         }
     }
     println!("{pods} Pods, one after another: create → program running, and each Pod's processes");
     println!(
-        "{:<12} {:>10} {:>10} {:>14} {:>16}",
+        "{:<15} {:>10} {:>10} {:>14} {:>16}",
         "isolation", "p50", "p99", "PSS per Pod", "processes/Pod"
     );
     for f in rows {
         println!(
-            "{:<12} {:>8.1}ms {:>8.1}ms {:>11.2} MiB {:>16.1}",
+            "{:<15} {:>8.1}ms {:>8.1}ms {:>11.2} MiB {:>16.1}",
             f.mode,
             f.p50.as_secs_f64() * 1e3,
             f.p99.as_secs_f64() * 1e3,

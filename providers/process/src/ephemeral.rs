@@ -285,6 +285,7 @@ mod tests {
             message: None,
             done: false,
             ephemeral: Some(Vec::new()),
+            pause: None,
         };
         let s = statuses(&sb, Some(&st));
         assert_eq!(s.len(), 1);

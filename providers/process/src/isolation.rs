@@ -142,6 +142,24 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
             Err(e) => return Err(errno("detaching", d)(e)),
         }
     }
+    // Other Pods' mounts under the hidden state (tmpfs volumes, network
+    // namespaces) leave this namespace, so no container holds them alive;
+    // what this container binds from stays.
+    for h in &plan.hide {
+        for m in mounts_under(h) {
+            if plan
+                .binds
+                .iter()
+                .any(|b| m.starts_with(&b.source) || b.source.starts_with(&m))
+            {
+                continue;
+            }
+            match rustix::mount::unmount(&m, UnmountFlags::DETACH) {
+                Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(errno("detaching", &m)(e)),
+            }
+        }
+    }
     let root = &plan.root;
     if !root.is_absolute() {
         return Err(IsolationError::Invalid(format!(
@@ -315,6 +333,72 @@ fn tmpfs(at: &Path, options: &str) -> Result<()> {
         Some(options.as_c_str()),
     )
     .map_err(errno("mounting a tmpfs on", at))
+}
+
+/// Mounts a tmpfs on `at` for a memory-backed emptyDir: open to every user
+/// of the Pod (0777), of `size` bytes at most (at least a page: 0 would mean
+/// no limit), on the host, so every container of the Pod binds the same.
+pub fn mount_tmpfs(at: &Path, size: Option<u64>) -> Result<()> {
+    let options = match size {
+        Some(bytes) => format!("mode=0777,size={}", bytes.max(4096)),
+        None => "mode=0777".to_owned(),
+    };
+    tmpfs(at, &options)
+}
+
+/// The mount points at or under `dir`, deepest first, from the caller's
+/// /proc/self/mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = text
+        .split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    found
+}
+
+/// mountinfo's octal escapes (`\040` for a space) undone.
+fn unescape(field: &[u8]) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let oct = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) => {
+                out.push(
+                    d.iter()
+                        .fold(0u8, |n, c| n.wrapping_mul(8).wrapping_add(c - b'0')),
+                );
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    std::ffi::OsString::from_vec(out)
+}
+
+/// Detaches every mount at or under `dir` (a sandbox's tmpfs volumes), so
+/// the directory can be removed.
+pub fn unmount_under(dir: &Path) -> Result<()> {
+    for m in mounts_under(dir) {
+        match rustix::mount::unmount(&m, UnmountFlags::DETACH) {
+            Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(errno("unmounting", &m)(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Makes the mount at `at` and every mount under it read-only, keeping their
@@ -567,4 +651,23 @@ pub fn check() -> bool {
             | rustix::thread::UnshareFlags::NEWUTS,
     )
     .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone_and_bad_ones_kept() {
+        assert_eq!(unescape(br"/a\040b"), "/a b");
+        assert_eq!(unescape(br"/tab\011x\134"), "/tab\tx\\");
+        assert_eq!(unescape(br"/odd\09"), r"/odd\09");
+        assert_eq!(unescape(br"/end\"), r"/end\");
+    }
+
+    #[test]
+    fn the_root_is_found_under_itself() {
+        assert!(mounts_under(Path::new("/")).contains(&PathBuf::from("/")));
+        assert!(mounts_under(Path::new("/no/such/dir/anywhere")).is_empty());
+    }
 }

@@ -10,8 +10,8 @@
 //! It is single-threaded, so the per-thread identity calls change the whole process.
 //!
 //! `<launcher> process-launch [--rlimit-data BYTES] [--rlimit-nproc N] [--cgroup DIR]
-//!  [--user UID:GID] [--env-file FILE] [--cwd DIR] [--sandbox PLAN | --enter PID]
-//!  -- PROGRAM ARGS...`
+//!  [--user UID:GID] [--env-file FILE] [--cwd DIR]
+//!  [--sandbox PLAN [--share-pid PID] | --enter PID | --pause] -- PROGRAM ARGS...`
 //!
 //! With `--sandbox` (a container's run) or `--enter` (exec, a probe, a hook
 //! in a running container) the program gets namespaces (`isolation`): the
@@ -20,6 +20,11 @@
 //! launcher makes or enters the mount and UTS namespaces and becomes the
 //! program. The first stays, as the run-as user, to wait for it and exit as
 //! it did: the shim's view of a container is one process either way.
+//!
+//! `shareProcessNamespace: true` gives the Pod one PID namespace, held by a
+//! pause process (`--pause`: the namespace's init, as the run-as user, which
+//! reaps what the containers leave); each container's launcher enters it
+//! (`--share-pid`, the pause launcher's PID) instead of making its own.
 //!
 //! The env file is JSON, `[["NAME","value"], ...]`, written by the provider
 //! (mode 0600) and read before the identity changes.
@@ -49,6 +54,14 @@ pub enum Isolation<'a> {
     New(&'a Path),
     /// Those of the container whose launcher is this process.
     Enter(i32),
+    /// New ones from the plan, but the PID namespace of the Pod's pause
+    /// launcher (`shareProcessNamespace`).
+    Shared { plan: &'a Path, pause: i32 },
+    /// The Pod's pause process, the init of its shared PID namespace.
+    Pause,
+    /// The Pod's network namespace only (an ephemeral container, which has
+    /// no namespaces of its own but shares the Pod's network).
+    Network(&'a Path),
 }
 
 /// The limits that the cgroup a process joins (`joined`, with the controllers
@@ -100,6 +113,12 @@ impl LaunchArgs<'_> {
         match self.isolation {
             Some(Isolation::New(plan)) => flag("--sandbox", plan.into()),
             Some(Isolation::Enter(pid)) => flag("--enter", pid.to_string().into()),
+            Some(Isolation::Shared { plan, pause }) => {
+                flag("--sandbox", plan.into());
+                flag("--share-pid", pause.to_string().into());
+            }
+            Some(Isolation::Pause) => a.push("--pause".into()),
+            Some(Isolation::Network(netns)) => flag("--netns", netns.into()),
             None => {}
         }
         a.push("--".into());
@@ -119,6 +138,12 @@ struct Request {
     cwd: Option<String>,
     sandbox: Option<String>,
     enter: Option<i32>,
+    /// The Pod's pause launcher, whose PID namespace the container enters.
+    share_pid: Option<i32>,
+    /// This is the Pod's pause process.
+    pause: bool,
+    /// The Pod's network namespace, joined first (an ephemeral container).
+    netns: Option<String>,
     /// The second launcher, in the container's PID namespace.
     stage2: bool,
     argv: Vec<String>,
@@ -148,6 +173,15 @@ fn parse(args: &[String]) -> Result<Request, String> {
                     .filter(|p| *p > 0);
                 r.enter = Some(pid.ok_or("--enter wants a process id")?);
             }
+            "--share-pid" => {
+                let pid = it
+                    .next()
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .filter(|p| *p > 0);
+                r.share_pid = Some(pid.ok_or("--share-pid wants a process id")?);
+            }
+            "--pause" => r.pause = true,
+            "--netns" => r.netns = Some(it.next().ok_or("--netns wants a file")?.clone()),
             "--stage2" => r.stage2 = true,
             "--user" => {
                 let user = it.next().and_then(|v| {
@@ -166,8 +200,16 @@ fn parse(args: &[String]) -> Result<Request, String> {
     if r.argv.is_empty() {
         return Err("no program given".into());
     }
-    if r.sandbox.is_some() && r.enter.is_some() {
-        return Err("--sandbox and --enter exclude each other".into());
+    if [r.sandbox.is_some(), r.enter.is_some(), r.pause]
+        .iter()
+        .filter(|x| **x)
+        .count()
+        > 1
+    {
+        return Err("--sandbox, --enter and --pause exclude each other".into());
+    }
+    if r.share_pid.is_some() && r.sandbox.is_none() {
+        return Err("--share-pid goes with --sandbox".into());
     }
     Ok(r)
 }
@@ -210,7 +252,7 @@ fn read_plan(path: &str) -> Result<crate::isolation::MountPlan, String> {
 /// Signals to the container's process group reach the program directly;
 /// this launcher only absorbs them, so a SIGTERM leaves the program its grace.
 fn supervise(args: &[String], r: &Request) -> i32 {
-    let pid_ns = match r.enter {
+    let pid_ns = match r.enter.or(r.share_pid) {
         Some(pid) => crate::isolation::join_pid(crate::isolation::program_of(pid)),
         None => crate::isolation::new_pid_namespace(),
     };
@@ -272,6 +314,24 @@ fn supervise(args: &[String], r: &Request) -> i32 {
     })
 }
 
+/// The Pod's pause process: the init of its shared PID namespace, as the
+/// run-as user, reaping every process the containers leave until the Pod
+/// ends it (SIGKILL, or its launcher's end).
+fn pause(user: Option<(u32, u32)>) -> i32 {
+    if let Err(e) = drop_to(user) {
+        eprintln!("process-launch: {e}");
+        return 126;
+    }
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(_) => {}
+            // Nothing to reap yet: a container's orphan may come later.
+            Err(_) => std::thread::sleep(std::time::Duration::from_secs(1)),
+        }
+    }
+}
+
 /// Runs the launcher; returns only on failure, with the exit code to use
 /// (127: the program is missing, 126: it cannot be run, 125: bad arguments),
 /// or as the first launcher of an isolated launch, with the program's code.
@@ -288,6 +348,19 @@ pub fn main(args: &[String]) -> i32 {
     };
     if rustix::process::geteuid().is_root() && r.user.is_none_or(|(u, g)| u == 0 || g == 0) {
         eprintln!("process-launch: refusing to run a Pod's program as root");
+        return 126;
+    }
+    if r.pause {
+        return if r.stage2 {
+            pause(r.user)
+        } else {
+            supervise(args, &r)
+        };
+    }
+    if let Some(netns) = &r.netns
+        && let Err(e) = crate::network::enter(Path::new(netns))
+    {
+        eprintln!("process-launch: the Pod's network namespace {netns}: {e}");
         return 126;
     }
     let env = match r.env_file.as_deref().map(read_env).transpose() {
@@ -404,6 +477,12 @@ mod tests {
         assert_eq!(r.env_file.as_deref(), Some("/e.json"));
         assert_eq!(r.cwd.as_deref(), Some("/w"));
         assert_eq!(r.argv, args(&["/bin/true", "x"]));
+        let shared = parse(&args(&["--sandbox", "/p", "--share-pid", "9", "--", "x"])).unwrap();
+        assert_eq!(
+            (shared.sandbox.as_deref(), shared.share_pid),
+            (Some("/p"), Some(9))
+        );
+        assert!(parse(&args(&["--pause", "--", "pause"])).unwrap().pause);
     }
 
     #[test]
@@ -472,6 +551,9 @@ mod tests {
             &["--"],
             &["--enter", "0", "--", "x"],
             &["--enter", "1", "--sandbox", "/p", "--", "x"],
+            &["--share-pid", "5", "--", "x"],
+            &["--pause", "--enter", "5", "--", "x"],
+            &["--sandbox", "/p", "--share-pid", "-1", "--", "x"],
         ] {
             assert!(parse(&args(bad)).is_err(), "{bad:?}");
         }

@@ -433,6 +433,9 @@ impl ProcessProvider {
         network::release(dir).map_err(|e| {
             ProviderError::transient(format!("releasing the network of {}: {e}", dir.display()))
         })?;
+        isolation::unmount_under(dir).map_err(|e| {
+            ProviderError::transient(format!("unmounting under {}: {e}", dir.display()))
+        })?;
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -544,6 +547,10 @@ impl ProcessProvider {
         network::release(&sb.dir).map_err(|e| {
             ProviderError::transient(format!("releasing the network of Pod {pod_uid}: {e}"))
         })?;
+        // tmpfs volumes, which a removal would otherwise empty and then fail on.
+        isolation::unmount_under(&sb.dir).map_err(|e| {
+            ProviderError::transient(format!("unmounting the volumes of Pod {pod_uid}: {e}"))
+        })?;
         // Rename first, so a half-removed sandbox is never taken for a live one.
         let uid = sb
             .dir
@@ -577,6 +584,9 @@ impl ProcessProvider {
                 if let Some(p) = c.process {
                     p.signal_group(Signal::KILL);
                 }
+            }
+            if let Some(p) = st.pause {
+                p.signal_group(Signal::KILL);
             }
         }
         let pod_uid = sb.dir.file_name().unwrap_or_default().to_string_lossy();
@@ -1367,15 +1377,23 @@ impl Provider for ProcessProvider {
     }
 
     async fn port_forward(&self, uid: &str, port: u16, mut stream: Box<dyn Duplex>) -> Result<()> {
-        let Some((sb, _, _)) = self.read(uid)? else {
+        let Some((sb, rec, _)) = self.read(uid)? else {
             return Err(ProviderError::NotFound {
                 uid: uid.to_owned(),
             });
         };
+        let attachment = network::attachment_of(&sb.dir).map_err(io_err(&sb.dir))?;
+        if rec.ip.is_some() && attachment.is_none() {
+            // Never the host's loopback in place of a Pod's own.
+            return Err(ProviderError::invalid(
+                "NotRunning",
+                format!("Pod {uid} has ended: its network is gone"),
+            ));
+        }
         let refused =
             |e: std::io::Error| ProviderError::transient(format!("connecting to port {port}: {e}"));
         // In the Pod's own network, its loopback, as a runtime's port-forward.
-        let mut upstream = match network::attachment_of(&sb.dir).map_err(io_err(&sb.dir))? {
+        let mut upstream = match attachment {
             Some(a) => {
                 let std = tokio::task::spawn_blocking(move || {
                     network::connect_in(&a.netns, port, Duration::from_secs(10))
@@ -1510,6 +1528,7 @@ mod tests {
             message: None,
             done: false,
             ephemeral: None,
+            pause: None,
         };
         sandbox::write_json(&sb.status(), &status, 0o644).unwrap();
         // A shim identity that is no longer alive, and a stop that was asked for.

@@ -489,6 +489,17 @@ fn remove_netns(path: &Path) -> Result<()> {
     }
 }
 
+/// Moves the calling thread into the network namespace at `netns` (the
+/// single-threaded launcher, for the whole process).
+pub fn enter(netns: &Path) -> std::io::Result<()> {
+    let f = std::fs::File::open(netns)?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&f),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )?;
+    Ok(())
+}
+
 /// Opens a TCP connection to `port` on the loopback of the network
 /// namespace at `netns`, as a runtime's port-forward does (a thread of its
 /// own enters the namespace and ends there).
@@ -501,11 +512,7 @@ pub fn connect_in(
     std::thread::Builder::new()
         .name("netns-connect".into())
         .spawn(move || {
-            let f = std::fs::File::open(&netns)?;
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&f),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )?;
+            enter(&netns)?;
             std::net::TcpStream::connect_timeout(
                 &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
                 timeout,

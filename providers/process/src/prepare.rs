@@ -180,8 +180,21 @@ impl ProcessProvider {
                 VolumeSource::HostPath { path } => {
                     std::os::unix::fs::symlink(path, &vdir).map_err(e)?;
                 }
-                VolumeSource::EmptyDir { .. } => {
+                VolumeSource::EmptyDir { size_limit, memory } => {
                     std::fs::create_dir_all(&vdir).map_err(e)?;
+                    // medium: Memory, where vkd may mount (with namespaces): a
+                    // tmpfs of sizeLimit, else of the host's memory, as the
+                    // kubelet sizes it. Without, a directory (documented).
+                    if *memory && self.inner.isolated {
+                        let host = crate::procfs::mem_total().filter(|m| *m > 0);
+                        let size = match (*size_limit, host) {
+                            (Some(l), Some(h)) => Some(l.min(h)),
+                            (l, h) => l.or(h),
+                        };
+                        crate::isolation::mount_tmpfs(&vdir, size).map_err(|err| {
+                            ProviderError::transient(format!("building the sandbox: {err}"))
+                        })?;
+                    }
                 }
                 VolumeSource::Files { files } => {
                     std::fs::create_dir_all(&vdir).map_err(e)?;
@@ -264,13 +277,17 @@ impl ProcessProvider {
         }
         self.hand_over(&sb.root()).map_err(e)?;
         self.hand_over(&sb.volumes()).map_err(e)?;
-        // An emptyDir is open to every user of the Pod, as the kubelet makes it.
         for v in &spec.volumes {
-            if matches!(v.source, VolumeSource::EmptyDir { .. }) {
-                let vdir = sb.volumes().join(&v.name);
-                std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(0o777))
-                    .map_err(e)?;
-            }
+            let mode = match v.source {
+                // An emptyDir is open to every user of the Pod, as the kubelet makes it.
+                VolumeSource::EmptyDir { .. } => 0o777,
+                // The files keep the Pod's modes (0644 by default, Secrets too),
+                // so the directory keeps everyone but the Pod's user out.
+                VolumeSource::Files { .. } => 0o700,
+                VolumeSource::HostPath { .. } => continue,
+            };
+            let vdir = sb.volumes().join(&v.name);
+            std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
         }
         if self.inner.isolated {
             self.write_mount_plans(sb, spec, launches, pod_ip)

@@ -127,6 +127,10 @@ pub struct StatusFile {
     /// ephemeral containers, which never starts them.
     #[serde(default)]
     pub ephemeral: Option<Vec<ContainerRun>>,
+    /// The pause launcher holding the Pod's shared PID namespace
+    /// (`shareProcessNamespace`), while it runs.
+    #[serde(default)]
+    pub pause: Option<ProcessId>,
 }
 
 #[derive(Clone, Debug)]

@@ -194,6 +194,7 @@ impl Shim {
             done: false,
             // This shim starts ephemeral containers (see `ephemeral`).
             ephemeral: Some(Vec::new()),
+            pause: None,
         };
         write_json(&sandbox.status(), &status, 0o644)?;
         let (stop_tx, stop) = watch::channel(false);
@@ -262,6 +263,43 @@ impl Shim {
             }
         }
         left
+    }
+
+    /// Starts the pause launcher that holds the Pod's shared PID namespace,
+    /// and records it, before any container starts.
+    fn start_pause(&self) -> std::io::Result<()> {
+        let args = crate::launch::LaunchArgs {
+            cgroup: None,
+            data_limit: None,
+            nproc_limit: None,
+            user: self.spec.run_as,
+            env_file: Path::new("/dev/null"),
+            cwd: Path::new("/"),
+            isolation: Some(crate::launch::Isolation::Pause),
+            argv: &["pause".to_owned()],
+        };
+        let mut cmd = tokio::process::Command::from(args.command(Path::new("/proc/self/exe")));
+        cmd.process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let child = self.spawn(&mut cmd)?;
+        let id = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .and_then(ProcessId::of)
+            .ok_or_else(|| std::io::Error::other("the pause process ended at once"))?;
+        // Reaped with the other children at the end; the handle is not kept.
+        drop(child);
+        // Its PID namespace exists once its child, the namespace's init, does.
+        for _ in 0..500 {
+            if crate::isolation::program_of(id.pid) != id.pid {
+                self.update(|s| s.pause = Some(id));
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Err(std::io::Error::other("the pause process did not start"))
     }
 
     /// The Pod is over: every process it left, wherever it went, is killed.
@@ -444,7 +482,21 @@ impl Shim {
         // Pod runs, and stop once its containers have ended.
         let ephemeral = self.start_ephemeral();
         let attach = self.listen_stdin();
-        Arc::clone(&self).run_pod().await;
+        // The pause process is killed with every other child at the end (`end_all`).
+        let paused = match self.spec.isolated && self.spec.spec.share_process_namespace {
+            true => self.start_pause(),
+            false => Ok(()),
+        };
+        match paused {
+            Ok(()) => Arc::clone(&self).run_pod().await,
+            Err(e) => {
+                self.note(&format!("shareProcessNamespace: {e}"));
+                self.update(|s| {
+                    s.phase = InstancePhase::Failed;
+                    s.message = Some(format!("the Pod's shared PID namespace: {e}"));
+                });
+            }
+        }
         for task in attach {
             task.abort();
         }
@@ -889,10 +941,23 @@ impl Shim {
         let oom_before = cgroup.map_or(0, oom_kills);
         let program = launch.argv.first().map_or("", String::as_str);
         let plan = index.map(|i| self.sandbox.mount_plan(i));
-        let isolation = plan
-            .as_deref()
-            .filter(|_| self.spec.isolated)
-            .map(crate::launch::Isolation::New);
+        let pause = lock(&self.status).pause.map(|p| p.pid);
+        // An ephemeral container (no plan) still shares the Pod's network.
+        let netns = match (&plan, &self.spec.pod_ip) {
+            (None, Some(_)) => crate::network::attachment_of(&self.sandbox.dir)
+                .ok()
+                .flatten()
+                .map(|a| a.netns),
+            _ => None,
+        };
+        let isolation = match (plan.as_deref().filter(|_| self.spec.isolated), &netns) {
+            (Some(plan), _) => Some(match pause {
+                Some(pause) => crate::launch::Isolation::Shared { plan, pause },
+                None => crate::launch::Isolation::New(plan),
+            }),
+            (None, Some(netns)) => Some(crate::launch::Isolation::Network(netns)),
+            (None, None) => None,
+        };
         let mut child = self
             .command(launch, &launch.argv, spec, cgroup, isolation)
             .and_then(|mut cmd| {

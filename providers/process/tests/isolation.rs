@@ -73,7 +73,10 @@ async fn a_container_sees_its_volumes_at_their_paths_and_only_its_own_processes(
         },
         Volume {
             name: "scratch".into(),
-            source: VolumeSource::EmptyDir { size_limit: None },
+            source: VolumeSource::EmptyDir {
+                size_limit: None,
+                memory: false,
+            },
         },
     ];
     s.containers[0].mounts = vec![
@@ -190,7 +193,10 @@ async fn a_sub_path_through_a_planted_link_does_not_leave_its_volume() {
     s.restart_policy = RestartPolicy::Never;
     s.volumes = vec![Volume {
         name: "scratch".into(),
-        source: VolumeSource::EmptyDir { size_limit: None },
+        source: VolumeSource::EmptyDir {
+            size_limit: None,
+            memory: false,
+        },
     }];
     s.init_containers = vec![vkd_provider::ContainerSpec {
         name: "plant".into(),
@@ -218,5 +224,98 @@ async fn a_sub_path_through_a_planted_link_does_not_leave_its_volume() {
     assert!(log.contains("leads out of its volume"), "{log:?}");
     assert_eq!(processes("sleep 3602"), 0);
     remove(&p, uid).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `medium: Memory` is a tmpfs of `sizeLimit`, shared by the Pod's
+/// containers, open to every user, and gone from the host with the Pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_backed_empty_dir_is_a_shared_tmpfs_that_goes_with_the_pod() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-isolated-tmpfs";
+    let mut s = spec(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "echo type=$(stat -f -c %T /cache) size=$(df -k /cache | tail -1 | awk '{print $2}') \
+             mode=$(stat -c %a /cache) seen=$(cat /cache/note); exec sleep 3604",
+        ],
+    );
+    s.volumes = vec![Volume {
+        name: "cache".into(),
+        source: VolumeSource::EmptyDir {
+            size_limit: Some(8 << 20),
+            memory: true,
+        },
+    }];
+    s.init_containers = vec![vkd_provider::ContainerSpec {
+        name: "fill".into(),
+        image: "busybox".into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo from-init > /cache/note".into(),
+        ],
+        mounts: vec![mount("cache", "/cache", None, false)],
+        ..Default::default()
+    }];
+    s.containers[0].mounts = vec![mount("cache", "/cache", None, false)];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = wait_for("the container's report", async || {
+        let l = log_text(&p, uid, "main").await;
+        l.contains("seen=").then_some(l)
+    })
+    .await;
+    assert!(
+        log.contains("type=tmpfs size=8192 mode=777 seen=from-init"),
+        "{log:?}"
+    );
+    let sandbox = dir.join("pods").join(uid);
+    assert_eq!(vkd_process::isolation::mounts_under(&sandbox).len(), 1);
+    remove(&p, uid).await;
+    assert!(vkd_process::isolation::mounts_under(&sandbox).is_empty());
+    assert_eq!(processes("sleep 3604"), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `shareProcessNamespace: true`: the containers see each other's processes,
+/// under the Pod's pause process, and all of them end with the Pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shared_process_namespace_shows_every_container_under_one_init() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-isolated-shared-pid";
+    let mut s = spec(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "sleep 1; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; \
+             echo init=$(tr '\\0' ' ' < /proc/1/cmdline); exec sleep 3605",
+        ],
+    );
+    s.share_process_namespace = true;
+    s.containers.push(vkd_provider::ContainerSpec {
+        name: "other".into(),
+        image: "busybox".into(),
+        command: vec!["sleep".into(), "3606".into()],
+        ..Default::default()
+    });
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = wait_for("the container's report", async || {
+        let l = log_text(&p, uid, "main").await;
+        l.contains("init=").then_some(l)
+    })
+    .await;
+    assert!(log.contains("sleep 3606"), "{log}");
+    assert!(log.contains("init=") && log.contains("--pause"), "{log}");
+    remove(&p, uid).await;
+    assert_eq!(processes("sleep 3605") + processes("sleep 3606"), 0);
+    assert_eq!(
+        processes("process-launch --user 65534:65534 --env-file /dev/null"),
+        0
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

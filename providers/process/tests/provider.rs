@@ -219,7 +219,10 @@ async fn init_containers_run_in_order_before_the_containers() {
     };
     s.volumes = vec![vkd_provider::Volume {
         name: "scratch".into(),
-        source: vkd_provider::VolumeSource::EmptyDir { size_limit: None },
+        source: vkd_provider::VolumeSource::EmptyDir {
+            size_limit: None,
+            memory: false,
+        },
     }];
     s.containers[0].mounts = vec![mount.clone()];
     s.containers[0].post_start = Some(Box::new(vkd_provider::Handler::Exec {
@@ -737,7 +740,10 @@ fn sh(script: &str) -> Vec<String> {
 fn scratch(s: &mut InstanceSpec) -> vkd_provider::Mount {
     s.volumes = vec![vkd_provider::Volume {
         name: "scratch".into(),
-        source: vkd_provider::VolumeSource::EmptyDir { size_limit: None },
+        source: vkd_provider::VolumeSource::EmptyDir {
+            size_limit: None,
+            memory: false,
+        },
     }];
     vkd_provider::Mount {
         volume: "scratch".into(),

@@ -11,13 +11,70 @@ use vkd_provider::{ContainerSpec, Probe};
 use super::{Shim, after, far_future};
 use crate::sandbox::Launch;
 
-/// A minimal HTTP/1.1 GET for probes; returns the status code.
+/// An HTTP GET for probes and hooks; returns the final status code. Like the
+/// kubelet's prober, it follows redirects to the same host (at most 10) and
+/// answers a redirect elsewhere with its own status (a 3xx, a success).
 pub(super) async fn http_get(
     host: &str,
     port: u16,
     path: &str,
     headers: &[(String, String)],
 ) -> std::io::Result<u16> {
+    let (mut port, mut path) = (port, path.to_owned());
+    for _ in 0..=10 {
+        let (code, location) = get_once(host, port, &path, headers).await?;
+        let Some(next) = location.filter(|_| (300..400).contains(&code)) else {
+            return Ok(code);
+        };
+        match local_target(host, port, &next) {
+            Some((p, rest)) => (port, path) = (p, rest),
+            None => return Ok(code),
+        }
+    }
+    Err(std::io::Error::other("stopped after 10 redirects"))
+}
+
+/// Where a `Location` leads, when it is on `host`: its port and path.
+fn local_target(host: &str, port: u16, location: &str) -> Option<(u16, String)> {
+    if location.starts_with('/') {
+        return Some((port, location.to_owned()));
+    }
+    let rest = location
+        .strip_prefix("http://")
+        .or_else(|| location.strip_prefix("https://"))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (name, port_text) = match authority.strip_prefix('[') {
+        Some(inner) => {
+            let (h, after) = inner.split_once(']')?;
+            (h, after.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let default = if location.starts_with("https") {
+        443
+    } else {
+        80
+    };
+    let p = match port_text {
+        Some(t) => t.parse().ok()?,
+        None => default,
+    };
+    (name == host).then(|| {
+        let path = if path.is_empty() { "/" } else { path };
+        (p, path.to_owned())
+    })
+}
+
+/// One GET: the status code and the `Location` header, if any.
+async fn get_once(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> std::io::Result<(u16, Option<String>)> {
     let mut s = tokio::net::TcpStream::connect((host, port)).await?;
     let mut req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n"
@@ -27,21 +84,34 @@ pub(super) async fn http_get(
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).await?;
-    let mut head = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
-        let m = s.read(&mut head[n..]).await?;
+    // The status line and headers, up to 16 KiB (the rest is not read).
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while head.len() < 16 << 10 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let m = s.read(&mut buf).await?;
         if m == 0 {
             break;
         }
-        n += m;
+        head.extend_from_slice(&buf[..m]);
     }
-    let text = String::from_utf8_lossy(&head[..n]);
-    text.split_whitespace()
+    let text = String::from_utf8_lossy(&head);
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .filter(|l| l.starts_with("HTTP/"))
+        .ok_or_else(bad)?;
+    let code = status
+        .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .filter(|_| text.starts_with("HTTP/"))
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response"))
+        .ok_or_else(bad)?;
+    let location = lines
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("location"))
+        .map(|(_, v)| v.trim().to_owned());
+    Ok((code, location))
 }
 
 pub(super) enum ProbeOutcome {
@@ -199,5 +269,35 @@ impl Probes {
             }
         }
         ProbeOutcome::Nothing
+    }
+}
+
+#[cfg(test)]
+mod redirect_tests {
+    use super::local_target;
+
+    #[test]
+    fn only_redirects_to_the_same_host_are_followed() {
+        assert_eq!(
+            local_target("10.0.0.5", 8080, "/healthz"),
+            Some((8080, "/healthz".into()))
+        );
+        assert_eq!(
+            local_target("10.0.0.5", 8080, "http://10.0.0.5:9090/x?y=1"),
+            Some((9090, "/x?y=1".into()))
+        );
+        assert_eq!(
+            local_target("10.0.0.5", 8080, "http://10.0.0.5"),
+            Some((80, "/".into()))
+        );
+        assert_eq!(
+            local_target("10.0.0.5", 8080, "http://0.0.0.0/healthz"),
+            None
+        );
+        assert_eq!(local_target("10.0.0.5", 8080, "ftp://10.0.0.5/"), None);
+        assert_eq!(
+            local_target("10.0.0.5", 8080, "http://10.0.0.5:notaport/"),
+            None
+        );
     }
 }
