@@ -654,7 +654,7 @@ stringData: {{password: s3cr3t-value}}
     let lines: Vec<&str> = out.lines().collect();
     ensure!(lines.first() == Some(&"hello from a configmap"), "{out:?}");
     ensure!(lines.get(1) == Some(&"s3cr3t-value"), "{out:?}");
-    ensure!(lines.get(2) == Some(&"600"), "secret file mode: {out:?}");
+    ensure!(lines.get(2) == Some(&"644"), "secret file mode: {out:?}");
     ensure!(lines.get(3) == Some(&"configured"), "{out:?}");
     ensure!(
         lines.get(4) == Some(&"s3cr3t-value configured 128 fast"),
@@ -665,7 +665,7 @@ stringData: {{password: s3cr3t-value}}
         "service account files: {out:?}"
     );
     eprintln!(
-        "config: configMap, secret (0600), downwardAPI, env refs and the ServiceAccount token all present"
+        "config: configMap, secret (0644 in a 0700 directory), downwardAPI, env refs and the ServiceAccount token all present"
     );
 
     // The volumes follow their sources while the Pod runs, as on the kubelet:
@@ -701,10 +701,12 @@ stringData: {{password: s3cr3t-value}}
         },
     )?;
     let followed_in = changed.elapsed();
-    let mode = read("stat -L -c %a etc/secret/password")?;
+    // The Pod's mode (the API's default 0644), in a directory only the Pod's
+    // user may enter, so no other host user reads it.
+    let mode = read("stat -L -c %a etc/secret/password etc/secret")?;
     ensure!(
-        mode.trim() == "600",
-        "the rewritten secret file's mode: {mode:?}"
+        mode.split_whitespace().collect::<Vec<_>>() == ["644", "700"],
+        "the rewritten secret file's and its volume's modes: {mode:?}"
     );
     c.kubectl(&["label", "pod", "configured", "-n", NS, "tier=gold"])?;
     let labelled = Instant::now();
