@@ -284,44 +284,9 @@ fn provider_config(cluster: &Cluster, tools: &Path, bin: &Path) -> Result<PathBu
 /// the standard CNI plugins, a bridge of this run's and a /16 for Pod IPs,
 /// added to the provider config at `config`.
 fn with_pod_network(cluster: &Cluster, config: &Path, bridge: &str) -> Result<()> {
-    let out = Command::new(repo_root().join("e2e/cluster"))
-        .arg("build-cni")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "e2e/cluster build-cni: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bin = String::from_utf8(out.stdout)?.trim().to_owned();
-    let conflist = cluster.dir().join("pods.conflist");
-    std::fs::write(
-        &conflist,
-        serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": "vkd-conformance",
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": bridge,
-                    "isGateway": true,
-                    "isDefaultGateway": true,
-                    "ipMasq": true,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": "10.178.0.0/16"}]],
-                        "dataDir": cluster.dir().join("ipam"),
-                    }
-                },
-                {"type": "portmap", "capabilities": {"portMappings": true}}
-            ]
-        })
-        .to_string(),
-    )?;
+    let network = common::cni_network(cluster.dir(), "vkd-conformance", bridge, "10.178.0.0/16")?;
     let mut text = std::fs::read_to_string(config)?;
-    text.push_str(&format!(
-        "network:\n  cniConfig: {}\n  cniBinDir: {bin}\n",
-        conflist.display()
-    ));
+    text.push_str(&network);
     std::fs::write(config, text)?;
     Ok(())
 }

@@ -102,48 +102,14 @@ fn rustix_is_root() -> bool {
 }
 
 fn start(c: &Cluster) -> Result<Net> {
-    let out = std::process::Command::new(repo_root().join("e2e/cluster"))
-        .arg("build-cni")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "e2e/cluster build-cni: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bin = String::from_utf8(out.stdout)?.trim().to_owned();
     let pid = std::process::id();
     let bridge = format!("vke{:x}", pid & 0xfffff);
     let third = 1 + pid % 250;
     let ipam_dir = c.dir().join("ipam");
-    let conflist = c.dir().join("pods.conflist");
-    std::fs::write(
-        &conflist,
-        serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": NETWORK,
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": bridge,
-                    "isGateway": true,
-                    "isDefaultGateway": true,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": format!("10.179.{third}.0/24")}]],
-                        "dataDir": ipam_dir,
-                    }
-                },
-                {"type": "portmap", "capabilities": {"portMappings": true}}
-            ]
-        })
-        .to_string(),
-    )?;
+    let network = common::cni_network(c.dir(), NETWORK, &bridge, &format!("10.179.{third}.0/24"))?;
     // The suites' process config, with the network.
     let mut config = std::fs::read_to_string(repo_root().join("testdata/process/e2e.yaml"))?;
-    config.push_str(&format!(
-        "network:\n  cniConfig: {}\n  cniBinDir: {bin}\n",
-        conflist.display()
-    ));
+    config.push_str(&network);
     let config_path = c.dir().join("process-network.yaml");
     std::fs::write(&config_path, config)?;
     let ca = c.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();

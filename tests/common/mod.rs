@@ -383,3 +383,53 @@ pub fn assert_one_instance_per_pod(vkd: &Vkd, pods: &[Value]) -> Result<()> {
     }
     Ok(())
 }
+
+/// A Pod network for a process node (docs/process-provider.md): builds the
+/// standard CNI plugins (`e2e/cluster build-cni`), writes a network list
+/// named `name` to `dir/pods.conflist` (a bridge `bridge`, host-local IPs
+/// from `subnet` kept in `dir/ipam`, portmap), and returns the provider
+/// config's `network:` section for it.
+pub fn cni_network(
+    dir: &std::path::Path,
+    name: &str,
+    bridge: &str,
+    subnet: &str,
+) -> Result<String> {
+    let out = Command::new(repo_root().join("e2e/cluster"))
+        .arg("build-cni")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "e2e/cluster build-cni: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bin = String::from_utf8(out.stdout)?.trim().to_owned();
+    let conflist = dir.join("pods.conflist");
+    std::fs::write(
+        &conflist,
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge,
+                    "isGateway": true,
+                    "isDefaultGateway": true,
+                    "ipMasq": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": subnet}]],
+                        "dataDir": dir.join("ipam"),
+                    }
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        })
+        .to_string(),
+    )?;
+    Ok(format!(
+        "network:\n  cniConfig: {}\n  cniBinDir: {bin}\n",
+        conflist.display()
+    ))
+}
