@@ -276,6 +276,16 @@ pub fn program_of(pid: i32) -> i32 {
         .unwrap_or(pid)
 }
 
+/// Whether the container's program behind launcher `pid` has started: the
+/// launcher's child has replaced itself (exec) with the program, so the
+/// container's namespaces and root are complete. Until then the child may
+/// still be in the host's mount namespace, or before its pivot: joining it
+/// then would join the host's.
+pub fn program_started(pid: i32) -> bool {
+    let program = program_of(pid);
+    program != pid && !crate::procfs::is_launcher(program)
+}
+
 /// Opens `source` (O_PATH) only if what it resolves to lies in `volume`, as
 /// resolved too; checked again on the open handle itself.
 fn open_within(source: &Path, volume: &Path) -> Result<std::os::fd::OwnedFd> {

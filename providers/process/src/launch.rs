@@ -127,6 +127,22 @@ impl LaunchArgs<'_> {
     }
 }
 
+/// Waits, a while at most, until the program behind launcher `pid` runs in
+/// its namespaces: an exec or hook that comes as the container starts enters
+/// what the program sees, or nothing, never the host's namespaces.
+fn await_program(pid: i32) -> Result<(), String> {
+    for _ in 0..1000 {
+        if crate::isolation::program_started(pid) {
+            return Ok(());
+        }
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err("the container is not running".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err("the container's program has not started".into())
+}
+
 /// What the launcher was asked to do.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Request {
@@ -252,6 +268,12 @@ fn read_plan(path: &str) -> Result<crate::isolation::MountPlan, String> {
 /// Signals to the container's process group reach the program directly;
 /// this launcher only absorbs them, so a SIGTERM leaves the program its grace.
 fn supervise(args: &[String], r: &Request) -> i32 {
+    if let Some(pid) = r.enter
+        && let Err(e) = await_program(pid)
+    {
+        eprintln!("process-launch: {e}");
+        return 126;
+    }
     let pid_ns = match r.enter.or(r.share_pid) {
         Some(pid) => crate::isolation::join_pid(crate::isolation::program_of(pid)),
         None => crate::isolation::new_pid_namespace(),

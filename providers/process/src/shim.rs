@@ -799,6 +799,9 @@ impl Shim {
                 Err(why) => return (Ended::StartFailed(why), false, None),
             };
         self.set_stdin(index, child.stdin.take());
+        if self.spec.isolated {
+            await_program(&mut child, run.process).await;
+        }
         let (process, started_at) = (run.process, run.started_at);
         let no_readiness = spec.readiness_probe.is_none() && spec.startup_probe.is_none();
         let sidecar = self.sidecar(i, init);
@@ -1341,6 +1344,24 @@ impl Shim {
                 true
             }
         }
+    }
+}
+
+/// With namespaces, waits until the container's program runs in them
+/// (`isolation::program_started`), or its launcher has ended, before the
+/// container counts as running: its postStart hook, probes and exec then
+/// enter what the program sees. Bounded: a launcher stuck before its exec is
+/// left to its own end, and an exec meanwhile is refused by the launcher.
+async fn await_program(child: &mut tokio::process::Child, launcher: Option<ProcessId>) {
+    let Some(launcher) = launcher else {
+        return;
+    };
+    for _ in 0..2000 {
+        if crate::isolation::program_started(launcher.pid) || !matches!(child.try_wait(), Ok(None))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

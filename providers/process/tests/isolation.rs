@@ -291,7 +291,12 @@ async fn a_shared_process_namespace_shows_every_container_under_one_init() {
         &[
             "sh",
             "-c",
-            "sleep 1; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; \
+            // Waits (10 s at most) for the other container, which starts
+            // after this one, then lists every process it can see. (The
+            // quotes keep this script's own command line from matching.)
+            "for i in $(seq 100); do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' \
+             | grep -q 'sleep 36''06' && break; sleep 0.1; done; \
+             for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; \
              echo init=$(tr '\\0' ' ' < /proc/1/cmdline); exec sleep 3605",
         ],
     );
@@ -317,5 +322,37 @@ async fn a_shared_process_namespace_shows_every_container_under_one_init() {
         processes("process-launch --user 65534:65534 --env-file /dev/null"),
         0
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An exec that comes as the container starts runs in the container's root,
+/// or is refused; never in the host's namespaces, where the launcher waits
+/// before its child has entered the container's.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exec_as_the_container_starts_sees_its_root_or_nothing() {
+    let Some((p, dir)) = isolated() else { return };
+    // The container's /proc, of its own PID namespace, has its program as
+    // process 1; the host's has the host's init.
+    let probe = "tr '\\0' ' ' < /proc/1/cmdline".to_owned();
+    for n in 0..4 {
+        let uid = format!("u-early-{n}");
+        let s = spec(&uid, &["sleep", "3608"]);
+        p.create(&fence(), &s).await.unwrap();
+        let mut seen = None;
+        for _ in 0..2000 {
+            let (w, mut r) = tokio::io::duplex(4096);
+            let argv = vec!["sh".into(), "-c".into(), probe.clone()];
+            if let Ok(0) = p.exec(&uid, "main", argv, stream_io(w, false)).await {
+                let mut out = String::new();
+                r.read_to_string(&mut out).await.unwrap();
+                seen = Some(out);
+                break;
+            }
+        }
+        let seen = seen.unwrap_or_else(|| panic!("Pod {n}: no exec succeeded"));
+        assert!(seen.ends_with("sleep 3608 "), "Pod {n}: {seen:?}");
+        remove(&p, &uid).await;
+    }
+    assert_eq!(processes("sleep 3608"), 0, "a process outlived its Pod");
     let _ = std::fs::remove_dir_all(dir);
 }
