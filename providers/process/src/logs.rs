@@ -8,9 +8,12 @@
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use vkd_provider::LogLine;
+use futures::StreamExt;
+use vkd_provider::{ContainerState, LogLine, LogRequest, Logs, ProviderError, Result};
+
+use crate::io_err;
 
 pub const MAX_LINE: usize = 16 * 1024;
 
@@ -176,6 +179,114 @@ pub fn tail(dir: &Path, lines: usize, max_bytes: usize) -> Vec<u8> {
     let skip = out.len().saturating_sub(lines);
     let text: Vec<u8> = out[skip..].iter().flat_map(|l| l.bytes.to_vec()).collect();
     text[text.len().saturating_sub(max_bytes)..].to_vec()
+}
+
+impl crate::ProcessProvider {
+    /// `kubectl logs`: the container's log as written, and with `follow`
+    /// what it writes next, until it stops.
+    pub(crate) fn read_logs(
+        &self,
+        uid: &str,
+        container: &str,
+        request: LogRequest,
+    ) -> Result<Logs> {
+        let not_found = || ProviderError::NotFound {
+            uid: uid.to_owned(),
+        };
+        let (sb, _, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let known = st.as_ref().is_some_and(|s| {
+            s.containers
+                .iter()
+                .chain(&s.init)
+                .chain(s.ephemeral.iter().flatten())
+                .any(|c| c.status.name == container)
+        });
+        if !known {
+            return Err(ProviderError::invalid(
+                "NotFound",
+                format!("no container {container:?} in this Pod"),
+            ));
+        }
+        let dir = sb.logs(container);
+        if request.previous {
+            let (history, _) = read_file(&previous(&dir), 0).map_err(io_err(&dir))?;
+            if history.is_empty() && !previous(&dir).exists() {
+                return Err(ProviderError::invalid(
+                    "NotFound",
+                    format!("previous terminated container {container:?} not found"),
+                ));
+            }
+            return Ok(Logs {
+                history,
+                follow: None,
+            });
+        }
+        let (mut history, _) = read_file(&rotated(&dir), 0).map_err(io_err(&dir))?;
+        let (cur, offset) = read_file(&current(&dir), 0).map_err(io_err(&dir))?;
+        history.extend(cur);
+        let follow = request.follow.then(|| {
+            let state = (
+                sb,
+                container.to_owned(),
+                offset,
+                Vec::<vkd_provider::LogLine>::new(),
+                false,
+            );
+            futures::stream::unfold(
+                state,
+                |(sb, name, mut offset, mut buf, mut ending)| async move {
+                    loop {
+                        if let Some(l) = buf.pop() {
+                            return Some((l, (sb, name, offset, buf, ending)));
+                        }
+                        if ending {
+                            return None;
+                        }
+                        let dir = sb.logs(&name);
+                        let path = current(&dir);
+                        let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+                        if len < offset {
+                            offset = 0; // rotated, or a new run started
+                        }
+                        if let Ok((lines, next)) = read_file(&path, offset) {
+                            offset = next;
+                            buf = lines;
+                            buf.reverse();
+                        }
+                        if buf.is_empty() {
+                            let running = sb.read_status().ok().flatten().is_some_and(|s| {
+                                s.containers
+                                    .iter()
+                                    .chain(&s.init)
+                                    .chain(s.ephemeral.iter().flatten())
+                                    .any(|c| {
+                                        c.status.name == name
+                                            && !matches!(
+                                                c.status.state,
+                                                ContainerState::Terminated(_)
+                                            )
+                                    })
+                                    && !s.done
+                            });
+                            if !running {
+                                // One last read after the container stopped, then the stream ends.
+                                ending = true;
+                                if let Ok((lines, next)) = read_file(&path, offset) {
+                                    offset = next;
+                                    buf = lines;
+                                    buf.reverse();
+                                }
+                                continue;
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                },
+            )
+            .boxed()
+        });
+        Ok(Logs { history, follow })
+    }
 }
 
 #[cfg(test)]

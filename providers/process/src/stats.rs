@@ -1,0 +1,110 @@
+//! What the provider measures: the resources its Pods ask for, the Node's
+//! totals, and each Pod's usage (`/stats/summary`).
+
+use std::time::SystemTime;
+
+use vkd_provider::{ContainerStats, PodStats, ProviderError, Result};
+
+use crate::sandbox::Sandbox;
+use crate::{ProcessProvider, procfs};
+
+impl ProcessProvider {
+    pub(super) fn usage(&self) -> (u64, u64, u32) {
+        let mut cpu = 0;
+        let mut mem = 0;
+        let mut n = 0;
+        if let Ok(entries) = std::fs::read_dir(self.pods_dir()) {
+            for e in entries.flatten() {
+                let sb = Sandbox::new(e.path());
+                let Ok(Some(rec)) = sb.read_instance() else {
+                    continue;
+                };
+                let done = sb.read_status().ok().flatten().is_some_and(|s| s.done);
+                if !done {
+                    cpu += rec.cpu_millis;
+                    mem += rec.memory_bytes;
+                    n += 1;
+                }
+            }
+        }
+        (cpu, mem, n)
+    }
+
+    /// The size of the filesystem the Pods' sandboxes are on: the Node's
+    /// ephemeral-storage, as the kubelet reports its root directory's.
+    pub(super) fn disk_total(&self) -> u64 {
+        rustix::fs::statvfs(self.pods_dir()).map_or(0, |v| v.f_blocks.saturating_mul(v.f_frsize))
+    }
+
+    pub(super) fn totals(&self) -> (u64, u64) {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        (cpus * 1000, procfs::mem_total().unwrap_or(0))
+    }
+
+    /// Per-container usage from /proc (a scan per container): off the runtime.
+    pub(super) fn stats_blocking(&self, uid: &str) -> Result<PodStats> {
+        let not_found = || ProviderError::NotFound {
+            uid: uid.to_owned(),
+        };
+        let (sb, rec, st) = self.read(uid)?.ok_or_else(not_found)?;
+        let usage = self.inner.disk.get(uid, &sb.dir);
+        let now = SystemTime::now();
+        let page = procfs::page_size();
+        let mut containers = Vec::new();
+        for c in st
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.ephemeral.iter().flatten()))
+        {
+            let Some(p) = c.process.filter(|p| p.alive()) else {
+                continue;
+            };
+            let (mut ticks, mut rss) = (0, 0);
+            for pid in procfs::group_members(p.pid) {
+                if let Some(s) = procfs::stat(pid) {
+                    ticks += s.utime_ticks + s.stime_ticks;
+                    rss += s.rss_pages * page;
+                }
+            }
+            let usage = ticks * (1_000_000_000 / procfs::TICKS_PER_SECOND);
+            let key = (uid.to_owned(), c.status.name.clone());
+            let rate = {
+                let mut samples = self
+                    .inner
+                    .cpu_samples
+                    .lock()
+                    .map_err(|_| ProviderError::transient("cpu samples poisoned"))?;
+                let rate = samples.get(&key).and_then(|(t, u)| {
+                    let dt = now.duration_since(*t).ok()?.as_nanos() as u64;
+                    (dt > 0).then(|| usage.saturating_sub(*u).saturating_mul(1_000_000_000) / dt)
+                });
+                samples.insert(key, (now, usage));
+                rate.unwrap_or(0)
+            };
+            containers.push(ContainerStats {
+                name: c.status.name.clone(),
+                start_time: c.started_at.unwrap_or(rec.created_at),
+                cpu_usage_core_nanoseconds: usage,
+                cpu_usage_nano_cores: rate,
+                memory_working_set_bytes: rss,
+                memory_rss_bytes: rss,
+                // The containers share the Pod's writable directory: only the
+                // Pod's total is known.
+                ephemeral_storage_bytes: None,
+            });
+        }
+        Ok(PodStats {
+            pod: rec.owner,
+            start_time: st.and_then(|s| s.started_at).unwrap_or(rec.created_at),
+            time: now,
+            containers,
+            // Past the walk's bounds: more than any limit can allow.
+            ephemeral_storage_bytes: Some(usage.as_ref().map_or(u64::MAX, |u| u.total)),
+            volumes: usage
+                .map(|u| u.volumes)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, used_bytes)| vkd_provider::VolumeStats { name, used_bytes })
+                .collect(),
+        })
+    }
+}
