@@ -1457,6 +1457,63 @@ fn attach_echo(
     outcome.with_context(|| format!("kubectl attach (spdy: {spdy}) said: {}", errors.trim()))
 }
 
+/// `kubectl run -i` as a user types it: runs `name` in `proc-attach` with
+/// `input` on its stdin, which then ends, and returns what kubectl printed.
+/// kubectl must return by itself: with stdinOnce (the default of `-i`) once
+/// the container has read the end of its stdin and ended, with
+/// `--leave-stdin-open` once its own stdin has ended (the session detaches).
+fn kubectl_run_i(
+    c: &Cluster,
+    name: &str,
+    input: &str,
+    leave_open: bool,
+    spdy: bool,
+) -> Result<String> {
+    use std::io::Write;
+    let overrides = r#"{"apiVersion":"v1","spec":{"nodeSelector":{"vkd.io/e2e":"proc-attach"},"tolerations":[{"key":"virtual-kubelet.io/provider","operator":"Exists"}]}}"#;
+    let mut cmd = kubectl_cmd(c)?;
+    if spdy {
+        cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+    }
+    cmd.args([
+        "run",
+        name,
+        "-n",
+        "proc-attach",
+        "--image=busybox",
+        "--restart=OnFailure",
+    ])
+    .args(["--attach=true", "--stdin", "--pod-running-timeout=2m"])
+    .arg(format!("--leave-stdin-open={leave_open}"))
+    .args(["--overrides", overrides, "--"])
+    .args(["sh", "-c", "echo -n read: && cat && echo 'stdin closed'"])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let mut stdin = child.stdin.take().context("kubectl's stdin")?;
+    stdin.write_all(input.as_bytes())?;
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "kubectl run -i (spdy: {spdy}, leave-stdin-open: {leave_open}) did not return in 90 s"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl run -i (spdy: {spdy}) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn attach(c: &Cluster) -> Result<()> {
     vkd(c)?;
     c.namespace("proc-attach")?;
@@ -1526,10 +1583,45 @@ fn attach(c: &Cluster) -> Result<()> {
         eprintln!(
             "attach -i: echoed over WebSocket and SPDY, before and after SIGKILL and restart of vkd"
         );
+        // `kubectl run -i`: with stdinOnce the container reads to the end of
+        // what was piped in and ends; with --leave-stdin-open kubectl returns
+        // at the end of its input and the container keeps reading.
+        for spdy in [false, true] {
+            let name = if spdy { "run-i-spdy" } else { "run-i-ws" };
+            kubectl_run_i(c, name, "value\nabcd1234", false, spdy)?;
+            let log = c.kubectl(&["logs", name, "-n", "proc-attach"])?;
+            ensure!(
+                log.contains("read:value") && log.contains("abcd1234stdin closed"),
+                "{name}: {log:?}"
+            );
+            let open = format!("{name}-open");
+            kubectl_run_i(c, &open, "abcd1234\n", true, spdy)?;
+            let p = c.kubectl_json(&["get", "pod", &open, "-n", "proc-attach"])?;
+            ensure!(
+                running_and_ready(&p),
+                "{open} did not keep running: {}",
+                p["status"]
+            );
+            wait_for(
+                "the line fed before the end",
+                Duration::from_secs(30),
+                || {
+                    let log = c.kubectl(&["logs", &open, "-n", "proc-attach"])?;
+                    ensure!(
+                        !log.contains("stdin closed"),
+                        "{open}: stdin closed: {log:?}"
+                    );
+                    Ok(log.contains("abcd1234").then_some(()))
+                },
+            )?;
+        }
+        eprintln!(
+            "kubectl run -i: returns over WebSocket and SPDY, with and without --leave-stdin-open"
+        );
         c.kubectl(&[
             "delete",
-            "pod",
-            "talkback",
+            "pods",
+            "--all",
             "-n",
             "proc-attach",
             "--wait=true",

@@ -122,3 +122,89 @@ async fn a_container_without_stdin_reads_end_of_file() {
     remove(&p, "u-nostdin").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Attaches to `main`, sends `input` and ends stdin at once, as
+/// `kubectl attach -i < file` or `kubectl run -i`; returns what came out and
+/// whether the session ended within `within`.
+async fn attach_and_hang_up(
+    p: &ProcessProvider,
+    uid: &str,
+    input: &str,
+    within: Duration,
+) -> (String, bool) {
+    let (mut stdin_w, stdin_r) = tokio::io::duplex(1024);
+    let (stdout_w, mut stdout_r) = tokio::io::duplex(64 * 1024);
+    let io = StreamIo {
+        stdin: Some(Box::new(stdin_r)),
+        stdout: Some(Box::new(stdout_w)),
+        stderr: None,
+        tty: false,
+        resize: None,
+    };
+    stdin_w.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin_w);
+    let ended = tokio::time::timeout(within, p.attach(uid, "main", io))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    let mut seen = String::new();
+    let _ = tokio::time::timeout(
+        Duration::from_millis(500),
+        stdout_r.read_to_string(&mut seen),
+    )
+    .await;
+    (seen, ended)
+}
+
+/// Without `stdinOnce`, the end of the client's stdin ends the session, as
+/// containerd's attach detaches: `kubectl run -i --leave-stdin-open` returns,
+/// and the container keeps running with its stdin open for the next session.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_end_of_the_clients_stdin_detaches_a_session_without_stdin_once() {
+    let (p, dir) = provider();
+    p.create(&fence(), &echo_spec("u-detach", false))
+        .await
+        .unwrap();
+    running(&p, "u-detach").await;
+    let (_, ended) = attach_and_hang_up(&p, "u-detach", "first\n", Duration::from_secs(10)).await;
+    assert!(ended, "the session outlived the client's stdin");
+    common::wait_for("the line fed before the end", async || {
+        common::log_text(&p, "u-detach", "main")
+            .await
+            .contains("echo:first")
+            .then_some(())
+    })
+    .await;
+    let seen = attach_and_send(&p, "u-detach", "again\n", "echo:again").await;
+    assert!(seen.contains("echo:again"), "{seen:?}");
+    let log = common::log_text(&p, "u-detach", "main").await;
+    assert!(!log.contains("stdin-closed"), "{log}");
+    remove(&p, "u-detach").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// With `stdinOnce`, the end of the client's stdin closes the container's, and
+/// the session shows what the container writes after it, to its end: what
+/// `kubectl run -i` prints.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_stdin_once_the_session_lasts_until_the_container_ends() {
+    let (p, dir) = provider();
+    let mut s = spec(
+        "u-once-end",
+        &[
+            "sh",
+            "-c",
+            "while read line; do echo \"echo:$line\"; done; sleep 1; echo stdin-closed",
+        ],
+    );
+    s.containers[0].stdin = true;
+    s.containers[0].stdin_once = true;
+    s.restart_policy = vkd_provider::RestartPolicy::Never;
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-once-end").await;
+    let (seen, ended) =
+        attach_and_hang_up(&p, "u-once-end", "last\n", Duration::from_secs(20)).await;
+    assert!(ended, "the session outlived the container");
+    assert!(seen.contains("stdin-closed"), "{seen:?}");
+    remove(&p, "u-once-end").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
