@@ -454,6 +454,44 @@ fn liveness(c: &Cluster) -> Result<()> {
         started.elapsed().as_secs_f64(),
         last["exitCode"]
     );
+    // The kubelet's Events for it, about the container, as `kubectl describe`
+    // and `kubectl get events` show them.
+    let events = wait_for(
+        "Unhealthy and Killing Events",
+        Duration::from_secs(30),
+        || {
+            let list = c.kubectl_json(&[
+                "get",
+                "events",
+                "-n",
+                NS,
+                "--field-selector",
+                "involvedObject.name=unwell",
+            ])?;
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            let has = |reason: &str| items.iter().any(|e| e["reason"] == reason);
+            Ok((has("Unhealthy") && has("Killing")).then_some(items))
+        },
+    )?;
+    let unhealthy = events
+        .iter()
+        .find(|e| e["reason"] == "Unhealthy")
+        .context("an Unhealthy Event")?;
+    ensure!(
+        unhealthy["type"] == "Warning"
+            && str_at(unhealthy, "message").starts_with("Liveness probe failed")
+            && unhealthy["involvedObject"]["fieldPath"] == "spec.containers{main}",
+        "{unhealthy}"
+    );
+    let killing = events
+        .iter()
+        .find(|e| e["reason"] == "Killing")
+        .context("a Killing Event")?;
+    ensure!(
+        str_at(killing, "message") == "Container main failed liveness probe, will be restarted",
+        "{killing}"
+    );
+    eprintln!("liveness: Events {:?}", str_at(unhealthy, "message"));
     delete_now(c, "unwell")
 }
 

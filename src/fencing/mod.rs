@@ -138,6 +138,7 @@ mod tests {
             init_containers: Vec::new(),
             ephemeral_containers: Vec::new(),
             host_ip: None,
+            events: Vec::new(),
         }
     }
 

@@ -477,6 +477,7 @@ mod tests {
             init_containers: Vec::new(),
             ephemeral_containers: ephemeral,
             host_ip: None,
+            events: Vec::new(),
         }
     }
 

@@ -18,6 +18,51 @@ pub(super) const EVENTS_IN_FLIGHT: usize = 32;
 /// the Pod's status and the audit log still carry what the Event said.
 pub(super) const EVENTS_PENDING: usize = 1024;
 
+/// The kubelet's spam filter on a Pod's Events (client-go's
+/// `EventSourceObjectSpamFilter`): 25 at once, then one per 5 minutes, so a
+/// probe failing every second costs the API server a burst, not a write a
+/// second for as long as it fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventBudget {
+    tokens: u8,
+    /// When the last token was taken or given back.
+    since: Option<Stamp>,
+}
+
+impl EventBudget {
+    const BURST: u8 = 25;
+    const REFILL: Duration = Duration::from_secs(300);
+
+    /// Takes one Event from the budget at `now`: false when none is left.
+    pub fn take(&mut self, now: SystemTime) -> bool {
+        if let Some(since) = self.since {
+            let elapsed = now.duration_since(since.time()).unwrap_or_default();
+            let earned = elapsed.as_secs() / Self::REFILL.as_secs();
+            if earned > 0 {
+                let earned = u8::try_from(earned).unwrap_or(u8::MAX);
+                self.tokens = self.tokens.saturating_add(earned).min(Self::BURST);
+                self.since = Some(Stamp::from(now));
+            }
+        } else {
+            self.since = Some(Stamp::from(now));
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+}
+
+impl Default for EventBudget {
+    fn default() -> Self {
+        Self {
+            tokens: Self::BURST,
+            since: None,
+        }
+    }
+}
+
 impl PodController {
     pub(super) async fn node_event(&self, reason: &str, note: &str) {
         let reference = ObjectReference {
@@ -138,5 +183,92 @@ impl PodController {
         if let Err(e) = self.recorder.publish(&ev, &Self::pod_reference(rec)).await {
             warn!(error = %e, reason, "publishing event failed");
         }
+    }
+
+    /// Publishes the events the backend recorded for the Pod's containers
+    /// since those published before (`rec.events_seen`), as the kubelet's:
+    /// about the container (`spec.containers{name}`), repeats counted as one
+    /// series. Returns the last one seen. Those from before this vkd started
+    /// are not published: the vkd before did, or they went with it.
+    pub(super) async fn container_events(
+        &self,
+        rec: &PodRecord,
+        instance: &Instance,
+    ) -> (u64, EventBudget) {
+        let mut seen = rec.events_seen;
+        let mut budget = rec.event_budget;
+        for e in instance.events.iter().filter(|e| e.seq > rec.events_seen) {
+            seen = seen.max(e.seq);
+            if e.time < self.started {
+                continue;
+            }
+            if !budget.take(SystemTime::now()) {
+                self.shared.metrics.event_dropped();
+                debug!(
+                    reason = e.reason,
+                    "event dropped: the Pod's budget is spent"
+                );
+                continue;
+            }
+            let mut reference = Self::pod_reference(rec);
+            let list = if rec.init_containers.iter().any(|c| *c.name == *e.container) {
+                "initContainers"
+            } else {
+                "containers"
+            };
+            reference.field_path = Some(format!("spec.{list}{{{}}}", e.container));
+            let action = if e.action.is_empty() {
+                "Probe"
+            } else {
+                &e.action
+            };
+            let ev = KubeEvent {
+                type_: if e.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: e.reason.clone(),
+                note: Some(e.message.chars().take(1000).collect()),
+                action: action.to_owned(),
+                secondary: None,
+            };
+            self.throttle("event").await;
+            if let Err(err) = self.recorder.publish(&ev, &reference).await {
+                warn!(error = %err, reason = e.reason, "publishing event failed");
+            }
+        }
+        (seen, budget)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_event_budget_is_a_burst_then_one_per_five_minutes() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut b = EventBudget::default();
+        for _ in 0..25 {
+            assert!(b.take(start));
+        }
+        assert!(!b.take(start));
+        assert!(!b.take(start + Duration::from_secs(299)));
+        assert!(b.take(start + Duration::from_secs(300)));
+        assert!(!b.take(start + Duration::from_secs(301)));
+        // An hour later, twelve more; never past the burst.
+        let later = start + Duration::from_secs(300 + 3600);
+        for _ in 0..12 {
+            assert!(b.take(later));
+        }
+        assert!(!b.take(later));
+        let much_later = later + Duration::from_secs(86_400);
+        for _ in 0..25 {
+            assert!(b.take(much_later));
+        }
+        assert!(!b.take(much_later));
+        // A clock that went back earns nothing and breaks nothing.
+        assert!(!b.take(start));
     }
 }

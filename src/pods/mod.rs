@@ -176,6 +176,9 @@ pub struct PodController {
     /// as the last collection pass found them; with the Pods' own instances
     /// this is `vkd_backend_instances`, so a scrape never lists the backend.
     unowned_phases: Mutex<Vec<(String, i64)>>,
+    /// When this controller started: container events from before it were
+    /// published by the vkd before (or lost with it), never twice.
+    started: SystemTime,
 }
 
 impl std::fmt::Debug for PodController {
@@ -228,6 +231,7 @@ impl PodController {
             event_backlog: Arc::new(tokio::sync::Semaphore::new(EVENTS_PENDING)),
             recorder,
             synced: AtomicBool::new(false),
+            started: SystemTime::now(),
         })
     }
 
@@ -685,6 +689,17 @@ impl PodController {
         if instance.phase != vkd_provider::InstancePhase::Pending {
             // Running or ended: the backend's own figures show what it uses.
             self.admitter.release(uid);
+        }
+        if instance
+            .events
+            .last()
+            .is_some_and(|e| e.seq > rec.events_seen)
+        {
+            let (seen, budget) = self.container_events(&rec, &instance).await;
+            self.touch(uid, |r| {
+                r.events_seen = seen;
+                r.event_budget = budget;
+            });
         }
         // New entries of spec.ephemeralContainers (kubectl debug) start now.
         let rec = self.start_ephemeral(rec, &instance).await?;

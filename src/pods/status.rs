@@ -388,6 +388,7 @@ pub fn terminal_instance(rec: &PodRecord, seen: Option<Instance>, now: SystemTim
         init_containers: Vec::new(),
         ephemeral_containers: Vec::new(),
         host_ip: None,
+        events: Vec::new(),
     });
     let unknown = |started_at: Option<SystemTime>| {
         ContainerState::Terminated(Terminated {

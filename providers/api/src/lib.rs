@@ -396,6 +396,30 @@ pub struct Instance {
     /// node's own (a downstream cluster's Node): the Pod's `hostIP`.
     #[serde(default)]
     pub host_ip: Option<String>,
+    /// What the backend saw happen to the containers that the kubelet reports
+    /// as Events (a probe that failed or warned), the most recent last; a
+    /// backend keeps a bounded number. Empty for a backend without them.
+    #[serde(default)]
+    pub events: Vec<ContainerEvent>,
+}
+
+/// Something that happened to a container, which vkd publishes as the
+/// kubelet's Event about the Pod (`Unhealthy`, `ProbeWarning`, `Killing`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEvent {
+    /// Grows by one with each event of the instance: vkd publishes each once.
+    pub seq: u64,
+    pub time: SystemTime,
+    pub container: String,
+    /// A Warning Event, else Normal.
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+    /// What was being done (`Liveness`, `Readiness`, `Startup`, `Kill`,
+    /// `PostStart`, `PreStop`): with the reason, what tells one series of
+    /// repeats from another.
+    #[serde(default)]
+    pub action: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -158,6 +158,8 @@ pub fn instance(cluster: &str, pod: &Pod) -> Option<Instance> {
             status.and_then(|s| s.init_container_statuses.as_ref()),
         ),
         ephemeral_containers: Vec::new(),
+        // The downstream kubelet's Events stay in the downstream cluster.
+        events: Vec::new(),
         host_ip: status
             .and_then(|s| s.host_ip.clone())
             .filter(|ip| !ip.is_empty()),

@@ -286,6 +286,7 @@ mod tests {
             done: false,
             ephemeral: Some(Vec::new()),
             pause: None,
+            events: Vec::new(),
         };
         let s = statuses(&sb, Some(&st));
         assert_eq!(s.len(), 1);

@@ -119,15 +119,23 @@ impl ProcessProvider {
         let ephemeral_containers = ephemeral::statuses(sb, st.as_ref());
         // The shim writes the kubelet's waiting reasons itself: PodInitializing
         // for a container while the init containers run.
-        let (phase, containers, init_containers, started_at, message) = match st {
+        let (phase, containers, init_containers, started_at, message, events) = match st {
             Some(s) => (
                 s.phase,
                 s.containers.into_iter().map(|c| c.status).collect(),
                 s.init.into_iter().map(|c| c.status).collect(),
                 s.started_at,
                 s.message,
+                s.events,
             ),
-            None => (InstancePhase::Pending, Vec::new(), Vec::new(), None, None),
+            None => (
+                InstancePhase::Pending,
+                Vec::new(),
+                Vec::new(),
+                None,
+                None,
+                Vec::new(),
+            ),
         };
         let _ = sb;
         Instance {
@@ -145,6 +153,7 @@ impl ProcessProvider {
             init_containers,
             ephemeral_containers,
             host_ip: None,
+            events,
         }
     }
 
@@ -477,6 +486,7 @@ mod tests {
             done: false,
             ephemeral: None,
             pause: None,
+            events: Vec::new(),
         };
         sandbox::write_json(&sb.status(), &status, 0o644).unwrap();
         // A shim identity that is no longer alive, and a stop that was asked for.

@@ -131,7 +131,15 @@ pub struct StatusFile {
     /// (`shareProcessNamespace`), while it runs.
     #[serde(default)]
     pub pause: Option<ProcessId>,
+    /// The latest events of the containers (probes that failed or warned),
+    /// at most [`EVENTS_KEPT`].
+    #[serde(default)]
+    pub events: Vec<vkd_provider::ContainerEvent>,
 }
+
+/// How many container events `status.json` keeps: vkd reads them within
+/// seconds, so only a burst beyond this between two reads loses any.
+pub const EVENTS_KEPT: usize = 32;
 
 #[derive(Clone, Debug)]
 pub struct Sandbox {

@@ -189,6 +189,7 @@ impl Shim {
             // This shim starts ephemeral containers (see `ephemeral`).
             ephemeral: Some(Vec::new()),
             pause: None,
+            events: Vec::new(),
         };
         write_json(&sandbox.status(), &status, 0o644)?;
         let (stop_tx, stop) = watch::channel(false);
@@ -403,6 +404,61 @@ impl Shim {
                 s.started_at.get_or_insert_with(SystemTime::now);
             }
         });
+    }
+
+    /// Records an event of `container` in `status.json`, which vkd publishes
+    /// as the kubelet's Event about the Pod; the oldest go beyond
+    /// [`EVENTS_KEPT`](crate::sandbox::EVENTS_KEPT).
+    fn record_event(
+        &self,
+        container: &str,
+        warning: bool,
+        (reason, action): (&str, &str),
+        message: String,
+    ) {
+        // An Event's message is bounded (the kubelet's are cut at 1 KiB here too).
+        let mut message = message;
+        if message.len() > 1024 {
+            let mut cut = 1024;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        self.update(|st| {
+            let seq = st.events.last().map_or(1, |e| e.seq.saturating_add(1));
+            st.events.push(vkd_provider::ContainerEvent {
+                seq,
+                time: SystemTime::now(),
+                container: container.to_owned(),
+                warning,
+                reason: reason.to_owned(),
+                message,
+                action: action.to_owned(),
+            });
+            let over = st.events.len().saturating_sub(crate::sandbox::EVENTS_KEPT);
+            st.events.drain(..over);
+        });
+    }
+
+    /// A probe's Event, as the kubelet's prober records one for each attempt
+    /// that fails or warns.
+    fn probe_event(&self, spec: &ContainerSpec, kind: &str, verdict: &handler::Verdict) {
+        match verdict {
+            handler::Verdict::Success => {}
+            handler::Verdict::Warning(m) => self.record_event(
+                &spec.name,
+                true,
+                ("ProbeWarning", kind),
+                format!("{kind} probe warning: {m}"),
+            ),
+            handler::Verdict::Failure(m) => self.record_event(
+                &spec.name,
+                true,
+                ("Unhealthy", kind),
+                format!("{kind} probe failed: {m}"),
+            ),
+        }
     }
 
     /// What the kubelet would send as an Event goes to the shim's own log (`shim.log`).

@@ -492,6 +492,7 @@ impl SimProvider {
             // Not simulated: start_ephemeral answers Unsupported.
             ephemeral_containers: Vec::new(),
             host_ip: None,
+            events: Vec::new(),
         };
         (instance, next)
     }

@@ -50,6 +50,7 @@ fn instance(phase: InstancePhase, states: [(ContainerState, bool); 2]) -> Instan
         init_containers: Vec::new(),
         ephemeral_containers: Vec::new(),
         host_ip: None,
+        events: Vec::new(),
     }
 }
 

@@ -9,6 +9,7 @@ use rustix::process::Signal;
 use tokio::time::Instant;
 use vkd_provider::{ContainerSpec, ContainerState, RestartPolicy, Terminated};
 
+use super::handler::Verdict;
 use super::probes::{ProbeOutcome, Probes};
 use super::start::await_program;
 use super::{Ended, LONGEST_WAIT, Shim, after, exit_code, far_future, waiting};
@@ -179,11 +180,17 @@ impl Shim {
         let mut changed = self.changed.subscribe();
         if let Some(h) = &spec.post_start {
             let grace = self.spec.spec.termination_grace;
-            if !self.handle(h, launch, spec, grace).await {
+            if let Verdict::Failure(why) = self.handle(h, launch, spec, grace).await {
                 self.note(&format!(
-                    "postStart hook failed for container {}",
+                    "postStart hook failed for container {}: {why}",
                     spec.name
                 ));
+                self.record_event(
+                    &spec.name,
+                    true,
+                    ("FailedPostStartHook", "PostStart"),
+                    format!("PostStartHook failed: {why}"),
+                );
                 terminating = true;
                 kill_at = Some(self.terminate(group, None, launch, spec).await);
             }
@@ -240,6 +247,7 @@ impl Shim {
                         }
                         ProbeOutcome::Restart(why, grace) => {
                             self.note(&why);
+                            self.record_event(&spec.name, false, ("Killing", "Kill"), why);
                             terminating = true;
                             let grace = grace.map(|g| g.min(LONGEST_WAIT));
                             kill_at = Some(self.terminate_within(grace, group, spec.pre_stop.as_deref(), launch, spec).await);

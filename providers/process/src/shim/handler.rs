@@ -1,68 +1,49 @@
 //! Hook and probe actions (exec, httpGet, tcpSocket, sleep) as the shim runs
 //! them: an exec in the container's cgroup and, with namespaces, in its
-//! namespaces.
+//! namespaces. Each gives the kubelet's verdict and the output its Events
+//! carry (`Liveness probe failed: …`).
 
 use std::time::Duration;
 
 use rustix::process::Signal;
+use tokio::io::AsyncReadExt;
 use vkd_provider::{ContainerSpec, Handler};
 
 use super::Shim;
-use super::probes::http_get;
+use super::probes::{HttpOutcome, http_get};
 use crate::sandbox::Launch;
 
+/// The most of an action's output kept for its Event, as the kubelet's prober
+/// reads at most 10 KiB.
+const OUTPUT_MAX: usize = 10 << 10;
+
+/// What an action came to, as the kubelet's prober results.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    Success,
+    /// A success the kubelet reports with a `ProbeWarning` Event: an httpGet
+    /// redirected to another host, which is not followed.
+    Warning(String),
+    Failure(String),
+}
+
+impl Verdict {
+    pub(super) fn passed(&self) -> bool {
+        !matches!(self, Self::Failure(_))
+    }
+}
+
 impl Shim {
-    /// Runs a hook or probe action; true on success.
+    /// Runs a hook or probe action.
     pub(super) async fn handle(
         &self,
         h: &Handler,
         launch: &Launch,
         spec: &ContainerSpec,
         timeout: Duration,
-    ) -> bool {
+    ) -> Verdict {
         match h {
-            Handler::Exec { command } => {
-                // Hooks and probes run in the container's cgroup, as its processes do.
-                let cgroup = self
-                    .pod_cgroup
-                    .as_ref()
-                    .map(|p| p.join(&spec.name))
-                    .filter(|d| d.is_dir());
-                // With namespaces, in the container's own.
-                let isolation = if self.spec.isolated {
-                    match self.process_of(&spec.name) {
-                        Some(p) => Some(crate::launch::Isolation::Enter(p.pid)),
-                        None => return false,
-                    }
-                } else {
-                    None
-                };
-                let Ok(mut cmd) = self.command(launch, command, spec, cgroup.as_deref(), isolation)
-                else {
-                    return false;
-                };
-                cmd.stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .kill_on_drop(true);
-                let Ok(mut child) = self.spawn(&mut cmd) else {
-                    return false;
-                };
-                let own = child.id();
-                let pid = own.and_then(|p| i32::try_from(p).ok());
-                let ok = match tokio::time::timeout(timeout, child.wait()).await {
-                    Ok(Ok(st)) => st.success(),
-                    _ => {
-                        if let Some(p) = pid.and_then(rustix::process::Pid::from_raw) {
-                            let _ = rustix::process::kill_process_group(p, Signal::KILL);
-                        }
-                        // Reaped here, so its PID is never left for another to wait on.
-                        let _ = child.wait().await;
-                        false
-                    }
-                };
-                self.forget(own);
-                ok
-            }
+            Handler::Exec { command } => self.run_exec(command, launch, spec, timeout).await,
             Handler::HttpGet {
                 host,
                 port,
@@ -74,23 +55,196 @@ impl Shim {
                     .as_deref()
                     .or(self.spec.pod_ip.as_deref())
                     .unwrap_or("127.0.0.1");
-                matches!(tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await, Ok(Ok(code)) if (200..400).contains(&code))
+                let url = format!(
+                    "http://{}/{}",
+                    authority(host, *port),
+                    path.trim_start_matches('/')
+                );
+                match tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await {
+                    Ok(Ok(HttpOutcome::Status(code))) if (200..400).contains(&code) => {
+                        Verdict::Success
+                    }
+                    Ok(Ok(HttpOutcome::Status(code))) => {
+                        // As the kubelet: never the body of a failure (kubernetes#99425).
+                        Verdict::Failure(format!("HTTP probe failed with statuscode: {code}"))
+                    }
+                    Ok(Ok(HttpOutcome::Redirected { body })) => Verdict::Warning(format!(
+                        "Probe terminated redirects, Response body: {body}"
+                    )),
+                    Ok(Err(e)) => Verdict::Failure(format!("Get {url:?}: {}", io_text(&e))),
+                    Err(_) => Verdict::Failure(format!(
+                        "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+                    )),
+                }
             }
             Handler::TcpSocket { host, port } => {
                 let host = host
                     .as_deref()
                     .or(self.spec.pod_ip.as_deref())
                     .unwrap_or("127.0.0.1");
-                matches!(
-                    tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, *port)))
-                        .await,
-                    Ok(Ok(_))
-                )
+                let connect = tokio::net::TcpStream::connect((host, *port));
+                match tokio::time::timeout(timeout, connect).await {
+                    Ok(Ok(_)) => Verdict::Success,
+                    Ok(Err(e)) => Verdict::Failure(format!(
+                        "dial tcp {}: {}",
+                        authority(host, *port),
+                        io_text(&e)
+                    )),
+                    Err(_) => Verdict::Failure(format!(
+                        "dial tcp {}: i/o timeout",
+                        authority(host, *port)
+                    )),
+                }
             }
             Handler::Sleep { seconds } => {
                 tokio::time::sleep(Duration::from_secs(*seconds).min(timeout)).await;
-                true
+                Verdict::Success
             }
         }
+    }
+
+    /// An exec action: through the launcher as the container's processes
+    /// run, its stdout and stderr together kept (the first 10 KiB) for the
+    /// verdict.
+    async fn run_exec(
+        &self,
+        command: &[String],
+        launch: &Launch,
+        spec: &ContainerSpec,
+        timeout: Duration,
+    ) -> Verdict {
+        let refused = |why: String| Verdict::Failure(why);
+        // Hooks and probes run in the container's cgroup, as its processes do.
+        let cgroup = self
+            .pod_cgroup
+            .as_ref()
+            .map(|p| p.join(&spec.name))
+            .filter(|d| d.is_dir());
+        // With namespaces, in the container's own.
+        let isolation = if self.spec.isolated {
+            match self.process_of(&spec.name) {
+                Some(p) => Some(crate::launch::Isolation::Enter(p.pid)),
+                None => return refused("the container is not running".into()),
+            }
+        } else {
+            None
+        };
+        let mut cmd = match self.command(launch, command, spec, cgroup.as_deref(), isolation) {
+            Ok(c) => c,
+            Err(e) => return refused(format!("preparing the command: {e}")),
+        };
+        let (reader, writer) = match std::io::pipe() {
+            Ok(p) => p,
+            Err(e) => return refused(format!("a pipe for the output: {e}")),
+        };
+        let second = match writer.try_clone() {
+            Ok(w) => w,
+            Err(e) => return refused(format!("a pipe for the output: {e}")),
+        };
+        cmd.stdout(std::process::Stdio::from(writer))
+            .stderr(std::process::Stdio::from(second))
+            .kill_on_drop(true);
+        let spawned = self.spawn(&mut cmd);
+        // The command's copies of the pipe's write end go, so the read ends
+        // when the process (and what it left holding it) does.
+        drop(cmd);
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => return refused(format!("starting {command:?}: {e}")),
+        };
+        let mut output =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
+                .ok();
+        let own = child.id();
+        let pid = own.and_then(|p| i32::try_from(p).ok());
+        let mut out = Vec::new();
+        let ran = tokio::time::timeout(timeout, async {
+            let mut buf = [0u8; 4096];
+            loop {
+                tokio::select! {
+                    st = child.wait() => return st,
+                    n = read_some(&mut output, &mut buf) => match n {
+                        Some(n) => keep(&mut out, &buf[..n]),
+                        None => output = None,
+                    },
+                }
+            }
+        })
+        .await;
+        let verdict = match ran {
+            Ok(Ok(st)) => {
+                // What the command wrote last, unless something it left keeps
+                // the pipe open.
+                if output.is_some() {
+                    let _ = tokio::time::timeout(Duration::from_millis(100), async {
+                        let mut buf = [0u8; 4096];
+                        while let Some(n) = read_some(&mut output, &mut buf).await {
+                            keep(&mut out, &buf[..n]);
+                        }
+                    })
+                    .await;
+                }
+                let text = String::from_utf8_lossy(&out).into_owned();
+                if st.success() {
+                    Verdict::Success
+                } else {
+                    Verdict::Failure(text)
+                }
+            }
+            Ok(Err(e)) => Verdict::Failure(format!("waiting for the command: {e}")),
+            Err(_) => {
+                if let Some(p) = pid.and_then(rustix::process::Pid::from_raw) {
+                    let _ = rustix::process::kill_process_group(p, Signal::KILL);
+                }
+                // Reaped here, so its PID is never left for another to wait on.
+                let _ = child.wait().await;
+                Verdict::Failure(format!("command {:?} timed out", command.join(" ")))
+            }
+        };
+        self.forget(own);
+        verdict
+    }
+}
+
+/// Reads from `output` while it is open: `None` at its end (or with none).
+async fn read_some(
+    output: &mut Option<tokio::net::unix::pipe::Receiver>,
+    buf: &mut [u8],
+) -> Option<usize> {
+    match output {
+        Some(r) => match r.read(buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => Some(n),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Appends `bytes` to `out` up to [`OUTPUT_MAX`].
+fn keep(out: &mut Vec<u8>, bytes: &[u8]) {
+    let room = OUTPUT_MAX.saturating_sub(out.len());
+    out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// An I/O error as Go's net package words the common ones (what the
+/// kubelet's probe Events say), without Rust's `(os error N)`.
+fn io_text(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::ConnectionRefused => "connect: connection refused".into(),
+        ErrorKind::ConnectionReset => "read: connection reset by peer".into(),
+        ErrorKind::TimedOut => "i/o timeout".into(),
+        ErrorKind::HostUnreachable => "connect: no route to host".into(),
+        ErrorKind::NetworkUnreachable => "connect: network is unreachable".into(),
+        _ => e.to_string(),
     }
 }

@@ -11,24 +11,38 @@ use vkd_provider::{ContainerSpec, Probe};
 use super::{Shim, after, far_future};
 use crate::sandbox::Launch;
 
-/// An HTTP GET for probes and hooks; returns the final status code. Like the
-/// kubelet's prober, it follows redirects to the same host (at most 10) and
-/// answers a redirect elsewhere with its own status (a 3xx, a success).
+/// What an HTTP GET of a probe or hook came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HttpOutcome {
+    /// The final status code.
+    Status(u16),
+    /// A redirect that was not followed (to another host, or without a
+    /// `Location`), with the start of its body.
+    Redirected { body: String },
+}
+
+/// An HTTP GET for probes and hooks. Like the kubelet's prober, it follows
+/// redirects to the same host (at most 10); a redirect elsewhere ends it, a
+/// success the kubelet reports with a warning.
 pub(super) async fn http_get(
     host: &str,
     port: u16,
     path: &str,
     headers: &[(String, String)],
-) -> std::io::Result<u16> {
+) -> std::io::Result<HttpOutcome> {
     let (mut port, mut path) = (port, path.to_owned());
     for _ in 0..=10 {
-        let (code, location) = get_once(host, port, &path, headers).await?;
-        let Some(next) = location.filter(|_| (300..400).contains(&code)) else {
-            return Ok(code);
-        };
-        match local_target(host, port, &next) {
+        let reply = get_once(host, port, &path, headers).await?;
+        if !(300..400).contains(&reply.code) {
+            return Ok(HttpOutcome::Status(reply.code));
+        }
+        match reply.location.and_then(|l| local_target(host, port, &l)) {
             Some((p, rest)) => (port, path) = (p, rest),
-            None => return Ok(code),
+            None => {
+                return Ok(HttpOutcome::Redirected {
+                    body: String::from_utf8_lossy(&reply.body).into_owned(),
+                });
+            }
         }
     }
     Err(std::io::Error::other("stopped after 10 redirects"))
@@ -68,13 +82,24 @@ fn local_target(host: &str, port: u16, location: &str) -> Option<(u16, String)> 
     })
 }
 
-/// One GET: the status code and the `Location` header, if any.
+/// The parts of an HTTP response a probe uses.
+struct Reply {
+    code: u16,
+    location: Option<String>,
+    /// The start of the body (at most 10 KiB), read for a redirect only.
+    body: Vec<u8>,
+}
+
+/// The most of a redirect's body kept, as the kubelet's prober reads.
+const BODY_MAX: usize = 10 << 10;
+
+/// One GET.
 async fn get_once(
     host: &str,
     port: u16,
     path: &str,
     headers: &[(String, String)],
-) -> std::io::Result<(u16, Option<String>)> {
+) -> std::io::Result<Reply> {
     let mut s = tokio::net::TcpStream::connect((host, port)).await?;
     let mut req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n"
@@ -84,16 +109,26 @@ async fn get_once(
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).await?;
-    // The status line and headers, up to 16 KiB (the rest is not read).
+    // The status line and headers, up to 16 KiB.
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    while head.len() < 16 << 10 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+    let end = loop {
+        if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break Some(at);
+        }
+        if head.len() >= 16 << 10 {
+            break None;
+        }
         let m = s.read(&mut buf).await?;
         if m == 0 {
-            break;
+            break None;
         }
         head.extend_from_slice(&buf[..m]);
-    }
+    };
+    let (head, mut body) = match end {
+        Some(at) => (head[..at].to_vec(), head[at + 4..].to_vec()),
+        None => (head, Vec::new()),
+    };
     let text = String::from_utf8_lossy(&head);
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
     let mut lines = text.split("\r\n");
@@ -101,17 +136,45 @@ async fn get_once(
         .next()
         .filter(|l| l.starts_with("HTTP/"))
         .ok_or_else(bad)?;
-    let code = status
+    let code: u16 = status
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(bad)?;
-    let location = lines
+    let fields: Vec<(&str, &str)> = lines
         .take_while(|l| !l.is_empty())
         .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("location"))
-        .map(|(_, v)| v.trim().to_owned());
-    Ok((code, location))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .collect();
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
+    };
+    let location = field("location").map(str::to_owned);
+    if (300..400).contains(&code) && end.is_some() {
+        // Up to its length, or to the end of the connection (`Connection: close`).
+        let want = field("content-length")
+            .and_then(|l| l.parse::<usize>().ok())
+            .unwrap_or(BODY_MAX)
+            .min(BODY_MAX);
+        while body.len() < want {
+            let m = s.read(&mut buf).await?;
+            if m == 0 {
+                break;
+            }
+            body.extend_from_slice(&buf[..m]);
+        }
+        body.truncate(want);
+    } else {
+        body.clear();
+    }
+    Ok(Reply {
+        code,
+        location,
+        body,
+    })
 }
 
 pub(super) enum ProbeOutcome {
@@ -209,10 +272,11 @@ impl Probes {
             if s.next > now {
                 return ProbeOutcome::Nothing;
             }
-            let ok = shim
+            let verdict = shim
                 .handle(&s.probe.handler, launch, spec, s.probe.timeout)
                 .await;
-            match s.record(ok) {
+            shim.probe_event(spec, "Startup", &verdict);
+            match s.record(verdict.passed()) {
                 Some(true) => {
                     self.started = true;
                     let begin = Instant::now();
@@ -229,7 +293,7 @@ impl Probes {
                 Some(false) => {
                     return ProbeOutcome::Restart(
                         format!(
-                            "container {} failed its startup probe, will be restarted",
+                            "Container {} failed startup probe, will be restarted",
                             spec.name
                         ),
                         s.probe.termination_grace,
@@ -242,13 +306,14 @@ impl Probes {
         if let Some(l) = self.liveness.as_mut()
             && l.next <= now
         {
-            let ok = shim
+            let verdict = shim
                 .handle(&l.probe.handler, launch, spec, l.probe.timeout)
                 .await;
-            if l.record(ok) == Some(false) {
+            shim.probe_event(spec, "Liveness", &verdict);
+            if l.record(verdict.passed()) == Some(false) {
                 return ProbeOutcome::Restart(
                     format!(
-                        "container {} failed its liveness probe, will be restarted",
+                        "Container {} failed liveness probe, will be restarted",
                         spec.name
                     ),
                     l.probe.termination_grace,
@@ -258,10 +323,11 @@ impl Probes {
         if let Some(r) = self.readiness.as_mut()
             && r.next <= now
         {
-            let ok = shim
+            let verdict = shim
                 .handle(&r.probe.handler, launch, spec, r.probe.timeout)
                 .await;
-            if let Some(v) = r.record(ok)
+            shim.probe_event(spec, "Readiness", &verdict);
+            if let Some(v) = r.record(verdict.passed())
                 && self.ready != Some(v)
             {
                 self.ready = Some(v);

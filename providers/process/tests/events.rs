@@ -1,0 +1,143 @@
+//! Container events on the process provider: what the kubelet's prober and
+//! hooks report as Events, recorded by the shim for vkd to publish.
+#![allow(clippy::unwrap_used)] // a test file: a failed unwrap is a failed test
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fence, provider, remove, spec, wait_for};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vkd_provider::{ContainerEvent, Handler, Probe, Provider};
+
+fn probe(handler: Handler) -> Probe {
+    Probe {
+        handler,
+        initial_delay: Duration::ZERO,
+        period: Duration::from_secs(1),
+        timeout: Duration::from_secs(2),
+        success_threshold: 1,
+        failure_threshold: 1,
+        termination_grace: None,
+    }
+}
+
+async fn events(p: &vkd_process::ProcessProvider, uid: &str) -> Vec<ContainerEvent> {
+    p.get(uid)
+        .await
+        .unwrap()
+        .map(|i| i.events)
+        .unwrap_or_default()
+}
+
+/// A failing exec liveness probe: an `Unhealthy` Warning with what the
+/// command wrote, then `Killing`, as the kubelet's Events say it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_liveness_probe_records_unhealthy_with_its_output_then_killing() {
+    let (p, dir) = provider();
+    let mut s = spec("u-ev-live", &["sleep", "3609"]);
+    s.containers[0].liveness_probe = Some(Box::new(probe(Handler::Exec {
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo not-alive >&2; exit 3".into(),
+        ],
+    })));
+    p.create(&fence(), &s).await.unwrap();
+    let seen = wait_for("Unhealthy and Killing", async || {
+        let e = events(&p, "u-ev-live").await;
+        e.iter().any(|e| e.reason == "Killing").then_some(e)
+    })
+    .await;
+    let unhealthy = seen.iter().find(|e| e.reason == "Unhealthy").unwrap();
+    assert!(unhealthy.warning);
+    assert_eq!(unhealthy.container, "main");
+    assert_eq!(unhealthy.message, "Liveness probe failed: not-alive\n");
+    let killing = seen.iter().find(|e| e.reason == "Killing").unwrap();
+    assert!(!killing.warning);
+    assert_eq!(
+        killing.message,
+        "Container main failed liveness probe, will be restarted"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[1].seq == w[0].seq + 1),
+        "{seen:?}"
+    );
+    remove(&p, "u-ev-live").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An httpGet probe redirected to another host is not followed and passes,
+/// with a `ProbeWarning` that carries the redirect's body, as the kubelet's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_elsewhere_passes_with_a_probe_warning() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let _ = c.read(&mut buf).await;
+                let body = "<a href=\"http://0.0.0.0/\">Found</a>.\n\n";
+                let reply = format!(
+                    "HTTP/1.1 302 Found\r\nLocation: http://0.0.0.0/\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = c.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    let (p, dir) = provider();
+    let mut s = spec("u-ev-redirect", &["sleep", "3609"]);
+    s.containers[0].readiness_probe = Some(Box::new(probe(Handler::HttpGet {
+        host: Some("127.0.0.1".into()),
+        port,
+        path: "/redirect".into(),
+        https: false,
+        headers: Vec::new(),
+    })));
+    p.create(&fence(), &s).await.unwrap();
+    wait_for("Ready through the redirect", async || {
+        let i = p.get("u-ev-redirect").await.unwrap()?;
+        i.containers.first()?.ready.then_some(())
+    })
+    .await;
+    let seen = events(&p, "u-ev-redirect").await;
+    let warning = seen.iter().find(|e| e.reason == "ProbeWarning").unwrap();
+    assert!(warning.warning);
+    assert_eq!(
+        warning.message,
+        "Readiness probe warning: Probe terminated redirects, Response body: \
+         <a href=\"http://0.0.0.0/\">Found</a>.\n\n"
+    );
+    assert!(!seen.iter().any(|e| e.reason == "Unhealthy"), "{seen:?}");
+    remove(&p, "u-ev-redirect").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The shim keeps the latest events only: a probe failing every second for
+/// long leaves a bounded status file, and the numbering goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_are_bounded_and_numbered_on() {
+    let (p, dir) = provider();
+    let mut s = spec("u-ev-bound", &["sleep", "3609"]);
+    let mut failing = probe(Handler::Exec {
+        command: vec!["false".into()],
+    });
+    failing.period = Duration::from_millis(50);
+    failing.failure_threshold = u32::MAX;
+    s.containers[0].readiness_probe = Some(Box::new(failing));
+    p.create(&fence(), &s).await.unwrap();
+    let seen = wait_for("more events than are kept", async || {
+        let e = events(&p, "u-ev-bound").await;
+        e.last().is_some_and(|l| l.seq > 40).then_some(e)
+    })
+    .await;
+    assert_eq!(seen.len(), vkd_process::sandbox::EVENTS_KEPT, "{seen:?}");
+    assert!(seen.iter().all(|e| e.message == "Readiness probe failed: "));
+    remove(&p, "u-ev-bound").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
