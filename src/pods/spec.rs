@@ -218,6 +218,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             host_network: spec.host_network.unwrap_or(false),
             share_process_namespace: spec.share_process_namespace.unwrap_or(false),
             host_ports: host_ports(&all)?,
+            fs_group: fs_group(spec)?,
         },
         env: all
             .iter()
@@ -248,6 +249,21 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
         reads_allocatable: reads_allocatable(spec),
         service_links: spec.enable_service_links.unwrap_or(true),
     })
+}
+
+/// `spec.securityContext.fsGroup`, a Pod's number: a group ID (0 to
+/// 4294967294) or a clear error, never a wrapped one.
+fn fs_group(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<Option<u32>, SpecError> {
+    let Some(g) = spec.security_context.as_ref().and_then(|c| c.fs_group) else {
+        return Ok(None);
+    };
+    match u32::try_from(g) {
+        Ok(g) if g != u32::MAX => Ok(Some(g)),
+        _ => Err(spec_error(
+            "InvalidSpec",
+            format!("securityContext.fsGroup {g} is not a group ID (0 to 4294967294)"),
+        )),
+    }
 }
 
 /// The mounts' `subPathExpr`s, by mount index.
@@ -1612,6 +1628,29 @@ mod tests {
         let e = pending(&p, "vk").unwrap_err();
         assert_eq!(e.reason, "InvalidResources");
         assert!(e.message.contains("container a"), "{e}");
+    }
+
+    /// `securityContext.fsGroup` reaches the spec; a number that is no group
+    /// ID is refused by name, never wrapped.
+    #[test]
+    fn fs_group_is_a_group_id_or_a_clear_error() {
+        let with = |fs_group: serde_json::Value| {
+            pending(
+                &pod(json!({
+                    "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                    "spec": {"securityContext": {"fsGroup": fs_group},
+                             "containers": [{"name": "a", "image": "x"}]}
+                })),
+                "vk",
+            )
+        };
+        assert_eq!(with(json!(123)).unwrap().spec.fs_group, Some(123));
+        assert_eq!(with(json!(0)).unwrap().spec.fs_group, Some(0));
+        for bad in [json!(-1), json!(4_294_967_295_i64), json!(i64::MAX)] {
+            let e = with(bad.clone()).unwrap_err();
+            assert_eq!(e.reason, "InvalidSpec", "{bad}");
+            assert!(e.message.contains("fsGroup"), "{e}");
+        }
     }
 
     /// Every quantity form the apiserver admits is read; what no process could

@@ -53,6 +53,7 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
         host_network: false,
         share_process_namespace: false,
         host_ports: Vec::new(),
+        fs_group: None,
     }
 }
 

@@ -324,6 +324,10 @@ pub struct InstanceSpec {
     /// Pod networks to map (the scheduler has kept them unique on the node).
     #[serde(default)]
     pub host_ports: Vec<HostPort>,
+    /// `spec.securityContext.fsGroup`: the group that owns the Pod's volumes
+    /// (an emptyDir is setgid to it), as the kubelet applies it.
+    #[serde(default)]
+    pub fs_group: Option<u32>,
 }
 
 /// A container port published on the host (`ports[].hostPort`).

@@ -137,14 +137,20 @@ impl ProcessProvider {
     /// Gives the finished Pod root and volumes to the run-as user, depth first,
     /// never through a link. Until then the tree is root's alone, so nothing a
     /// Pod of the same user plants can redirect what root writes while building it.
-    fn hand_over(&self, dir: &Path) -> std::io::Result<()> {
-        let (u, g) = self.inner.run_as;
+    /// `owner` says who gets each path other than the run-as user: a
+    /// volume's fsGroup, a subPath directory that stays root's.
+    fn hand_over(
+        &self,
+        dir: &Path,
+        owner: &dyn Fn(&Path) -> Option<(u32, u32)>,
+    ) -> std::io::Result<()> {
         let meta = dir.symlink_metadata()?;
         if meta.is_dir() {
             for entry in std::fs::read_dir(dir)? {
-                self.hand_over(&entry?.path())?;
+                self.hand_over(&entry?.path(), owner)?;
             }
         }
+        let (u, g) = owner(dir).unwrap_or(self.inner.run_as);
         std::os::unix::fs::lchown(dir, Some(u), Some(g))
     }
 
@@ -210,6 +216,9 @@ impl ProcessProvider {
                 }
             }
         }
+        // subPath directories vkd makes in an emptyDir, which stay root's, as
+        // the kubelet makes them (see below).
+        let mut sub_dirs: Vec<(String, PathBuf)> = Vec::new();
         for c in spec.init_containers.iter().chain(&spec.containers) {
             for m in &c.mounts {
                 let mut target = sb.volumes().join(&m.volume);
@@ -222,8 +231,18 @@ impl ProcessProvider {
                     }
                     target = target.join(sub);
                     if !target.exists() {
-                        self.mkdirs(&sb.volumes().join(&m.volume), Path::new(sub))
-                            .map_err(e)?;
+                        let base = sb.volumes().join(&m.volume);
+                        let empty_dir = spec.volumes.iter().any(|v| {
+                            v.name == m.volume && matches!(v.source, VolumeSource::EmptyDir { .. })
+                        });
+                        let mut made = base.clone();
+                        for part in Path::new(sub).components() {
+                            made.push(part);
+                            if empty_dir && !made.exists() {
+                                sub_dirs.push((m.volume.clone(), made.clone()));
+                            }
+                        }
+                        self.mkdirs(&base, Path::new(sub)).map_err(e)?;
                     }
                 }
                 let rel = Path::new(m.path.trim_start_matches('/'));
@@ -275,20 +294,69 @@ impl ProcessProvider {
                 }
             }
         }
-        self.hand_over(&sb.root()).map_err(e)?;
-        self.hand_over(&sb.volumes()).map_err(e)?;
+        // Modes first, while the tree is root's alone: a mode set after the
+        // hand-over would follow a link the Pod's user put in its place.
         for v in &spec.volumes {
+            let vdir = sb.volumes().join(&v.name);
             let mode = match v.source {
-                // An emptyDir is open to every user of the Pod, as the kubelet makes it.
-                VolumeSource::EmptyDir { .. } => 0o777,
-                // The files keep the Pod's modes (0644 by default, Secrets too),
-                // so the directory keeps everyone but the Pod's user out.
-                VolumeSource::Files { .. } => 0o700,
+                // An emptyDir is open to every user of the Pod, as the kubelet
+                // makes it; a memory one is a tmpfs root, sticky as the
+                // kubelet's is. With fsGroup it is setgid (and the group's,
+                // below), so what the Pod makes in it is the group's too.
+                VolumeSource::EmptyDir { memory, .. } => {
+                    let sticky = if memory && self.inner.isolated {
+                        0o1000
+                    } else {
+                        0
+                    };
+                    let setgid = if spec.fs_group.is_some() { 0o2000 } else { 0 };
+                    0o777 | sticky | setgid
+                }
+                // The files keep the Pod's modes (0644 by default, Secrets
+                // too), so the directory keeps everyone but the Pod's user
+                // out. With fsGroup the files are readable by the group, as
+                // the kubelet gives them (the directory still keeps the
+                // host's users out).
+                VolumeSource::Files { ref files } => {
+                    if spec.fs_group.is_some() {
+                        for f in files {
+                            let mode = std::fs::Permissions::from_mode((f.mode & 0o777) | 0o440);
+                            std::fs::set_permissions(vdir.join(&f.path), mode).map_err(e)?;
+                        }
+                    }
+                    0o700
+                }
                 VolumeSource::HostPath { .. } => continue,
             };
-            let vdir = sb.volumes().join(&v.name);
             std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
         }
+        // A subPath directory the kubelet makes has the volume's mode.
+        for (volume, dir) in &sub_dirs {
+            let parent = std::fs::metadata(sb.volumes().join(volume)).map_err(e)?;
+            let mode = parent.permissions().mode() & 0o7777;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
+        }
+        self.hand_over(&sb.root(), &|_| None).map_err(e)?;
+        // The volumes are the run-as user's, in fsGroup where the Pod names
+        // one; a subPath directory vkd made stays root's, as the kubelet's.
+        let (run_as_user, _) = self.inner.run_as;
+        let grouped: Vec<PathBuf> = spec
+            .volumes
+            .iter()
+            .filter(|v| !matches!(v.source, VolumeSource::HostPath { .. }))
+            .map(|v| sb.volumes().join(&v.name))
+            .collect();
+        let owner = |p: &Path| {
+            let group = spec
+                .fs_group
+                .filter(|_| grouped.iter().any(|v| p.starts_with(v)));
+            if sub_dirs.iter().any(|(_, d)| d == p) {
+                Some((0, group.unwrap_or(0)))
+            } else {
+                group.map(|g| (run_as_user, g))
+            }
+        };
+        self.hand_over(&sb.volumes(), &owner).map_err(e)?;
         if self.inner.isolated {
             self.write_mount_plans(sb, spec, launches, pod_ip)
                 .map_err(e)?;

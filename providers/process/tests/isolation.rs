@@ -228,7 +228,8 @@ async fn a_sub_path_through_a_planted_link_does_not_leave_its_volume() {
 }
 
 /// `medium: Memory` is a tmpfs of `sizeLimit`, shared by the Pod's
-/// containers, open to every user, and gone from the host with the Pod.
+/// containers, open to every user (sticky, as the kubelet's tmpfs root), and
+/// gone from the host with the Pod.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_backed_empty_dir_is_a_shared_tmpfs_that_goes_with_the_pod() {
     let Some((p, dir)) = isolated() else { return };
@@ -269,7 +270,7 @@ async fn a_memory_backed_empty_dir_is_a_shared_tmpfs_that_goes_with_the_pod() {
     })
     .await;
     assert!(
-        log.contains("type=tmpfs size=8192 mode=777 seen=from-init"),
+        log.contains("type=tmpfs size=8192 mode=1777 seen=from-init"),
         "{log:?}"
     );
     let sandbox = dir.join("pods").join(uid);
@@ -354,5 +355,69 @@ async fn an_exec_as_the_container_starts_sees_its_root_or_nothing() {
         remove(&p, &uid).await;
     }
     assert_eq!(processes("sleep 3608"), 0, "a process outlived its Pod");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `fsGroup`, as the kubelet applies it: an emptyDir is the group's and
+/// setgid, so what the Pod makes in it is the group's; a subPath directory
+/// made in it is root's with its mode; a Secret's files are the group's and
+/// readable by it.
+#[tokio::test(flavor = "multi_thread")]
+async fn fs_group_owns_the_volumes_as_on_the_kubelet() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-isolated-fsgroup";
+    let mut s = spec(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "touch /cache/new; for f in /cache /cache/new /sub /secret/key; do \
+             echo \"$f $(stat -c '%a %u %g' $f)\"; done; echo listed; exec sleep 3611",
+        ],
+    );
+    s.fs_group = Some(123);
+    s.volumes = vec![
+        Volume {
+            name: "cache".into(),
+            source: VolumeSource::EmptyDir {
+                size_limit: Some(8 << 20),
+                memory: true,
+            },
+        },
+        Volume {
+            name: "secret".into(),
+            source: VolumeSource::Files {
+                files: vec![vkd_provider::VolumeFile {
+                    path: "key".into(),
+                    data: b"value".to_vec(),
+                    mode: 0o400,
+                }],
+            },
+        },
+    ];
+    s.containers[0].mounts = vec![
+        mount("cache", "/cache", None, false),
+        mount("cache", "/sub", Some("a/b"), false),
+        mount("secret", "/secret", None, true),
+    ];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = wait_for("the container's listing", async || {
+        let l = log_text(&p, uid, "main").await;
+        l.contains("listed").then_some(l)
+    })
+    .await;
+    let (user, _) = p.run_as().unwrap();
+    let made = log.lines().find(|l| l.starts_with("/cache/new ")).unwrap();
+    assert!(made.ends_with(&format!(" {user} 123")), "{log}");
+    for line in [
+        format!("/cache 3777 {user} 123"),
+        "/sub 3777 0 123".to_owned(),
+        format!("/secret/key 440 {user} 123"),
+    ] {
+        assert!(log.contains(&line), "{line:?} in {log}");
+    }
+    remove(&p, uid).await;
+    assert_eq!(processes("sleep 3611"), 0);
     let _ = std::fs::remove_dir_all(dir);
 }
