@@ -320,8 +320,13 @@ impl ProcessProvider {
                 VolumeSource::Files { ref files } => {
                     if spec.fs_group.is_some() {
                         for f in files {
+                            // Where the file was written: its path's names only.
+                            let rel: PathBuf = Path::new(&f.path)
+                                .components()
+                                .filter(|c| matches!(c, std::path::Component::Normal(_)))
+                                .collect();
                             let mode = std::fs::Permissions::from_mode((f.mode & 0o777) | 0o440);
-                            std::fs::set_permissions(vdir.join(&f.path), mode).map_err(e)?;
+                            std::fs::set_permissions(vdir.join(rel), mode).map_err(e)?;
                         }
                     }
                     0o700
