@@ -270,11 +270,22 @@ fn provider_config(cluster: &Cluster, tools: &Path, bin: &Path) -> Result<PathBu
     std::fs::create_dir_all(&shell)?;
     std::os::unix::fs::symlink("/bin/bash", shell.join("sh")).context("linking sh to bash")?;
     std::fs::set_permissions(&shell, std::fs::Permissions::from_mode(0o755))?;
+    // The certificate agnhost's image holds for its HTTPS servers.
+    let localhost = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])?;
+    std::fs::write(bin.join("localhost.crt"), localhost.cert.pem())?;
+    std::fs::write(
+        bin.join("localhost.key"),
+        localhost.signing_key.serialize_pem(),
+    )?;
+    for f in ["localhost.crt", "localhost.key"] {
+        std::fs::set_permissions(bin.join(f), std::fs::Permissions::from_mode(0o644))?;
+    }
     let path = cluster.dir().join("process.yaml");
     std::fs::write(
         &path,
         template
             .replace("@AGNHOST@", &agnhost.display().to_string())
+            .replace("@BIN@", &bin.display().to_string())
             .replace("@BUSYBOX@", &shell.display().to_string()),
     )?;
     Ok(path)

@@ -27,6 +27,7 @@ fn config(isolation: IsolationMode, network: Option<NetworkConfig>) -> ProcessCo
             path: None,
             entrypoint: vec![],
             args: vec![],
+            files: Default::default(),
         }],
         cgroup_parent: "none".into(),
         isolation,

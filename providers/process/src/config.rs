@@ -6,6 +6,8 @@
 //!     path: /usr/bin:/bin       # where the command is looked up (default: the usual system PATH)
 //!     entrypoint: [python3]     # the image's ENTRYPOINT: used when the container gives no command
 //!     args: [-V]                # the image's CMD: used when the container gives neither command nor args
+//!     files:                    # with namespaces: the image's own files, by their path in the
+//!       /etc/app.crt: /srv/app/app.crt  #   container, shown read-only from these host paths
 //! runAsUser: 65534              # default 65534; never 0: vkd (root) must not share its uid with Pods
 //! runAsGroup: 65534
 //! logMaxBytes: 10485760         # per container log file, before rotation
@@ -38,6 +40,12 @@ pub struct ImageMap {
     /// The image's default arguments (its CMD).
     #[serde(default)]
     pub args: Vec<String>,
+    /// The image's own files and directories, by their absolute path in the
+    /// container, as host paths: with namespaces each is bound there,
+    /// read-only (a program of the image may be one of them). Without
+    /// namespaces a container sees the host's tree and none of them.
+    #[serde(default)]
+    pub files: std::collections::BTreeMap<PathBuf, PathBuf>,
 }
 
 impl ImageMap {
@@ -180,6 +188,35 @@ impl ProcessConfig {
                     message: format!("images[{i}].match is empty"),
                 });
             }
+            for (at, source) in &m.files {
+                let plain = |p: &Path| {
+                    p.is_absolute()
+                        && p.parent().is_some()
+                        && p.components().all(|c| {
+                            matches!(
+                                c,
+                                std::path::Component::RootDir | std::path::Component::Normal(_)
+                            )
+                        })
+                };
+                if !plain(at) || !plain(source) {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_owned(),
+                        message: format!(
+                            "images[{i}].files: {} -> {}: both must be absolute paths below / \
+                             without . or ..",
+                            at.display(),
+                            source.display()
+                        ),
+                    });
+                }
+                if let Err(e) = source.symlink_metadata() {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_owned(),
+                        message: format!("images[{i}].files: {}: {e}", source.display()),
+                    });
+                }
+            }
         }
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_owned(),
@@ -254,6 +291,7 @@ mod tests {
             path: None,
             entrypoint: vec![],
             args: vec![],
+            files: Default::default(),
         };
         assert!(m.matches("python:3.12"));
         assert!(!m.matches("python:2"));
@@ -322,6 +360,41 @@ mod tests {
         );
         std::fs::write(&p, "podPidsLimit: 0\n").unwrap();
         assert_eq!(ProcessConfig::load(&p).unwrap().pids_limit(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An image's files: both sides absolute, plain, and the host's present,
+    /// or the config is refused with the entry named.
+    #[test]
+    fn image_files_must_be_plain_absolute_paths_that_exist() {
+        let dir = std::env::temp_dir().join(format!("vkd-pcfg3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("agnhost");
+        std::fs::write(&source, "").unwrap();
+        let p = dir.join("c.yaml");
+        let with = |at: &str, from: &str| {
+            let text = format!("images:\n  - match: x\n    files:\n      {at}: {from}\n");
+            std::fs::write(&p, text).unwrap();
+            ProcessConfig::load(&p)
+        };
+        let ok = with("/agnhost", &source.display().to_string()).unwrap();
+        assert_eq!(ok.images[0].files[Path::new("/agnhost")], source);
+        for (at, from) in [
+            ("agnhost", source.display().to_string()),
+            ("/", source.display().to_string()),
+            ("/a/../etc/shadow", source.display().to_string()),
+            ("/agnhost", "relative/agnhost".to_owned()),
+        ] {
+            let e = with(at, &from).unwrap_err().to_string();
+            assert!(
+                e.contains("images[0].files") && e.contains("absolute"),
+                "{at}: {e}"
+            );
+        }
+        let e = with("/agnhost", "/no/such/agnhost")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("images[0].files: /no/such/agnhost"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

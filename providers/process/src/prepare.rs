@@ -93,8 +93,15 @@ impl ProcessProvider {
                 } else {
                     cwd.join(program)
                 };
-                // A relative program may come from a volume that exists only once materialized.
-                if Path::new(program).is_absolute() && !is_executable(&p) {
+                // A relative program may come from a volume that exists only
+                // once materialized; with namespaces an absolute one may be
+                // one of the image's files, bound at its path.
+                let image_file = image
+                    .files
+                    .get(Path::new(program))
+                    .filter(|_| isolated)
+                    .is_some_and(|source| is_executable(source));
+                if Path::new(program).is_absolute() && !is_executable(&p) && !image_file {
                     return Err(not_found(&c.name, program, path, &c.image));
                 }
                 p
@@ -106,23 +113,6 @@ impl ProcessProvider {
             };
             let mut argv = argv;
             argv[0] = resolved.display().to_string();
-            for h in [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
-                .into_iter()
-                .flatten()
-                .map(|p| &p.handler)
-                .chain(c.post_start.as_deref())
-                .chain(c.pre_stop.as_deref())
-            {
-                if matches!(h, vkd_provider::Handler::HttpGet { https: true, .. }) {
-                    return Err(ProviderError::invalid(
-                        "InvalidProbe",
-                        format!(
-                            "container {}: HTTPS probes and hooks are not supported by the process provider",
-                            c.name
-                        ),
-                    ));
-                }
-            }
             out.push(Launch {
                 name: c.name.clone(),
                 argv,
@@ -468,6 +458,12 @@ fn mount_plan(
     image_dirs.dedup();
     for d in image_dirs {
         binds.push(bind(d.clone(), d, true));
+    }
+    // The image's own files, read-only; a volume at the same path wins.
+    if let Some(image) = p.inner.config.image(&c.image) {
+        for (at, source) in &image.files {
+            binds.push(bind(source.clone(), at.clone(), true));
+        }
     }
     let mut mounts: Vec<&vkd_provider::Mount> = c.mounts.iter().collect();
     mounts.sort_by_key(|m| Path::new(&m.path).components().count());

@@ -29,12 +29,14 @@ mod children;
 mod container;
 mod ephemeral;
 mod handler;
+mod http;
 mod probes;
 mod sidecars;
 mod start;
 mod stdin;
 mod terminate;
 mod termination;
+mod tls;
 
 /// Runs the shim for the sandbox at `dir`; returns the process exit code.
 pub fn main(dir: &Path) -> i32 {

@@ -141,3 +141,95 @@ async fn events_are_bounded_and_numbered_on() {
     remove(&p, "u-ev-bound").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A TLS server on loopback with a self-signed certificate (no node would
+/// trust it) that answers every request with `200 OK`.
+async fn self_signed_https_server() -> u16 {
+    use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ck = rcgen::generate_simple_self_signed(vec!["pod.example".to_owned()]).unwrap();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((c, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(c).await else {
+                    return;
+                };
+                let mut buf = [0u8; 2048];
+                let _ = tls.read(&mut buf).await;
+                let _ = tls
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+/// `scheme: HTTPS`, as the kubelet's: the server's certificate is not
+/// verified, so a Pod's self-signed one passes; a server that does not speak
+/// TLS fails the probe with an `Unhealthy` that says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_probe_skips_verifying_the_certificate_and_needs_tls() {
+    let tls_port = self_signed_https_server().await;
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_port = plain.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = plain.accept().await else {
+                return;
+            };
+            let _ = c
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let (p, dir) = provider();
+    for (uid, port) in [("u-ev-https", tls_port), ("u-ev-not-tls", plain_port)] {
+        let mut s = spec(uid, &["sleep", "3609"]);
+        s.containers[0].readiness_probe = Some(Box::new(probe(Handler::HttpGet {
+            host: Some("127.0.0.1".into()),
+            port,
+            path: "/ready".into(),
+            https: true,
+            headers: Vec::new(),
+        })));
+        p.create(&fence(), &s).await.unwrap();
+    }
+    wait_for("Ready over TLS", async || {
+        let i = p.get("u-ev-https").await.unwrap()?;
+        i.containers.first()?.ready.then_some(())
+    })
+    .await;
+    let failed = wait_for("an Unhealthy without TLS", async || {
+        let e = events(&p, "u-ev-not-tls").await;
+        e.into_iter().find(|e| e.reason == "Unhealthy")
+    })
+    .await;
+    assert!(
+        failed.message.starts_with(&format!(
+            "Readiness probe failed: Get \"https://127.0.0.1:{plain_port}/ready\": "
+        )),
+        "{failed:?}"
+    );
+    let i = p.get("u-ev-not-tls").await.unwrap().unwrap();
+    assert!(!i.containers[0].ready);
+    remove(&p, "u-ev-https").await;
+    remove(&p, "u-ev-not-tls").await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -421,3 +421,71 @@ async fn fs_group_owns_the_volumes_as_on_the_kubelet() {
     assert_eq!(processes("sleep 3611"), 0);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An image's own files (`images[].files`): with namespaces each is shown at
+/// its path, read-only, and a program among them runs from there.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_images_own_files_are_at_their_paths_and_its_program_runs() {
+    let (probe, probe_dir) = provider();
+    let namespaces = probe.isolation_mode() == "namespaces";
+    drop(probe);
+    let _ = std::fs::remove_dir_all(probe_dir);
+    if !namespaces {
+        eprintln!("no namespaces here (not root?): nothing to check");
+        return;
+    }
+    let files = std::env::temp_dir().join(format!("vkd-image-files-{}", std::process::id()));
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join("greeting"), "hello from the image\n").unwrap();
+    let tool = files.join("tool");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho tool-ran \"$@\"; cat /image/greeting; exec sleep 3612\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for p in [&files, &tool] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(
+        files.join("greeting"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let mut config = common::config();
+    config.images[0].files = [
+        ("/image/greeting".into(), files.join("greeting")),
+        ("/image-tool".into(), tool.clone()),
+    ]
+    .into_iter()
+    .collect();
+    let dir = std::env::temp_dir().join(format!("vkd-process-{}", uuid::Uuid::new_v4().simple()));
+    let p = vkd_process::ProcessProvider::open(config, &dir, common::shim_exe()).unwrap();
+    let uid = "u-isolated-image-files";
+    let s = spec(uid, &["/image-tool", "with-arg"]);
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = wait_for("the image's program", async || {
+        let l = log_text(&p, uid, "main").await;
+        l.contains("hello from the image").then_some(l)
+    })
+    .await;
+    assert!(log.contains("tool-ran with-arg"), "{log}");
+    // Read-only, as an image's layers are to a container.
+    let (w, mut r) = tokio::io::duplex(4096);
+    let argv = vec![
+        "sh".into(),
+        "-c".into(),
+        "echo x > /image/greeting && echo wrote || echo refused".into(),
+    ];
+    p.exec(uid, "main", argv, stream_io(w, false))
+        .await
+        .unwrap();
+    let mut out = String::new();
+    r.read_to_string(&mut out).await.unwrap();
+    assert!(out.contains("refused"), "{out}");
+    remove(&p, uid).await;
+    assert_eq!(processes("sleep 3612"), 0);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(files);
+}

@@ -177,6 +177,7 @@ async fn a_new_provider_adopts_running_pods() {
                 path: None,
                 entrypoint: vec![],
                 args: vec![],
+                files: Default::default(),
             }],
             cgroup_parent: "none".into(),
             ..Default::default()
@@ -516,6 +517,7 @@ async fn a_pod_cannot_start_more_processes_than_its_limit() {
             path: None,
             entrypoint: vec![],
             args: vec![],
+            files: Default::default(),
         }],
         cgroup_parent: "none".into(),
         // Also counts what other tests run as the same user at the same moment.

@@ -10,7 +10,7 @@ use tokio::io::AsyncReadExt;
 use vkd_provider::{ContainerSpec, Handler};
 
 use super::Shim;
-use super::probes::{HttpOutcome, http_get};
+use super::http::{HttpOutcome, http_get};
 use crate::sandbox::Launch;
 
 /// The most of an action's output kept for its Event, as the kubelet's prober
@@ -49,18 +49,21 @@ impl Shim {
                 port,
                 path,
                 headers,
-                ..
+                https,
             } => {
                 let host = host
                     .as_deref()
                     .or(self.spec.pod_ip.as_deref())
                     .unwrap_or("127.0.0.1");
+                let scheme = if *https { "https" } else { "http" };
                 let url = format!(
-                    "http://{}/{}",
+                    "{scheme}://{}/{}",
                     authority(host, *port),
                     path.trim_start_matches('/')
                 );
-                match tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await {
+                match tokio::time::timeout(timeout, http_get(*https, host, *port, path, headers))
+                    .await
+                {
                     Ok(Ok(HttpOutcome::Status(code))) if (200..400).contains(&code) => {
                         Verdict::Success
                     }

@@ -24,6 +24,7 @@ pub(crate) fn config() -> ProcessConfig {
             path: None,
             entrypoint: vec!["sleep".into(), "3600".into()],
             args: vec![],
+            files: Default::default(),
         }],
         cgroup_parent: "none".into(),
         ..Default::default()
