@@ -23,7 +23,7 @@ pub(super) const EVENTS_PENDING: usize = 1024;
 /// probe failing every second costs the API server a burst, not a write a
 /// second for as long as it fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EventBudget {
+pub(super) struct EventBudget {
     tokens: u8,
     /// When the last token was taken or given back.
     since: Option<Stamp>,
@@ -34,7 +34,7 @@ impl EventBudget {
     const REFILL: Duration = Duration::from_secs(300);
 
     /// Takes one Event from the budget at `now`: false when none is left.
-    pub fn take(&mut self, now: SystemTime) -> bool {
+    pub(super) fn take(&mut self, now: SystemTime) -> bool {
         if let Some(since) = self.since {
             let elapsed = now.duration_since(since.time()).unwrap_or_default();
             let earned = elapsed.as_secs() / Self::REFILL.as_secs();
@@ -52,6 +52,14 @@ impl EventBudget {
         self.tokens -= 1;
         true
     }
+}
+
+/// What was published of a Pod's container events.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ContainerEvents {
+    /// The last one handled ([`vkd_provider::ContainerEvent::seq`]).
+    seen: u64,
+    budget: EventBudget,
 }
 
 impl Default for EventBudget {
@@ -186,19 +194,26 @@ impl PodController {
     }
 
     /// Publishes the events the backend recorded for the Pod's containers
-    /// since those published before (`rec.events_seen`), as the kubelet's:
-    /// about the container (`spec.containers{name}`), repeats counted as one
-    /// series. Returns the last one seen. Those from before this vkd started
-    /// are not published: the vkd before did, or they went with it.
-    pub(super) async fn container_events(
-        &self,
-        rec: &PodRecord,
-        instance: &Instance,
-    ) -> (u64, EventBudget) {
-        let mut seen = rec.events_seen;
-        let mut budget = rec.event_budget;
-        for e in instance.events.iter().filter(|e| e.seq > rec.events_seen) {
-            seen = seen.max(e.seq);
+    /// since those handled before, as the kubelet's: about the container
+    /// (`spec.containers{name}`), repeats counted as one series. Those from
+    /// before this vkd started are not published: the vkd before did, or
+    /// they went with it.
+    pub(super) async fn container_events(&self, rec: &PodRecord, instance: &Instance) {
+        let Some(last) = instance.events.last().map(|e| e.seq) else {
+            return;
+        };
+        let before = self
+            .container_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&*rec.uid)
+            .copied()
+            .unwrap_or_default();
+        if last <= before.seen {
+            return;
+        }
+        let mut budget = before.budget;
+        for e in instance.events.iter().filter(|e| e.seq > before.seen) {
             if e.time < self.started {
                 continue;
             }
@@ -238,7 +253,10 @@ impl PodController {
                 warn!(error = %err, reason = e.reason, "publishing event failed");
             }
         }
-        (seen, budget)
+        self.container_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rec.uid.to_string(), ContainerEvents { seen: last, budget });
     }
 }
 

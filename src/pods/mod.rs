@@ -179,6 +179,10 @@ pub struct PodController {
     /// When this controller started: container events from before it were
     /// published by the vkd before (or lost with it), never twice.
     started: SystemTime,
+    /// What was published of each Pod's container events, for the Pods that
+    /// have had any: beside the records, which stay small for the many
+    /// Pods whose probes never fail.
+    container_events: Mutex<HashMap<String, events::ContainerEvents>>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -232,6 +236,7 @@ impl PodController {
             recorder,
             synced: AtomicBool::new(false),
             started: SystemTime::now(),
+            container_events: Mutex::default(),
         })
     }
 
@@ -577,6 +582,10 @@ impl PodController {
             self.admitter.release(uid);
             self.stopping_to_fail().remove(uid);
             self.evicting().remove(uid);
+            self.container_events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(uid);
             self.gc_wake.notify_one();
             return Ok(Action::Done);
         };
@@ -690,17 +699,7 @@ impl PodController {
             // Running or ended: the backend's own figures show what it uses.
             self.admitter.release(uid);
         }
-        if instance
-            .events
-            .last()
-            .is_some_and(|e| e.seq > rec.events_seen)
-        {
-            let (seen, budget) = self.container_events(&rec, &instance).await;
-            self.touch(uid, |r| {
-                r.events_seen = seen;
-                r.event_budget = budget;
-            });
-        }
+        self.container_events(&rec, &instance).await;
         // New entries of spec.ephemeralContainers (kubectl debug) start now.
         let rec = self.start_ephemeral(rec, &instance).await?;
         self.write_status(&rec, Some(&instance), &Waiting::Creating)

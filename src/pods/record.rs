@@ -182,11 +182,6 @@ pub struct PodRecord {
     /// Every condition `spec.readinessGates` names is True in the Pod's status
     /// (true when it names none): Ready waits for it, as on the kubelet.
     pub readiness_gates_ready: bool,
-    /// The last container event of the instance published as an Event
-    /// ([`vkd_provider::ContainerEvent::seq`]).
-    pub events_seen: u64,
-    /// What is left of the Pod's budget of container Events.
-    pub event_budget: super::events::EventBudget,
 }
 
 /// `spec.activeDeadlineSeconds`, and the grace period the containers get
@@ -370,8 +365,6 @@ impl PodRecord {
             ),
             generation: meta.generation.unwrap_or(0),
             readiness_gates_ready: readiness_gates_ready(spec, api_status),
-            events_seen: previous.map_or(0, |p| p.events_seen),
-            event_budget: previous.map(|p| p.event_budget).unwrap_or_default(),
         })
     }
 }
