@@ -570,11 +570,16 @@ fn partition(c: &Cluster) -> Result<()> {
         },
     )?;
     let cleaned = healed.elapsed();
-    let ps = pods(c, &ns)?;
+    // The old Pod's object goes a moment after its instance: vk-far
+    // finalizes it once the instance is gone.
+    let settled = wait_for("the 2 replacements alone", Duration::from_secs(30), || {
+        let ps = pods(c, &ns)?;
+        Ok((ps.len() == 2 && ps.iter().all(running_and_ready)).then_some(()))
+    });
     ensure!(
-        ps.len() == 2 && ps.iter().all(running_and_ready),
+        settled.is_ok(),
         "after the heal: {} Pods",
-        ps.len()
+        pods(c, &ns)?.len()
     );
     ensure!(
         far.instances()?.is_empty(),
