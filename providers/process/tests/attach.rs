@@ -11,12 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vkd_process::ProcessProvider;
 use vkd_provider::{Provider, StreamIo};
 
-/// Attaches to `main`, sends `input`, and returns what came out until `until`
-/// appeared (or 20 s passed); the session is then dropped, as a client that
-/// goes away.
-async fn attach_and_send(p: &ProcessProvider, uid: &str, input: &str, until: &str) -> String {
+/// A session's streams without a tty: the client's ends of stdin and
+/// stdout, and what the provider gets.
+fn session_io() -> (tokio::io::DuplexStream, tokio::io::DuplexStream, StreamIo) {
     let (stdin_w, stdin_r) = tokio::io::duplex(1024);
-    let (stdout_w, mut stdout_r) = tokio::io::duplex(64 * 1024);
+    let (stdout_w, stdout_r) = tokio::io::duplex(64 * 1024);
     let io = StreamIo {
         stdin: Some(Box::new(stdin_r)),
         stdout: Some(Box::new(stdout_w)),
@@ -24,8 +23,15 @@ async fn attach_and_send(p: &ProcessProvider, uid: &str, input: &str, until: &st
         tty: false,
         resize: None,
     };
+    (stdin_w, stdout_r, io)
+}
+
+/// Attaches to `main`, sends `input`, and returns what came out until `until`
+/// appeared (or 20 s passed); the session is then dropped, as a client that
+/// goes away.
+async fn attach_and_send(p: &ProcessProvider, uid: &str, input: &str, until: &str) -> String {
+    let (mut stdin_w, mut stdout_r, io) = session_io();
     let session = p.attach(uid, "main", io);
-    let mut stdin_w = stdin_w;
     let client = async {
         // Give the attach a moment to follow the log from its end.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -132,15 +138,7 @@ async fn attach_and_hang_up(
     input: &str,
     within: Duration,
 ) -> (String, bool) {
-    let (mut stdin_w, stdin_r) = tokio::io::duplex(1024);
-    let (stdout_w, mut stdout_r) = tokio::io::duplex(64 * 1024);
-    let io = StreamIo {
-        stdin: Some(Box::new(stdin_r)),
-        stdout: Some(Box::new(stdout_w)),
-        stderr: None,
-        tty: false,
-        resize: None,
-    };
+    let (mut stdin_w, mut stdout_r, io) = session_io();
     stdin_w.write_all(input.as_bytes()).await.unwrap();
     drop(stdin_w);
     let ended = tokio::time::timeout(within, p.attach(uid, "main", io))

@@ -116,7 +116,6 @@ impl Shim {
         spec: &ContainerSpec,
         timeout: Duration,
     ) -> Verdict {
-        let refused = |why: String| Verdict::Failure(why);
         // Hooks and probes run in the container's cgroup, as its processes do.
         let cgroup = self
             .pod_cgroup
@@ -127,22 +126,22 @@ impl Shim {
         let isolation = if self.spec.isolated {
             match self.process_of(&spec.name) {
                 Some(p) => Some(crate::launch::Isolation::Enter(p.pid)),
-                None => return refused("the container is not running".into()),
+                None => return Verdict::Failure("the container is not running".into()),
             }
         } else {
             None
         };
         let mut cmd = match self.command(launch, command, spec, cgroup.as_deref(), isolation) {
             Ok(c) => c,
-            Err(e) => return refused(format!("preparing the command: {e}")),
+            Err(e) => return Verdict::Failure(format!("preparing the command: {e}")),
         };
         let (reader, writer) = match std::io::pipe() {
             Ok(p) => p,
-            Err(e) => return refused(format!("a pipe for the output: {e}")),
+            Err(e) => return Verdict::Failure(format!("a pipe for the output: {e}")),
         };
         let second = match writer.try_clone() {
             Ok(w) => w,
-            Err(e) => return refused(format!("a pipe for the output: {e}")),
+            Err(e) => return Verdict::Failure(format!("a pipe for the output: {e}")),
         };
         cmd.stdout(std::process::Stdio::from(writer))
             .stderr(std::process::Stdio::from(second))
@@ -153,7 +152,7 @@ impl Shim {
         drop(cmd);
         let mut child = match spawned {
             Ok(c) => c,
-            Err(e) => return refused(format!("starting {command:?}: {e}")),
+            Err(e) => return Verdict::Failure(format!("starting {command:?}: {e}")),
         };
         let mut output =
             tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
