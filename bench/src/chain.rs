@@ -71,7 +71,7 @@ impl Heap {
 }
 
 /// API writes per Pod by `VERB resource[/subresource]`.
-type Tally = BTreeMap<String, f64>;
+pub(super) type Tally = BTreeMap<String, f64>;
 
 /// What one mode measured.
 #[derive(Debug, Default)]
@@ -229,7 +229,7 @@ async fn measure(
 
     let names: Vec<String> = (0..n).map(|i| format!("pod-{i:05}")).collect();
     let started = SystemTime::now();
-    let last_create = create_all(&pods, &names, &seen, args.client_concurrency, None).await?;
+    let last_create = create_all(&pods, &names, &seen, args.client_concurrency, None, None).await?;
     let created_in = secs(last_create, started);
     wait_all(&seen, &names, wait, |s| s.ready.is_some()).await;
     let ready = super::count(&seen, &names, |s| s.ready.is_some());
@@ -376,7 +376,7 @@ async fn wait_downstream_gone(client: &Client, deadline: Instant) -> (usize, Sys
 
 /// The writes between two reads of `apiserver_request_total`, less `client`'s
 /// own, per Pod.
-fn tally(
+pub(super) fn tally(
     before: &HashMap<String, f64>,
     after: &HashMap<String, f64>,
     client: &[(&str, f64)],

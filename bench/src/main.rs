@@ -20,6 +20,7 @@
 //! (`chain.rs`).
 
 mod chain;
+mod peers;
 mod setup;
 
 use std::collections::HashMap;
@@ -88,6 +89,28 @@ struct Args {
     /// cluster (the kubernetes provider), figures side by side.
     #[arg(long)]
     chain: bool,
+    /// Instead: the same pod storm (Pods created with spec.nodeName) against
+    /// vkd, KWOK and the Go Virtual Kubelet, each on a fresh cluster, and a
+    /// table side by side (`peers.rs`, docs/scale.md).
+    #[arg(long, conflicts_with = "chain")]
+    peers: bool,
+    /// With --peers: the storm sizes, one table each.
+    #[arg(long, value_delimiter = ',', default_value = "5000,10000")]
+    sizes: Vec<usize>,
+    /// With --peers: the agents, in this order on the first round [default: all].
+    #[arg(long, value_delimiter = ',')]
+    agents: Vec<peers::Agent>,
+    /// With --peers: rounds per size; the agents' order rotates each round.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// With --peers: where kwok and virtual-kubelet are [default: built by
+    /// `e2e/cluster build-peers`].
+    #[arg(long)]
+    peers_bin: Option<PathBuf>,
+    /// With --peers: seconds of the API server's CPU profile taken from the
+    /// first create of each storm.
+    #[arg(long, default_value_t = 20)]
+    profile_seconds: u32,
     /// The vkd to run [default: `vkd` beside this binary, target/release/vkd
     /// under scripts/bench.sh].
     #[arg(long)]
@@ -176,6 +199,8 @@ fn main() -> Result<()> {
         .block_on(async {
             if args.chain {
                 chain::run(args).await
+            } else if args.peers {
+                peers::run(args).await
             } else {
                 run(args).await
             }
@@ -230,6 +255,7 @@ async fn run(args: Args) -> Result<()> {
             &seen,
             args.client_concurrency,
             Some(args.rate),
+            None,
         )
         .await?;
         let achieved = steady.len() as f64 / secs(last, started).max(0.001);
@@ -273,7 +299,7 @@ async fn run(args: Args) -> Result<()> {
     let names: Vec<String> = (0..args.pods).map(|i| format!("burst-{i:05}")).collect();
     let (stop_sampling, heap_sampler) = vkd.sample_heap_peak();
     let started = SystemTime::now();
-    let last_create = create_all(&pods, &names, &seen, args.client_concurrency, None).await?;
+    let last_create = create_all(&pods, &names, &seen, args.client_concurrency, None, None).await?;
     let took = secs(last_create, started);
     println!(
         "create: {} Pods accepted in {:.1}s ({:.0} Pods/s)",
@@ -373,7 +399,11 @@ async fn run(args: Args) -> Result<()> {
     );
 
     // 4. Delete all N.
-    let profile = tokio::spawn(apiserver_profile(client.clone(), PROFILE_SECONDS));
+    let profile = tokio::spawn(apiserver_profile(
+        client.clone(),
+        PROFILE_SECONDS,
+        "apiserver-delete.pprof".into(),
+    ));
     let delete_started = SystemTime::now();
     let last_delete = delete_all(&pods, &names, args.client_concurrency).await?;
     let all_deleted = wait_all(&seen, &names, wait, |s| s.deleted.is_some()).await;
@@ -461,8 +491,10 @@ async fn admin_client(cluster: &Cluster) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-fn pod(name: &str) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
+/// A benchmark Pod, for the scheduler to bind, or bound to `node` already
+/// (then tolerating every taint, so each agent's Node takes it as it is).
+fn pod(name: &str, node: Option<&str>) -> Result<Pod> {
+    let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench"}},
@@ -476,7 +508,12 @@ fn pod(name: &str) -> Result<Pod> {
                 "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}
             }]
         }
-    }))?)
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+        pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    }
+    Ok(serde_json::from_value(pod)?)
 }
 
 /// Creates the Pods with `concurrency` requests in flight, at most `rate` per
@@ -487,6 +524,7 @@ async fn create_all(
     seen: &Book,
     concurrency: usize,
     rate: Option<u32>,
+    node: Option<&str>,
 ) -> Result<SystemTime> {
     let start = Instant::now();
     futures::stream::iter(names.iter().enumerate())
@@ -495,7 +533,7 @@ async fn create_all(
                 let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate.max(1)));
                 tokio::time::sleep_until(due.into()).await;
             }
-            let body = pod(name)?;
+            let body = pod(name, node)?;
             let mut tries = 0;
             loop {
                 match pods.create(&PostParams::default(), &body).await {
@@ -833,8 +871,8 @@ async fn apiserver_requests(client: &Client) -> Result<HashMap<String, f64>> {
 const PROFILE_SECONDS: u32 = 20;
 
 /// Takes a CPU profile of the API server (`/debug/pprof/profile`) and saves it
-/// under `target/bench/`, where it outlives the cluster.
-async fn apiserver_profile(client: Client, seconds: u32) -> Result<PathBuf> {
+/// as `target/bench/<file>`, where it outlives the cluster.
+async fn apiserver_profile(client: Client, seconds: u32, file: String) -> Result<PathBuf> {
     use http_body_util::BodyExt;
     let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
         .body(kube::client::Body::empty())?;
@@ -845,7 +883,7 @@ async fn apiserver_profile(client: Client, seconds: u32) -> Result<PathBuf> {
     let bytes = res.into_body().collect().await?.to_bytes();
     let dir = repo_root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join("apiserver-delete.pprof");
+    let path = dir.join(file);
     std::fs::write(&path, &bytes)?;
     Ok(path)
 }
