@@ -176,6 +176,8 @@ mod tests {
                 brake: crate::fencing::Brake::default(),
                 partition_fence_after: Duration::from_secs(30),
                 lifecycle_events: false,
+                event_qps: 50,
+                event_burst: 100,
             },
             client.clone(),
             client,

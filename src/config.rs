@@ -16,6 +16,9 @@ use serde::Deserialize;
 pub const DEFAULT_KUBE_QPS: u32 = 1000;
 /// `--kube-burst` when unset.
 pub const DEFAULT_KUBE_BURST: u32 = 2000;
+/// The kubelet's --event-qps and --event-burst defaults.
+const DEFAULT_EVENT_QPS: u32 = 50;
+const DEFAULT_EVENT_BURST: u32 = 100;
 /// `--reconcile-concurrency` when unset.
 pub const DEFAULT_RECONCILE_CONCURRENCY: usize = 64;
 /// `--create-concurrency` when unset.
@@ -243,6 +246,14 @@ pub struct RunArgs {
     /// one. Default true.
     #[arg(long, env = "VKD_LIFECYCLE_EVENTS")]
     pub lifecycle_events: Option<bool>,
+    /// Pod Events per second to the API server, as the kubelet's --event-qps
+    /// (default 50). Beyond it and its burst, the per-Pod `InstanceCreated`
+    /// is dropped and counted rather than sent later; every other Event waits.
+    #[arg(long, env = "VKD_EVENT_QPS")]
+    pub event_qps: Option<u32>,
+    /// Burst above --event-qps, as the kubelet's --event-burst (default 100).
+    #[arg(long, env = "VKD_EVENT_BURST")]
+    pub event_burst: Option<u32>,
     /// How long one provider call may take before it fails as a transient
     /// error (`2m`, the kubelet's --runtime-request-timeout); a deletion also
     /// gets its grace period. Streaming calls are bounded only while starting.
@@ -284,6 +295,8 @@ struct FileConfig {
     node_taints: Option<Vec<String>>,
     kube_qps: Option<u32>,
     kube_burst: Option<u32>,
+    event_qps: Option<u32>,
+    event_burst: Option<u32>,
     reconcile_concurrency: Option<usize>,
     create_concurrency: Option<usize>,
     kube_idle_timeout: Option<String>,
@@ -384,6 +397,8 @@ pub struct Config {
     pub brake: crate::fencing::Brake,
     pub partition_fence_after: Duration,
     pub lifecycle_events: bool,
+    pub event_qps: u32,
+    pub event_burst: u32,
     /// The deadline of one provider call (`--provider-timeout`).
     pub provider_timeout: Duration,
     /// How often the node lease is renewed (the kubelet's 10 s).
@@ -585,6 +600,20 @@ impl Config {
         if kube_burst == 0 {
             return Err(bad("kube-burst", "must be at least 1"));
         }
+        let event_qps = args
+            .event_qps
+            .or(file.event_qps)
+            .unwrap_or(DEFAULT_EVENT_QPS);
+        let event_burst = args
+            .event_burst
+            .or(file.event_burst)
+            .unwrap_or(DEFAULT_EVENT_BURST);
+        if event_qps == 0 {
+            return Err(bad("event-qps", "must be at least 1"));
+        }
+        if event_burst == 0 {
+            return Err(bad("event-burst", "must be at least 1"));
+        }
         let duration = |field: &str,
                         v: Option<String>,
                         default: u64|
@@ -751,6 +780,8 @@ impl Config {
                 .lifecycle_events
                 .or(file.lifecycle_events)
                 .unwrap_or(true),
+            event_qps,
+            event_burst,
             provider_timeout,
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),

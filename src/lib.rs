@@ -356,6 +356,8 @@ async fn act(
                 brake: cfg.brake,
                 partition_fence_after: cfg.partition_fence_after,
                 lifecycle_events: cfg.lifecycle_events,
+                event_qps: cfg.event_qps,
+                event_burst: cfg.event_burst,
             },
             clients.pods.clone(),
             clients.watch.clone(),

@@ -114,7 +114,7 @@ impl Default for Metrics {
             queue_depth: reg!("queue_depth", "Pods waiting in the reconcile queue", Gauge::default()),
             api_writes: reg!("api_writes", "Writes to the API server for Pods, by kind", Family::default()),
             api_throttled: reg!("api_throttled_seconds", "Time Pod writes waited for the client rate limiter", Counter::default()),
-            events_dropped: reg!("events_dropped", "Pod Events not sent because too many were waiting for the API server", Counter::default()),
+            events_dropped: reg!("events_dropped", "Pod Events not sent: over --event-qps (InstanceCreated only) or too many waiting for the API server", Counter::default()),
             lease_age: reg!("node_lease_renewal_age_seconds", "Seconds since the node lease was last renewed", Gauge::default()),
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
             provider_errors: reg!("provider_errors", "Failed provider calls by operation and kind", Family::default()),
@@ -210,6 +210,11 @@ impl Metrics {
 
     pub fn event_dropped(&self) {
         self.events_dropped.inc();
+    }
+
+    #[cfg(test)]
+    pub fn events_dropped(&self) -> u64 {
+        self.events_dropped.get()
     }
 
     /// A Pod became Ready: how long each stage took from its binding.

@@ -107,8 +107,8 @@ struct Args {
     /// `e2e/cluster build-peers`].
     #[arg(long)]
     peers_bin: Option<PathBuf>,
-    /// With --peers: seconds of the API server's CPU profile taken from the
-    /// first create of each storm.
+    /// With --peers: seconds of the API server's CPU profiles taken from the
+    /// first create and the first delete of each storm.
     #[arg(long, default_value_t = 20)]
     profile_seconds: u32,
     /// The vkd to run [default: `vkd` beside this binary, target/release/vkd

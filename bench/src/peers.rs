@@ -17,8 +17,9 @@
 //! kube-apiserver and etcd in each phase, the API writes per Pod by verb and
 //! resource (less the client's own creates and deletes), the bytes those
 //! writes carried and the bytes of watch events the API server sent, and the
-//! agent's CPU and RSS. A CPU profile of the API server over the first
-//! `--profile-seconds` of each create phase is saved under `target/bench/`.
+//! agent's CPU and RSS. CPU profiles of the API server over the first
+//! `--profile-seconds` of each create and each delete phase are saved under
+//! `target/bench/` (`go tool pprof -top -cum FILE`).
 //!
 //! With `--repeat R`, the agents' order rotates on each round, so no agent
 //! always runs first on a cold machine.
@@ -192,14 +193,15 @@ struct Figures {
     delete_phase: Cpu,
     /// Write requests per Pod by "VERB resource", less the client's own.
     writes: Tally,
-    /// Request body bytes per Pod of the writes above (the client's creates
-    /// and deletes left out).
+    /// Request body bytes per Pod of the writes above (Pod creates and
+    /// deletes left out: the client's, and the agents' small delete bodies).
     body_bytes_per_pod: f64,
     watch_bytes_per_pod: f64,
     /// KiB: with all N Ready, and the highest since the agent started.
     rss_ready: u64,
     rss_peak: u64,
-    profile: Option<PathBuf>,
+    /// The API server's CPU profiles from the first create and the first delete.
+    profiles: Vec<PathBuf>,
 }
 
 pub(super) async fn run(args: Args) -> Result<()> {
@@ -446,6 +448,13 @@ async fn measure(
     };
     let ready = super::count(&seen, &names, |s| s.ready.is_some());
 
+    // The API server takes one CPU profile at a time.
+    let create_profile = profile.await?;
+    let delete_profile = tokio::spawn(super::apiserver_profile(
+        client.clone(),
+        args.profile_seconds,
+        format!("apiserver-delete-{}-{n}.pprof", agent.node()),
+    ));
     let delete_started = SystemTime::now();
     delete_all(&pods, &names, args.client_concurrency).await?;
     let all_gone = wait_all(&seen, &names, wait, |s| s.deleted.is_some()).await;
@@ -462,16 +471,17 @@ async fn measure(
     let body_bytes: f64 = api_after
         .body_bytes
         .iter()
-        .filter(|(k, _)| !k.starts_with("POST pods/") && !k.starts_with("DELETE pods/"))
+        // This metric names verbs as RBAC does and has no subresource label.
+        .filter(|(k, _)| k != "create pods/" && k != "delete pods/")
         .map(|(k, v)| v - api_before.body_bytes.get(k).copied().unwrap_or(0.0))
         .sum();
-    let profile = match profile.await? {
-        Ok(path) => Some(path),
-        Err(e) => {
-            eprintln!("bench: apiserver profile not taken: {e:#}");
-            None
+    let mut profiles = Vec::new();
+    for p in [create_profile, delete_profile.await?] {
+        match p {
+            Ok(path) => profiles.push(path),
+            Err(e) => eprintln!("bench: apiserver profile not taken: {e:#}"),
         }
-    };
+    }
     Ok(Figures {
         agent,
         pods: n,
@@ -489,7 +499,7 @@ async fn measure(
         watch_bytes_per_pod: (api_after.watch_bytes - api_before.watch_bytes) / n.max(1) as f64,
         rss_ready,
         rss_peak: rss_kib(running, "VmHWM:"),
-        profile,
+        profiles,
     })
 }
 
@@ -539,7 +549,7 @@ fn print_one(f: &Figures) {
         "{} with {} Pods: {} Ready, {} gone; creates accepted {:.0}/s; first create to all Ready {}; \
          last create to all Ready {}; accepted to Ready p50 {} p99 {}; delete to all gone {}; \
          kube-apiserver CPU {:.1}s + {:.1}s, etcd {:.1}s + {:.1}s, agent {:.1}s + {:.1}s (create + delete phase); \
-         writes per Pod: {}; {:.0} B written and {:.0} B of watch events per Pod; agent RSS {:.1} MiB (peak {:.1}); profile {}",
+         writes per Pod: {}; {:.0} B written and {:.0} B of watch events per Pod; agent RSS {:.1} MiB (peak {:.1}); apiserver profiles {}",
         f.agent.label(),
         f.pods,
         f.ready,
@@ -561,9 +571,15 @@ fn print_one(f: &Figures) {
         f.watch_bytes_per_pod,
         f.rss_ready as f64 / 1024.0,
         f.rss_peak as f64 / 1024.0,
-        f.profile
-            .as_ref()
-            .map_or("not taken".into(), |p| p.display().to_string()),
+        if f.profiles.is_empty() {
+            "not taken".into()
+        } else {
+            f.profiles
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        },
     );
 }
 

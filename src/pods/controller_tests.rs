@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use vkd_provider::Instance;
 
-use super::test_support::{Scripted, controller, events, patches, wait_events};
+use super::test_support::{Scripted, controller, controller_with, events, patches, wait_events};
 use super::{Action, Lane};
 
 fn running_instance() -> Instance {
@@ -282,4 +282,59 @@ async fn an_image_the_backend_cannot_run_waits_as_a_failed_pull() {
         .collect();
     assert!(e.contains(&("Warning", "Failed")), "{e:?}");
     assert!(e.contains(&("Normal", "BackOff")), "{e:?}");
+}
+
+/// Over the Event rate (the kubelet's --event-qps and --event-burst) the
+/// per-Pod `InstanceCreated` is dropped and counted at once, while a Warning
+/// waits for its turn and is sent.
+#[tokio::test]
+async fn over_the_event_rate_instance_created_is_shed_and_a_warning_waits() {
+    use super::events::Pace;
+    use kube::runtime::events::EventType;
+    let (c, log) = controller_with(Arc::new(Scripted::default()), |s| {
+        s.event_qps = 1;
+        s.event_burst = 2;
+    });
+    let mut records = Vec::new();
+    for i in 0..4 {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("p{i}"), "namespace": "ns", "uid": format!("u{i}")},
+            "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
+        }))
+        .unwrap();
+        c.upsert(&pod);
+        records.push(super::PodRecord::clone(&c.records()[&format!("u{i}")]));
+    }
+    for rec in &records {
+        c.paced_event(
+            rec,
+            EventType::Normal,
+            "InstanceCreated",
+            "created",
+            "Create",
+            Pace::ShedOverRate,
+        );
+    }
+    c.event(&records[3], EventType::Warning, "Failed", "boom", "Create");
+    let mut sent = events(&log);
+    for _ in 0..60 {
+        if sent.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        sent = events(&log);
+    }
+    let mut created: Vec<&str> = sent
+        .iter()
+        .filter(|e| e["reason"] == "InstanceCreated")
+        .map(|e| e["regarding"]["name"].as_str().unwrap())
+        .collect();
+    created.sort_unstable();
+    assert_eq!(created, ["p0", "p1"], "the burst: {sent:?}");
+    assert!(
+        sent.iter()
+            .any(|e| e["reason"] == "Failed" && e["type"] == "Warning"),
+        "the Warning waited for a token and was sent: {sent:?}"
+    );
+    assert_eq!(c.shared.metrics.events_dropped(), 2);
 }

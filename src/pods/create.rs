@@ -125,7 +125,14 @@ impl PodController {
                 instance.host.as_deref().unwrap_or("-"),
                 self.settings.epoch
             );
-            self.event(rec, EventType::Normal, "InstanceCreated", &note, "Create");
+            self.paced_event(
+                rec,
+                EventType::Normal,
+                "InstanceCreated",
+                &note,
+                "Create",
+                events::Pace::ShedOverRate,
+            );
         }
         info!(
             instance = %instance.id,

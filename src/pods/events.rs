@@ -18,6 +18,21 @@ pub(super) const EVENTS_IN_FLIGHT: usize = 32;
 /// the Pod's status and the audit log still carry what the Event said.
 pub(super) const EVENTS_PENDING: usize = 1024;
 
+/// How a Pod Event meets vkd's Event rate (`--event-qps`, `--event-burst`,
+/// the kubelet's limits and defaults: 50 a second, 100 at once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pace {
+    /// Waits for its turn: queueing, failures, anything a person must see.
+    Wait,
+    /// The per-Pod `InstanceCreated`: over the rate it is dropped and counted
+    /// at once. In a storm of thousands of Pods an Event each would cost the
+    /// API server about as much again as the status writes (the benchmark in
+    /// docs/scale.md), and sent late it would compete with the next writes;
+    /// the Pod's `vkd.io/instance-id` and `vkd.io/host` annotations and the
+    /// log's `instance created` line carry what it says.
+    ShedOverRate,
+}
+
 /// The kubelet's spam filter on a Pod's Events (client-go's
 /// `EventSourceObjectSpamFilter`): 25 at once, then one per 5 minutes, so a
 /// probe failing every second costs the API server a burst, not a write a
@@ -103,8 +118,26 @@ impl PodController {
         note: &str,
         action: &str,
     ) {
+        self.paced_event(rec, type_, reason, note, action, Pace::Wait);
+    }
+
+    /// [`Self::event`], at the given [`Pace`].
+    pub(super) fn paced_event(
+        &self,
+        rec: &PodRecord,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+        pace: Pace,
+    ) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        if pace == Pace::ShedOverRate && self.event_limiter.check().is_err() {
+            self.shared.metrics.event_dropped();
+            debug!(reason, "event dropped: over --event-qps");
+            return;
+        }
         let waiting = match Arc::clone(&self.event_backlog).try_acquire_owned() {
             Ok(w) => w,
             Err(tokio::sync::TryAcquireError::NoPermits) => {
@@ -143,10 +176,15 @@ impl PodController {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
         let slots = Arc::clone(&self.event_slots);
         let limiter = Arc::clone(&self.limiter);
+        // A shed-over-rate Event took its turn above.
+        let event_limiter = (pace == Pace::Wait).then(|| Arc::clone(&self.event_limiter));
         let metrics = Arc::clone(&self.shared.metrics);
         let reason = reason.to_owned();
         tokio::spawn(
             async move {
+                if let Some(l) = event_limiter {
+                    l.until_ready().await;
+                }
                 let Ok(slot) = slots.acquire_owned().await else {
                     return;
                 };
@@ -180,6 +218,7 @@ impl PodController {
         note: &str,
         action: &str,
     ) {
+        self.event_limiter.until_ready().await;
         self.throttle("event").await;
         let ev = KubeEvent {
             type_: EventType::Warning,
@@ -248,6 +287,7 @@ impl PodController {
                 action: action.to_owned(),
                 secondary: None,
             };
+            self.event_limiter.until_ready().await;
             self.throttle("event").await;
             if let Err(err) = self.recorder.publish(&ev, &reference).await {
                 warn!(error = %err, reason = e.reason, "publishing event failed");

@@ -124,6 +124,9 @@ pub struct Settings {
     /// Publish Normal Events for each step (admitted, created, deleted), not only
     /// for queueing and failures.
     pub lifecycle_events: bool,
+    /// Pod Events per second and their burst (the kubelet's --event-qps, --event-burst).
+    pub event_qps: u32,
+    pub event_burst: u32,
 }
 
 /// What the Pod controllers share with the rest of the daemon.
@@ -159,6 +162,8 @@ pub struct PodController {
     event_slots: Arc<tokio::sync::Semaphore>,
     /// Events handed to tasks and not yet sent ([`EVENTS_PENDING`]).
     event_backlog: Arc<tokio::sync::Semaphore>,
+    /// Pod Events per second, as the kubelet's --event-qps (see [`Pace`]).
+    event_limiter: Arc<DefaultDirectRateLimiter>,
     recorder: Recorder,
     synced: AtomicBool,
     admitter: crate::topology::Admitter,
@@ -208,6 +213,9 @@ impl PodController {
         let limiter = Arc::new(RateLimiter::direct(
             Quota::per_second(nz(settings.qps)).allow_burst(nz(settings.burst)),
         ));
+        let event_limiter = Arc::new(RateLimiter::direct(
+            Quota::per_second(nz(settings.event_qps)).allow_burst(nz(settings.event_burst)),
+        ));
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -231,6 +239,7 @@ impl PodController {
             records: Mutex::default(),
             queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
             limiter,
+            event_limiter,
             event_slots: Arc::new(tokio::sync::Semaphore::new(EVENTS_IN_FLIGHT)),
             event_backlog: Arc::new(tokio::sync::Semaphore::new(EVENTS_PENDING)),
             recorder,

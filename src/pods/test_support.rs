@@ -90,6 +90,14 @@ impl Provider for Scripted {
 /// A controller of node `vk` on `provider`, against a fake API server that
 /// takes every PATCH and POST; the log holds the requests it received.
 pub(super) fn controller(provider: Arc<Scripted>) -> (Arc<PodController>, Log) {
+    controller_with(provider, |_| {})
+}
+
+/// [`controller`] with its settings changed by `change`.
+pub(super) fn controller_with(
+    provider: Arc<Scripted>,
+    change: impl FnOnce(&mut Settings),
+) -> (Arc<PodController>, Log) {
     let (client, log) = fake_api(|req: &Seen| match req.method.as_str() {
         "PATCH" => (
             200,
@@ -98,23 +106,27 @@ pub(super) fn controller(provider: Arc<Scripted>) -> (Arc<PodController>, Log) {
         "POST" => (201, req.body.clone()),
         _ => status(404, "NotFound"),
     });
+    let mut settings = Settings {
+        node: "vk".into(),
+        host_ip: "192.0.2.1".into(),
+        epoch: 1,
+        concurrency: 1,
+        create_concurrency: 0,
+        qps: 1000,
+        burst: 1000,
+        policy: super::spec::Policy::default(),
+        host: None,
+        queue_timeout: Duration::from_secs(600),
+        gc_interval: Duration::from_secs(60),
+        brake: crate::fencing::Brake::default(),
+        partition_fence_after: Duration::from_secs(30),
+        lifecycle_events: false,
+        event_qps: 1000,
+        event_burst: 1000,
+    };
+    change(&mut settings);
     let c = PodController::new(
-        Settings {
-            node: "vk".into(),
-            host_ip: "192.0.2.1".into(),
-            epoch: 1,
-            concurrency: 1,
-            create_concurrency: 0,
-            qps: 1000,
-            burst: 1000,
-            policy: super::spec::Policy::default(),
-            host: None,
-            queue_timeout: Duration::from_secs(600),
-            gc_interval: Duration::from_secs(60),
-            brake: crate::fencing::Brake::default(),
-            partition_fence_after: Duration::from_secs(30),
-            lifecycle_events: false,
-        },
+        settings,
         client.clone(),
         client,
         provider,
