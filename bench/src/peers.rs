@@ -472,7 +472,7 @@ async fn measure(
         .body_bytes
         .iter()
         // This metric names verbs as RBAC does and has no subresource label.
-        .filter(|(k, _)| k != "create pods/" && k != "delete pods/")
+        .filter(|(k, _)| *k != "create pods/" && *k != "delete pods/")
         .map(|(k, v)| v - api_before.body_bytes.get(k).copied().unwrap_or(0.0))
         .sum();
     let mut profiles = Vec::new();
