@@ -26,8 +26,9 @@ pub(super) enum Pace {
     Wait,
     /// The per-Pod `InstanceCreated`: over the rate it is dropped and counted
     /// at once. In a storm of thousands of Pods an Event each would cost the
-    /// API server about as much again as the status writes (the benchmark in
-    /// docs/scale.md), and sent late it would compete with the next writes;
+    /// API server about half as much again as the Pod's status write (the
+    /// benchmark in docs/scale.md), and sent late it would compete with the
+    /// next Pods' writes;
     /// the Pod's `vkd.io/instance-id` and `vkd.io/host` annotations and the
     /// log's `instance created` line carry what it says.
     ShedOverRate,
