@@ -597,9 +597,9 @@ fn opt_secs(s: Option<f64>) -> String {
 /// number the ratio column divides.
 type Cell = (String, Option<f64>);
 
-/// The table of one size: a row per figure, a column per agent (the mean of
-/// its rounds where repeated, each round's figure where not), then vkd's
-/// figure over each peer's.
+/// The table of one size: a row per figure, a column per agent (each
+/// round's figure, separated by `;`), then vkd's figure over each peer's
+/// (the means of their rounds).
 fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
     let columns: Vec<(Agent, Vec<&Figures>)> = agents
         .iter()
@@ -636,7 +636,7 @@ fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
                 if text.is_empty() {
                     "—".into()
                 } else {
-                    text.join(" / ")
+                    text.join("; ")
                 }
             ));
             let values: Option<Vec<f64>> = cells.iter().map(|(_, v)| *v).collect();
