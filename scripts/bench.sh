@@ -7,5 +7,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 e2e/cluster build >/dev/null
 cargo build --release --locked -p vkd -p vkd-bench
-[[ " $* " == *" --peers "* ]] && e2e/cluster build-peers >/dev/null
 exec target/release/vkd-bench "$@"

@@ -246,9 +246,10 @@ pub struct RunArgs {
     /// one. Default true.
     #[arg(long, env = "VKD_LIFECYCLE_EVENTS")]
     pub lifecycle_events: Option<bool>,
-    /// Pod Events per second to the API server, as the kubelet's --event-qps
-    /// (default 50). Beyond it and its burst, the per-Pod `InstanceCreated`
-    /// is dropped and counted rather than sent later; every other Event waits.
+    /// One-off Pod Events per second to the API server, as the kubelet's
+    /// --event-qps (default 50). Beyond it and its burst, the per-Pod
+    /// `InstanceCreated` is dropped and counted rather than sent later; the
+    /// others (queueing, failures) wait their turn.
     #[arg(long, env = "VKD_EVENT_QPS")]
     pub event_qps: Option<u32>,
     /// Burst above --event-qps, as the kubelet's --event-burst (default 100).

@@ -28,10 +28,10 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use vkd_e2e::repo_root;
 
+use super::apiserver::ApiScrape;
 use super::setup::{Role, bench_namespace, cluster_up, vkd_binary};
 use super::{
-    Args, Book, Daemon, NAMESPACE, NODE, apiserver_requests, create_all, delete_all, last_seen,
-    record, secs, wait_all,
+    Args, Book, Daemon, NAMESPACE, NODE, create_all, delete_all, last_seen, record, secs, wait_all,
 };
 
 /// The downstream sim vkd's node (per-host mode names its one Node
@@ -221,9 +221,9 @@ async fn measure(
     let seen: Book = Default::default();
     let pods: Api<Pod> = Api::namespaced(up.client.clone(), NAMESPACE);
     let watch = tokio::spawn(record(pods.clone(), seen.clone()));
-    let up_before = apiserver_requests(&up.client).await?;
+    let up_before = ApiScrape::read(&up.client).await?.requests;
     let down_before = match down {
-        Some(d) => Some(apiserver_requests(&d.client).await?),
+        Some(d) => Some(ApiScrape::read(&d.client).await?.requests),
         None => None,
     };
 
@@ -280,13 +280,13 @@ async fn measure(
         wait_quiet(d.vkd).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let up_after = apiserver_requests(&up.client).await?;
+    let up_after = ApiScrape::read(&up.client).await?.requests;
     let client_writes = [("POST pods", n as f64), ("DELETE pods", n as f64)];
     let up_writes = tally(&up_before, &up_after, &client_writes, n);
     let down_writes = match (down, down_before) {
         (Some(d), Some(before)) => Some(tally(
             &before,
-            &apiserver_requests(&d.client).await?,
+            &ApiScrape::read(&d.client).await?.requests,
             &[],
             n,
         )),

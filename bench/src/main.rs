@@ -19,6 +19,7 @@
 //! `--chain` measures instead the kubernetes provider against the sim directly
 //! (`chain.rs`).
 
+mod apiserver;
 mod chain;
 mod peers;
 mod setup;
@@ -39,8 +40,9 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
-use vkd_e2e::{Cluster, free_port, repo_root};
+use vkd_e2e::{Cluster, free_port};
 
+use apiserver::{ApiScrape, apiserver_profile};
 use setup::{Role, bench_namespace, cluster_up, vkd_binary};
 
 const NAMESPACE: &str = "bench";
@@ -126,6 +128,31 @@ struct Rss {
     anonymous: u64,
     file: u64,
     threads: u64,
+}
+
+impl Rss {
+    /// A process's figures from `/proc/PID/status` (zero when it is gone).
+    fn of(pid: Option<u32>) -> Self {
+        let Some(pid) = pid else {
+            return Self::default();
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |key: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        Rss {
+            now: field("VmRSS:"),
+            peak: field("VmHWM:"),
+            anonymous: field("RssAnon:"),
+            file: field("RssFile:"),
+            threads: field("Threads:"),
+        }
+    }
 }
 
 /// Heap per Pod over the idle heap, and RSS, each against its target.
@@ -295,7 +322,7 @@ async fn run(args: Args) -> Result<()> {
 
     // 1. Burst.
     let writes_start = vkd.writes();
-    let api_before = apiserver_requests(&client).await?;
+    let api_before = ApiScrape::read(&client).await?.requests;
     let names: Vec<String> = (0..args.pods).map(|i| format!("burst-{i:05}")).collect();
     let (stop_sampling, heap_sampler) = vkd.sample_heap_peak();
     let started = SystemTime::now();
@@ -443,7 +470,7 @@ async fn run(args: Args) -> Result<()> {
         both("vkd_events_dropped_total"),
         both("vkd_api_connections_opened_total"),
     );
-    let api_after = apiserver_requests(&client).await?;
+    let api_after = ApiScrape::read(&client).await?.requests;
     print_writes("burst", names.len(), &writes, &api_before, &api_after);
 
     // Where the time went.
@@ -844,49 +871,8 @@ fn print_writes(
     );
 }
 
-/// `apiserver_request_total` summed by "VERB resource/subresource".
-async fn apiserver_requests(client: &Client) -> Result<HashMap<String, f64>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
-    let mut out = HashMap::new();
-    for s in scrape.samples {
-        if s.metric != "apiserver_request_total" {
-            continue;
-        }
-        let key = format!(
-            "{} {}/{}",
-            s.labels.get("verb").unwrap_or(""),
-            s.labels.get("resource").unwrap_or(""),
-            s.labels.get("subresource").unwrap_or("")
-        );
-        if let prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) = s.value {
-            *out.entry(key).or_default() += v;
-        }
-    }
-    Ok(out)
-}
-
 /// Seconds of the API server's CPU profile taken as the deletion starts.
 const PROFILE_SECONDS: u32 = 20;
-
-/// Takes a CPU profile of the API server (`/debug/pprof/profile`) and saves it
-/// as `target/bench/<file>`, where it outlives the cluster.
-async fn apiserver_profile(client: Client, seconds: u32, file: String) -> Result<PathBuf> {
-    use http_body_util::BodyExt;
-    let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
-        .body(kube::client::Body::empty())?;
-    let res = client.send(req).await?;
-    if !res.status().is_success() {
-        bail!("the apiserver answered {}", res.status());
-    }
-    let bytes = res.into_body().collect().await?.to_bytes();
-    let dir = repo_root().join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join(file);
-    std::fs::write(&path, &bytes)?;
-    Ok(path)
-}
 
 /// The profile's top functions by their own CPU time, from `go tool pprof`.
 fn print_profile(path: &Path) {
@@ -925,10 +911,7 @@ fn cpu_seconds(cluster: &Cluster, vkd: &Daemon) -> HashMap<String, f64> {
         "kube-controller-manager",
         "kube-scheduler",
     ] {
-        let pid = std::fs::read_to_string(cluster.dir().join("pids").join(format!("{c}.pid")))
-            .ok()
-            .and_then(|p| p.trim().parse::<u32>().ok());
-        if let Some(s) = pid.and_then(proc_cpu) {
+        if let Some(s) = component_pid(cluster, c).and_then(proc_cpu) {
             out.insert(c.to_owned(), s);
         }
     }
@@ -939,6 +922,15 @@ fn cpu_seconds(cluster: &Cluster, vkd: &Daemon) -> HashMap<String, f64> {
         out.insert("bench client".to_owned(), s);
     }
     out
+}
+
+/// The PID `e2e/cluster up` recorded for a control-plane component.
+fn component_pid(cluster: &Cluster, name: &str) -> Option<u32> {
+    std::fs::read_to_string(cluster.dir().join("pids").join(format!("{name}.pid")))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn proc_cpu(pid: u32) -> Option<f64> {
@@ -1151,27 +1143,8 @@ impl Daemon {
         self.scrape().writes()
     }
 
-    /// (VmRSS, VmHWM) in KiB.
     fn rss_kib(&self) -> Rss {
-        let Some(pid) = self.pid() else {
-            return Rss::default();
-        };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let field = |key: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        Rss {
-            now: field("VmRSS:"),
-            peak: field("VmHWM:"),
-            anonymous: field("RssAnon:"),
-            file: field("RssFile:"),
-            threads: field("Threads:"),
-        }
+        Rss::of(self.pid())
     }
 
     /// When the sim created each Pod's instance, by Pod name (its journal).

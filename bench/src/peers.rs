@@ -35,10 +35,11 @@ use kube::{Api, Client};
 use serde_json::json;
 use vkd_e2e::{Cluster, free_port, repo_root};
 
+use super::apiserver::{ApiScrape, apiserver_profile};
 use super::chain::{Tally, tally};
 use super::setup::{bench_namespace, cluster_up, vkd_binary};
 use super::{
-    Args, Book, Daemon, NAMESPACE, NODE, Samples, create_all, delete_all, last_seen, proc_cpu,
+    Args, Book, Daemon, NAMESPACE, NODE, Rss, Samples, create_all, delete_all, last_seen, proc_cpu,
     record, secs, wait_all,
 };
 
@@ -104,10 +105,8 @@ struct Cpu {
 
 impl Cpu {
     fn read(cluster: &Cluster, agent: &Running) -> Self {
-        let component = |name: &str| {
-            std::fs::read_to_string(cluster.dir().join("pids").join(format!("{name}.pid")))
-                .ok()
-                .and_then(|p| p.trim().parse::<u32>().ok())
+        let component = |name| {
+            super::component_pid(cluster, name)
                 .and_then(proc_cpu)
                 .unwrap_or(0.0)
         };
@@ -124,54 +123,6 @@ impl Cpu {
             etcd: self.etcd - o.etcd,
             agent: self.agent - o.agent,
         }
-    }
-}
-
-/// What the API server's `/metrics` said at one moment: requests by
-/// "VERB resource/subresource", request body bytes by the same key, and the
-/// bytes of watch events it sent, by kind.
-#[derive(Debug, Default)]
-struct ApiScrape {
-    requests: HashMap<String, f64>,
-    body_bytes: HashMap<String, f64>,
-    watch_bytes: f64,
-}
-
-impl ApiScrape {
-    async fn read(client: &Client) -> Result<Self> {
-        let req = http::Request::get("/metrics").body(Vec::new())?;
-        let text = client.request_text(req).await?;
-        Self::parse(&text)
-    }
-
-    fn parse(text: &str) -> Result<Self> {
-        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
-        let mut out = Self::default();
-        for s in scrape.samples {
-            let value = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => continue,
-            };
-            let key = || {
-                format!(
-                    "{} {}/{}",
-                    s.labels.get("verb").unwrap_or(""),
-                    s.labels.get("resource").unwrap_or(""),
-                    s.labels.get("subresource").unwrap_or("")
-                )
-            };
-            match s.metric.as_str() {
-                "apiserver_request_total" => *out.requests.entry(key()).or_default() += value,
-                "apiserver_request_body_size_bytes_sum" => {
-                    *out.body_bytes.entry(key()).or_default() += value;
-                }
-                "apiserver_watch_events_sizes_sum" => out.watch_bytes += value,
-                _ => {}
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -415,7 +366,7 @@ async fn measure(
 
     let api_before = ApiScrape::read(client).await?;
     let cpu_before = Cpu::read(cluster, running);
-    let profile = tokio::spawn(super::apiserver_profile(
+    let profile = tokio::spawn(apiserver_profile(
         client.clone(),
         args.profile_seconds,
         format!("apiserver-create-{}-{n}.pprof", agent.node()),
@@ -432,7 +383,7 @@ async fn measure(
     .await?;
     let all_ready = wait_all(&seen, &names, wait, |s| s.ready.is_some()).await;
     let cpu_ready = Cpu::read(cluster, running);
-    let rss_ready = rss_kib(running, "VmRSS:");
+    let rss_ready = Rss::of(running.pid()).now;
     let ready_at = all_ready
         .then(|| last_seen(&seen, &names, |s| s.ready))
         .flatten();
@@ -450,7 +401,7 @@ async fn measure(
 
     // The API server takes one CPU profile at a time.
     let create_profile = profile.await?;
-    let delete_profile = tokio::spawn(super::apiserver_profile(
+    let delete_profile = tokio::spawn(apiserver_profile(
         client.clone(),
         args.profile_seconds,
         format!("apiserver-delete-{}-{n}.pprof", agent.node()),
@@ -498,7 +449,7 @@ async fn measure(
         body_bytes_per_pod: body_bytes / n.max(1) as f64,
         watch_bytes_per_pod: (api_after.watch_bytes - api_before.watch_bytes) / n.max(1) as f64,
         rss_ready,
-        rss_peak: rss_kib(running, "VmHWM:"),
+        rss_peak: Rss::of(running.pid()).peak,
         profiles,
     })
 }
@@ -521,20 +472,6 @@ async fn wait_node_ready(nodes: &Api<Node>, name: &str, seconds: u64) -> Result<
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// A `/proc/PID/status` figure in KiB (0 when unreadable).
-fn rss_kib(running: &Running, key: &str) -> u64 {
-    running
-        .pid()
-        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// One agent's figures as a line, printed as soon as its storm ends.
@@ -737,31 +674,4 @@ fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
             Some(peak),
         )
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_api_servers_counters_are_read_by_verb_and_resource() {
-        let text = "\
-# TYPE apiserver_request_total counter
-apiserver_request_total{code=\"201\",resource=\"pods\",subresource=\"\",verb=\"POST\"} 3
-apiserver_request_total{code=\"200\",resource=\"pods\",subresource=\"status\",verb=\"PATCH\"} 2
-apiserver_request_total{code=\"409\",resource=\"pods\",subresource=\"status\",verb=\"PATCH\"} 1
-# TYPE apiserver_request_body_size_bytes histogram
-apiserver_request_body_size_bytes_bucket{resource=\"pods\",verb=\"patch\",le=\"+Inf\"} 3
-apiserver_request_body_size_bytes_sum{resource=\"pods\",verb=\"patch\"} 1200
-apiserver_request_body_size_bytes_count{resource=\"pods\",verb=\"patch\"} 3
-# TYPE apiserver_watch_events_sizes histogram
-apiserver_watch_events_sizes_sum{group=\"\",kind=\"Pod\",version=\"v1\"} 5000
-apiserver_watch_events_sizes_sum{group=\"\",kind=\"Event\",version=\"v1\"} 700
-";
-        let s = ApiScrape::parse(text).unwrap();
-        assert_eq!(s.requests["POST pods/"], 3.0);
-        assert_eq!(s.requests["PATCH pods/status"], 3.0, "codes summed");
-        assert_eq!(s.body_bytes["patch pods/"], 1200.0);
-        assert_eq!(s.watch_bytes, 5700.0);
-    }
 }

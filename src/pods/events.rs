@@ -18,8 +18,11 @@ pub(super) const EVENTS_IN_FLIGHT: usize = 32;
 /// the Pod's status and the audit log still carry what the Event said.
 pub(super) const EVENTS_PENDING: usize = 1024;
 
-/// How a Pod Event meets vkd's Event rate (`--event-qps`, `--event-burst`,
-/// the kubelet's limits and defaults: 50 a second, 100 at once).
+/// How a one-off Pod Event ([`PodController::event`], sent by a task beside
+/// the workers) meets vkd's Event rate (`--event-qps`, `--event-burst`, the
+/// kubelet's limits and defaults: 50 a second, 100 at once). The repeating
+/// and container Events are published by the workers themselves, which must
+/// not wait for an Event's turn; they keep their per-Pod spam budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Pace {
     /// Waits for its turn: queueing, failures, anything a person must see.
@@ -219,7 +222,6 @@ impl PodController {
         note: &str,
         action: &str,
     ) {
-        self.event_limiter.until_ready().await;
         self.throttle("event").await;
         let ev = KubeEvent {
             type_: EventType::Warning,
@@ -288,7 +290,6 @@ impl PodController {
                 action: action.to_owned(),
                 secondary: None,
             };
-            self.event_limiter.until_ready().await;
             self.throttle("event").await;
             if let Err(err) = self.recorder.publish(&ev, &reference).await {
                 warn!(error = %err, reason = e.reason, "publishing event failed");
