@@ -188,6 +188,13 @@ mod tests {
                 last_lease_renewal: Arc::default(),
                 partition_fenced: Arc::default(),
                 services: None,
+                decisions: Arc::new(crate::explain::DecisionLog::new("test", 64)),
+                leadership: crate::explain::Leadership {
+                    replica: "test".into(),
+                    epoch: 1,
+                    since: std::time::SystemTime::UNIX_EPOCH,
+                    elected: false,
+                },
             },
         )
     }

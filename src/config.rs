@@ -40,6 +40,9 @@ pub enum Command {
     /// Inspect the process backend from outside the daemon.
     #[command(subcommand)]
     Process(ProcessCommand),
+    /// Why a Pod waits, why an instance exists, why nothing moved: evidence
+    /// from the Pod to the backend, with its sources.
+    Explain(crate::explain::cli::ExplainArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -71,6 +74,30 @@ pub enum SimCommand {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Write an instance into the sim backend by hand, as someone starting
+    /// one with the backend's own tool would: vkd did not make it, and a
+    /// running daemon finds it at its next list (for drills of orphan
+    /// collection and `vkd explain instance`).
+    Create {
+        /// The daemon's state directory (the sim keeps its state in DIR/sim).
+        #[arg(long, env = "VKD_STATE_DIR")]
+        state_dir: PathBuf,
+        /// The virtual node the instance is labelled for.
+        #[arg(long)]
+        node: String,
+        /// The Pod it claims to belong to, `NAMESPACE/NAME`.
+        #[arg(long)]
+        pod: String,
+        /// The Pod UID it claims (default: a new random one, so no Pod owns it).
+        #[arg(long)]
+        uid: Option<String>,
+        /// The host slice it runs on.
+        #[arg(long, default_value = "host-a")]
+        host: String,
+        /// The epoch it claims to be made under.
+        #[arg(long, default_value_t = 1)]
+        epoch: u64,
     },
 }
 
@@ -791,7 +818,7 @@ impl Config {
     }
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()

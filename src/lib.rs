@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod api_client;
 pub mod config;
+pub mod explain;
 pub mod fencing;
 pub mod kubelet_api;
 pub mod metrics;
@@ -258,6 +259,14 @@ pub async fn run(
         .clone()
         .map(|s| Arc::new(fencing::leader::LeaderElector::new(clients.node.clone(), s)));
     let partition_fenced: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
+    let replica = cfg
+        .leader
+        .as_ref()
+        .map_or_else(config::hostname, |l| l.identity.clone());
+    let decisions = Arc::new(explain::DecisionLog::new(
+        replica.clone(),
+        explain::DECISIONS_KEPT,
+    ));
     let result = loop {
         let leadership = match &elector {
             Some(e) => match e.lead(&shutdown).await {
@@ -277,6 +286,13 @@ pub async fn run(
             last_lease_renewal: Arc::default(),
             partition_fenced: Arc::clone(&partition_fenced),
             services: None,
+            decisions: Arc::clone(&decisions),
+            leadership: explain::Leadership {
+                replica: replica.clone(),
+                epoch: term.epoch(),
+                since: std::time::SystemTime::now(),
+                elected: elector.is_some(),
+            },
         };
         let acted = act(&cfg, &provider, &clients, &shared, &admin_state).await;
         admin_state.set_standby();

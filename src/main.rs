@@ -48,6 +48,15 @@ fn main() -> ExitCode {
             node,
             json,
         }) => sim_list(&state_dir, node.as_deref(), json),
+        Command::Sim(SimCommand::Create {
+            state_dir,
+            node,
+            pod,
+            uid,
+            host,
+            epoch,
+        }) => sim_create(&state_dir, &node, &pod, uid, &host, epoch),
+        Command::Explain(args) => explain(args),
         Command::Process(ProcessCommand::List {
             state_dir,
             node,
@@ -120,6 +129,61 @@ async fn signals(shutdown: CancellationToken) {
             shutdown.cancel();
         } else {
             std::process::exit(130);
+        }
+    }
+}
+
+/// `vkd explain`: exit 0 with the answer, 1 when it could not be given
+/// (refused, not found, unreachable), 64 for a usage error.
+fn explain(args: vkd::explain::cli::ExplainArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("vkd explain: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(vkd::explain::cli::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ vkd::explain::cli::ExplainError::Usage(_)) => {
+            eprintln!("vkd explain: {e}");
+            ExitCode::from(EX_USAGE)
+        }
+        Err(e) => {
+            eprintln!("vkd explain: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn sim_create(
+    state_dir: &std::path::Path,
+    node: &str,
+    pod: &str,
+    uid: Option<String>,
+    host: &str,
+    epoch: u64,
+) -> ExitCode {
+    let Some((namespace, name)) = pod.split_once('/') else {
+        eprintln!("vkd sim create: --pod must be NAMESPACE/NAME, not {pod:?}");
+        return ExitCode::from(EX_USAGE);
+    };
+    let owner = vkd_provider::PodRef {
+        uid: uid.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    match vkd_sim::create_by_hand(&state_dir.join("sim"), node, owner, host, epoch) {
+        Ok(rec) => {
+            println!("{}", rec.id);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vkd sim create: {e}");
+            ExitCode::FAILURE
         }
     }
 }

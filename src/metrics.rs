@@ -432,6 +432,9 @@ impl Provider for Instrumented {
     async fn stats(&self, uid: &str) -> Result<PodStats> {
         timed!(self, "stats", self.inner.stats(uid))
     }
+    async fn describe(&self, uid: &str) -> Result<Vec<(String, String)>> {
+        timed!(self, "describe", self.inner.describe(uid))
+    }
     async fn update_volumes(
         &self,
         fence: &Fence,

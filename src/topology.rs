@@ -25,6 +25,20 @@ struct Reservation {
     created: bool,
 }
 
+impl Reservation {
+    fn explained(&self, uid: &str, pod: &str) -> crate::explain::Reservation {
+        crate::explain::Reservation {
+            pod_uid: uid.to_owned(),
+            pod: pod.to_owned(),
+            host: self.host.clone(),
+            gpu_ids: self.gpu_ids.clone(),
+            cpu_millis: self.cpu_millis,
+            memory_bytes: self.memory_bytes,
+            created: self.created,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Admitter {
     provider: Arc<dyn Provider>,
@@ -50,6 +64,15 @@ impl Admitter {
 
     /// Decides and reserves. `Fits` carries the placement to create with.
     pub async fn admit(&self, spec: &InstanceSpec) -> Result<Admission, ProviderError> {
+        Ok(self.admit_seeing(spec).await?.0)
+    }
+
+    /// [`Self::admit`], with the free slices it decided on, for a person
+    /// (`host-a 1/4 GPU free, ...`; empty for a backend without slices).
+    pub async fn admit_seeing(
+        &self,
+        spec: &InstanceSpec,
+    ) -> Result<(Admission, String), ProviderError> {
         let _turn = self.turn.lock().await;
         let uid = spec.pod.uid.as_str();
         let mut spec = spec.clone();
@@ -62,12 +85,26 @@ impl Admitter {
         let cap = self.provider.capacity().await?;
         if cap.hosts.is_empty() {
             // A backend without host slices decides alone.
-            return self.provider.admit(&spec).await;
+            return Ok((self.provider.admit(&spec).await?, String::new()));
         }
         let (total, free) = self.views(&cap.hosts, uid);
+        let seen = free
+            .iter()
+            .filter(|h| self.host.as_ref().is_none_or(|mine| *mine == h.name))
+            .map(|h| {
+                format!(
+                    "{} {}/{} GPU, {}m CPU free",
+                    h.name,
+                    h.gpus_free(),
+                    h.gpus.len(),
+                    h.cpu_millis_free
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         let placement = match decide(&total, &free, &spec) {
             Admission::Fits(p) => p,
-            other => return Ok(other),
+            other => return Ok((other, seen)),
         };
         spec.placement = Some(placement);
         let answer = self.provider.admit(&spec).await?;
@@ -83,7 +120,26 @@ impl Admitter {
                 },
             );
         }
-        Ok(answer)
+        Ok((answer, seen))
+    }
+
+    /// What admission holds for one Pod (`pod`: its `namespace/name`).
+    pub fn reservation(&self, uid: &str, pod: &str) -> Option<crate::explain::Reservation> {
+        self.reserved().get(uid).map(|r| r.explained(uid, pod))
+    }
+
+    /// Every reservation held, oldest Pod name first; `pod_of` names a UID's Pod.
+    pub fn reservations(
+        &self,
+        pod_of: impl Fn(&str) -> Option<String>,
+    ) -> Vec<crate::explain::Reservation> {
+        let mut out: Vec<_> = self
+            .reserved()
+            .iter()
+            .map(|(uid, r)| r.explained(uid, &pod_of(uid).unwrap_or_else(|| "(no Pod)".into())))
+            .collect();
+        out.sort_by(|a, b| a.pod.cmp(&b.pod));
+        out
     }
 
     /// The hosts with everything free, and as they are now less what other Pods hold.

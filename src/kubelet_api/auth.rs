@@ -88,6 +88,36 @@ pub fn attributes(method: &str, path: &str) -> Attributes {
     Attributes { verb, subresource }
 }
 
+/// What a SubjectAccessReview asks about: a `nodes` subresource of this node
+/// (the kubelet's own checks), or a namespaced object (`vkd explain pod`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Target {
+    verb: &'static str,
+    resource: &'static str,
+    subresource: Option<&'static str>,
+    namespace: Option<String>,
+    name: String,
+}
+
+impl Target {
+    fn describe(&self) -> String {
+        let what = match self.subresource {
+            Some(sub) => format!("{}/{sub}", self.resource),
+            None => self.resource.to_owned(),
+        };
+        match &self.namespace {
+            Some(ns) => format!(
+                "{} resource \"{what}\" \"{}\" in namespace \"{ns}\"",
+                self.verb, self.name
+            ),
+            None => format!(
+                "{} resource \"{what}\" on node \"{}\"",
+                self.verb, self.name
+            ),
+        }
+    }
+}
+
 fn fine_grained(subresource: &str) -> bool {
     matches!(subresource, "pods" | "healthz" | "configz")
 }
@@ -131,7 +161,7 @@ pub struct Authenticator {
     /// Tokens are cached by a keyed hash, never stored.
     hasher: RandomState,
     tokens: Cache<u64, Result<User, String>>,
-    decisions: Cache<(User, &'static str, &'static str), Result<(), String>>,
+    decisions: Cache<(User, Target), Result<(), String>>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -215,35 +245,65 @@ impl Authenticator {
 
     /// Asks the API server whether `user` may do `attrs` on this node.
     pub async fn authorize(&self, user: &User, attrs: &Attributes) -> Result<(), AuthError> {
-        let first = self.review(user, attrs.verb, attrs.subresource).await?;
+        let first = self
+            .review(user, self.on_node(attrs.verb, attrs.subresource))
+            .await?;
         if first.is_ok() || !fine_grained(attrs.subresource) {
             return first.map_err(AuthError::Forbidden);
         }
-        self.review(user, attrs.verb, "proxy")
+        self.review(user, self.on_node(attrs.verb, "proxy"))
             .await?
             .map_err(AuthError::Forbidden)
     }
 
-    async fn review(
+    /// Asks the API server whether `user` may `get` Pod `namespace/name`: what
+    /// `vkd explain pod` needs, so that whoever may not read a Pod may not
+    /// explain it either.
+    pub async fn authorize_pod_read(
         &self,
         user: &User,
-        verb: &'static str,
-        sub: &'static str,
-    ) -> Result<Result<(), String>, AuthError> {
-        let key = (user.clone(), verb, sub);
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), AuthError> {
+        let target = Target {
+            verb: "get",
+            resource: "pods",
+            subresource: None,
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+        };
+        self.review(user, target)
+            .await?
+            .map_err(AuthError::Forbidden)
+    }
+
+    fn on_node(&self, verb: &'static str, sub: &'static str) -> Target {
+        Target {
+            verb,
+            resource: "nodes",
+            subresource: Some(sub),
+            namespace: None,
+            name: self.node.clone(),
+        }
+    }
+
+    async fn review(&self, user: &User, target: Target) -> Result<Result<(), String>, AuthError> {
+        let key = (user.clone(), target);
         if let Some(d) = self.decisions.get(&key) {
             return Ok(d);
         }
+        let target = &key.1;
         let sar = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.name.clone()),
                 groups: Some(user.groups.clone()),
                 uid: user.uid.clone(),
                 resource_attributes: Some(ResourceAttributes {
-                    verb: Some(verb.into()),
-                    resource: Some("nodes".into()),
-                    subresource: Some(sub.into()),
-                    name: Some(self.node.clone()),
+                    verb: Some(target.verb.into()),
+                    resource: Some(target.resource.into()),
+                    subresource: target.subresource.map(Into::into),
+                    namespace: target.namespace.clone(),
+                    name: Some(target.name.clone()),
                     version: Some("v1".into()),
                     ..ResourceAttributes::default()
                 }),
@@ -261,9 +321,9 @@ impl Authenticator {
             Ok(())
         } else {
             Err(format!(
-                "User \"{}\" cannot {verb} resource \"nodes/{sub}\" on node \"{}\"{}",
+                "User \"{}\" cannot {}{}",
                 user.name,
-                self.node,
+                target.describe(),
                 status.reason.map(|r| format!(": {r}")).unwrap_or_default()
             ))
         };

@@ -99,6 +99,18 @@ fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     r
 }
 
+/// An answer as JSON; one that cannot be encoded is a 500, never a panic.
+fn json_of(answer: &impl serde::Serialize) -> Response<Body> {
+    match serde_json::to_value(answer) {
+        Ok(v) => json_response(&v),
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &format!("encoding the answer: {e}"),
+        ),
+    }
+}
+
 fn json_response(v: &serde_json::Value) -> Response<Body> {
     let mut r = Response::new(full(v.to_string()));
     r.headers_mut()
@@ -198,8 +210,31 @@ impl KubeletApi {
                 Ok(u) => u,
                 Err(e) => return auth_response(&e),
             };
-            let attrs = auth::attributes(req.method().as_str(), &path);
-            if let Err(e) = self.auth.authorize(&user, &attrs).await {
+            // `vkd explain pod` is authorized as reading the Pod; every other
+            // path as the kubelet authorizes it.
+            let pod_read = match path.strip_prefix("/explain/pod/").map(|p| p.split('/')) {
+                Some(mut parts) => match (parts.next(), parts.next(), parts.next()) {
+                    (Some(ns), Some(name), None) if !ns.is_empty() && !name.is_empty() => {
+                        Some((ns.to_owned(), name.to_owned()))
+                    }
+                    _ => {
+                        return status(
+                            StatusCode::NOT_FOUND,
+                            "NotFound",
+                            "explain a Pod as /explain/pod/NAMESPACE/NAME",
+                        );
+                    }
+                },
+                None => None,
+            };
+            let allowed = match &pod_read {
+                Some((ns, name)) => self.auth.authorize_pod_read(&user, ns, name).await,
+                None => {
+                    let attrs = auth::attributes(req.method().as_str(), &path);
+                    self.auth.authorize(&user, &attrs).await
+                }
+            };
+            if let Err(e) = allowed {
                 return auth_response(&e);
             }
             self.route(req).await
@@ -213,6 +248,7 @@ impl KubeletApi {
         let query = req.uri().query().unwrap_or_default().to_owned();
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let get_or_post = matches!(*req.method(), hyper::Method::GET | hyper::Method::POST);
+        let is_get = *req.method() == hyper::Method::GET;
         match parts.as_slice() {
             ["healthz"] => text(StatusCode::OK, "ok"),
             ["pods"] | ["pods", ""] => self.pods_list().await,
@@ -228,6 +264,24 @@ impl KubeletApi {
             }
             ["portForward", ns, pod] | ["portForward", ns, pod, _] if get_or_post => {
                 self.port_forward(req, ns, pod).await
+            }
+            ["explain", "pod", ns, name] if is_get => match self.pods.explain_pod(ns, name).await {
+                Some(answer) => json_of(&answer),
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!(
+                        "pod \"{name}\" in namespace \"{ns}\" is not bound to node {}",
+                        self.pods.node()
+                    ),
+                ),
+            },
+            ["explain", "node"] if is_get => json_of(&self.pods.explain_node().await),
+            ["explain", "instance", id @ ..] if is_get && !id.is_empty() => {
+                match self.pods.explain_instance(&id.join("/")).await {
+                    Ok(answer) => json_of(&answer),
+                    Err(e) => provider_error(&e),
+                }
             }
             ["stats", "summary"] | ["stats", "summary", ""] => {
                 json_response(&stats::summary(&self.pods).await)
@@ -638,7 +692,11 @@ fn auth_response(e: &AuthError) -> Response<Body> {
     match e {
         AuthError::Unauthorized(m) => status(StatusCode::UNAUTHORIZED, "Unauthorized", m),
         AuthError::Forbidden(m) => status(StatusCode::FORBIDDEN, "Forbidden", m),
-        AuthError::Review(m) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", m),
+        AuthError::Review(_) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &e.to_string(),
+        ),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Resolving, admitting and creating a Pod's instance.
 
 use super::*;
+use crate::explain::Action as Decided;
 
 pub(super) enum Start {
     Running(Box<Instance>),
@@ -66,23 +67,80 @@ impl PodController {
         // A create that failed without an answer (a deadline, a cut connection)
         // may have made the instance: it is retried on the same placement, whose
         // reservation was kept, never admitted afresh onto other GPUs.
-        let admission = match self.admitter.held_placement(&rec.uid) {
-            Some(placement) => Ok(Admission::Fits(placement)),
-            None => self.admitter.admit(spec).await,
+        let (admission, seen) = match self.admitter.held_placement(&rec.uid) {
+            Some(placement) => (
+                Ok(Admission::Fits(placement)),
+                "the placement it already holds (a create is retried)".to_owned(),
+            ),
+            None => match self.admitter.admit_seeing(spec).await {
+                Ok((a, seen)) => (Ok(a), seen),
+                Err(e) => (Err(e), String::new()),
+            },
         };
         let admission = match admission {
             Ok(a) => a,
             Err(ProviderError::Invalid { reason, message }) => {
+                self.decided(
+                    &rec.uid,
+                    &rec.key(),
+                    "",
+                    Decided::Rejected,
+                    format!("{reason}: {message}"),
+                );
                 return Ok(Start::failed(reason, message));
             }
             Err(e) => return Err(e.into()),
         };
         self.touch(&rec.uid, |r| r.timeline.admitted = Some(Stamp::now()));
+        let seen = if seen.is_empty() {
+            String::new()
+        } else {
+            format!(" (slices seen: {seen})")
+        };
         let placement = match admission {
             Admission::Fits(p) => p,
-            Admission::Queued { reason } => return Ok(Start::Queued(reason)),
-            Admission::Rejected { reason, message } => return Ok(Start::failed(reason, message)),
+            Admission::Queued { reason } => {
+                if rec.queued_since.is_none() {
+                    self.decided(
+                        &rec.uid,
+                        &rec.key(),
+                        "",
+                        Decided::Queued,
+                        format!("{reason}{seen}"),
+                    );
+                }
+                return Ok(Start::Queued(reason));
+            }
+            Admission::Rejected { reason, message } => {
+                self.decided(
+                    &rec.uid,
+                    &rec.key(),
+                    "",
+                    Decided::Rejected,
+                    format!("{reason}: {message}{seen}"),
+                );
+                return Ok(Start::failed(reason, message));
+            }
         };
+        self.decided(
+            &rec.uid,
+            &rec.key(),
+            "",
+            Decided::Admitted,
+            format!(
+                "placed on host {}{}{seen}",
+                if placement.host.is_empty() {
+                    "(backend's choice)"
+                } else {
+                    &placement.host
+                },
+                if placement.gpu_ids.is_empty() {
+                    String::new()
+                } else {
+                    format!(", GPUs {}", placement.gpu_ids.join(","))
+                }
+            ),
+        );
         let gpus = if placement.gpu_ids.is_empty() {
             String::new()
         } else {
@@ -94,6 +152,10 @@ impl PodController {
             Ok(i) => i,
             Err(ProviderError::Rejected { message }) => {
                 self.admitter.release(&rec.uid);
+                if rec.queued_since.is_none() {
+                    let detail = format!("the backend refused the create: {message}");
+                    self.decided(&rec.uid, &rec.key(), "", Decided::Queued, detail);
+                }
                 return Ok(Start::Queued(message));
             }
             Err(ProviderError::Invalid { reason, message }) => {
@@ -104,6 +166,18 @@ impl PodController {
             Err(e) => return Err(e.into()),
         };
         self.admitter.created(&rec.uid);
+        self.decided(
+            &rec.uid,
+            &rec.key(),
+            &instance.id,
+            Decided::Created,
+            format!(
+                "backend {} created instance {} on host {}{gpus}",
+                self.provider.name(),
+                instance.id,
+                instance.host.as_deref().unwrap_or("-"),
+            ),
+        );
         let written = rec
             .volume_refresh
             .is_some()

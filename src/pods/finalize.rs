@@ -55,13 +55,12 @@ impl PodController {
             // Gone before its end was seen: the kubelet's unknown ends.
             self.write_final_status(rec, seen).await?;
         }
-        crate::fencing::audit(
+        self.audit_removed(
             uid,
             &rec.key(),
-            &self.settings.node,
-            self.provider.name(),
             rec.instance_id.as_deref().unwrap_or(""),
             self.settings.epoch,
+            crate::explain::Action::Removed,
             "pod deleted",
         );
         self.throttle("delete").await;

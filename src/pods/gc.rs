@@ -34,6 +34,7 @@ impl PodController {
             }
         };
         let listed = instances.len();
+        *self.last_gc_pass.lock().unwrap_or_else(|p| p.into_inner()) = Some(SystemTime::now());
         let plan = {
             let records = self.records();
             crate::fencing::plan(
@@ -53,13 +54,12 @@ impl PodController {
             .unwrap_or_else(|p| p.into_inner()) = unowned.into_iter().collect();
         for d in &plan.duplicates {
             self.shared.metrics.duplicates_found.inc();
-            crate::fencing::audit(
+            self.audit_removed(
                 &d.owner.uid,
                 &d.owner.to_string(),
-                &self.settings.node,
-                self.provider.name(),
                 &d.id,
                 d.epoch,
+                crate::explain::Action::Removed,
                 "duplicate instance (a newer epoch has one for this Pod)",
             );
             if let Err(e) = self
@@ -76,6 +76,7 @@ impl PodController {
                 orphans = plan.orphans.len(),
                 listed, "orphan collection braked: {why}"
             );
+            self.decided("", "", "", crate::explain::Action::Braked, why.clone());
             self.node_event("OrphanDeletionBraked", why).await;
             return;
         }
@@ -114,13 +115,12 @@ impl PodController {
         match self.provider.get(uid).await? {
             Some(_) => Ok(Action::After(DELETE_CONFIRM)),
             None => {
-                crate::fencing::audit(
+                self.audit_removed(
                     uid,
                     &instance.owner.to_string(),
-                    &self.settings.node,
-                    self.provider.name(),
                     &instance.id,
                     self.settings.epoch,
+                    crate::explain::Action::Removed,
                     "pod gone from the API",
                 );
                 self.shared.metrics.orphans_removed.inc();

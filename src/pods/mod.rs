@@ -8,6 +8,7 @@ mod create;
 pub mod ephemeral;
 mod events;
 pub mod eviction;
+mod explain;
 mod failure;
 mod finalize;
 mod gc;
@@ -39,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, ProviderError, Support};
 
+use crate::explain::Action as explain_action;
 use create::Start;
 use events::{EVENT_REPORTER, EVENTS_IN_FLIGHT, EVENTS_PENDING};
 use failure::Failure;
@@ -143,6 +145,10 @@ pub struct Shared {
     pub partition_fenced: Arc<Mutex<HashSet<String>>>,
     /// The cluster's Services, for the service environment variables.
     pub services: Option<services::Services>,
+    /// The daemon's recent decisions, for `vkd explain` (kept across terms).
+    pub decisions: Arc<crate::explain::DecisionLog>,
+    /// The leader lease this term acts under.
+    pub leadership: crate::explain::Leadership,
 }
 
 pub struct PodController {
@@ -181,6 +187,8 @@ pub struct PodController {
     /// as the last collection pass found them; with the Pods' own instances
     /// this is `vkd_backend_instances`, so a scrape never lists the backend.
     unowned_phases: Mutex<Vec<(String, i64)>>,
+    /// When the last collection pass listed the backend.
+    last_gc_pass: Mutex<Option<SystemTime>>,
     /// When this controller started: container events from before it were
     /// published by the vkd before (or lost with it), never twice.
     started: SystemTime,
@@ -232,6 +240,7 @@ impl PodController {
             stopping_to_fail: Mutex::default(),
             evicting: Mutex::default(),
             unowned_phases: Mutex::default(),
+            last_gc_pass: Mutex::default(),
             settings,
             client,
             watch_client,
@@ -704,6 +713,23 @@ impl PodController {
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
             },
         };
+        if instance.epoch < self.settings.epoch && !rec.adoption_noted {
+            let detail = format!(
+                "found instance {} made under epoch {} on host {}; took it on at epoch {} rather than create another",
+                instance.id,
+                instance.epoch,
+                instance.host.as_deref().unwrap_or("-"),
+                self.settings.epoch
+            );
+            self.decided(
+                uid,
+                &rec.key(),
+                &instance.id,
+                explain_action::Adopted,
+                detail,
+            );
+            self.touch(uid, |r| r.adoption_noted = true);
+        }
         if instance.phase != vkd_provider::InstancePhase::Pending {
             // Running or ended: the backend's own figures show what it uses.
             self.admitter.release(uid);

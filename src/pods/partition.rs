@@ -48,13 +48,12 @@ impl PodController {
             .map(|r| PodRecord::clone(r))
             .collect();
         for rec in targets {
-            crate::fencing::audit(
+            self.audit_removed(
                 &rec.uid,
                 &rec.key(),
-                &self.settings.node,
-                self.provider.name(),
                 rec.instance_id.as_deref().unwrap_or(""),
                 self.settings.epoch,
+                crate::explain::Action::Fenced,
                 &format!("partition: {why} (vkd.io/partition-policy: fence)"),
             );
             match self

@@ -162,6 +162,8 @@ pub struct PodRecord {
     pub fence_on_partition: bool,
     /// `spec.hostNetwork`: the Pod's IP is the host's, on any backend.
     pub host_network: bool,
+    /// This replica logged that it took on an instance an older epoch made.
+    pub adoption_noted: bool,
     /// vkd's own final delete of the Pod was accepted: the watch's Delete event
     /// is all that is left (an update seen before it must not delete again).
     pub delete_sent: bool,
@@ -349,6 +351,7 @@ impl PodRecord {
                 .is_some_and(|v| v == "fence"),
             host_network: spec.host_network.unwrap_or(false),
             delete_sent: previous.is_some_and(|p| p.delete_sent),
+            adoption_noted: previous.is_some_and(|p| p.adoption_noted),
             active_deadline: ActiveDeadline::of(spec),
             storage_limits: super::eviction::StorageLimits::of(spec),
             image_failures,

@@ -954,6 +954,14 @@ pub trait Provider: Send + Sync + fmt::Debug {
         Err(self.unsupported("stats"))
     }
 
+    /// The backend's own account of a Pod's instance, as `(what, value)`
+    /// pairs for a person (`vkd explain`): its GPUs, the names of a
+    /// downstream object, what the backend saw happen. Optional; empty by
+    /// default. Never mutates anything.
+    async fn describe(&self, _uid: &str) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
+
     /// The error for an optional capability this provider lacks.
     fn unsupported(&self, capability: &'static str) -> ProviderError {
         ProviderError::Unsupported {

@@ -136,6 +136,59 @@ pub fn scan_records(state_dir: &Path) -> Result<Scan, StateError> {
     Ok(scan)
 }
 
+/// Writes an instance record into a state directory from outside the
+/// daemon (`vkd sim create`): an instance vkd did not make, as a person
+/// starting one with the backend's own tool would leave. A running daemon's
+/// backend holds it from its next list on. Refuses a UID that has a record.
+pub fn create_by_hand(
+    state_dir: &Path,
+    node: &str,
+    pod: vkd_provider::PodRef,
+    host: &str,
+    epoch: u64,
+) -> Result<Record, StateError> {
+    let dir = state_dir.join("instances");
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let path = dir.join(format!("{}.json", pod.uid));
+    let corrupt = |message: String| StateError::Corrupt {
+        path: path.display().to_string(),
+        message,
+    };
+    if valid_uid(&pod.uid).is_err() {
+        return Err(corrupt(format!(
+            "{:?} is not a UID the sim can store",
+            pod.uid
+        )));
+    }
+    if path.exists() {
+        return Err(corrupt("an instance of this Pod UID exists".into()));
+    }
+    let spec: InstanceSpec = serde_json::from_value(serde_json::json!({
+        "pod": pod,
+        "node": node,
+        "containers": [{"name": "main", "image": "example/app:1"}],
+        "resources": {"cpu_millis": 0, "memory_bytes": 0, "gpus": 0},
+        "restart_policy": "Always",
+        "placement": {"host": host},
+    }))
+    .map_err(|e| corrupt(e.to_string()))?;
+    let rec = Record {
+        id: format!("sim-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        spec,
+        epoch,
+        created_at: SystemTime::now(),
+        placement: vkd_provider::Placement {
+            host: host.to_owned(),
+            gpu_ids: Vec::new(),
+        },
+        ip: String::new(),
+        stop_at: None,
+    };
+    let bytes = serde_json::to_vec(&rec).map_err(|e| corrupt(e.to_string()))?;
+    SimProvider::write_atomic(&path, &bytes)?;
+    Ok(rec)
+}
+
 /// Reads every instance record in a state directory (what `vkd sim list`
 /// shows); a corrupt one is an error naming it ([`scan_records`] reads past it).
 pub fn read_records(state_dir: &Path) -> Result<Vec<Record>, StateError> {
@@ -166,6 +219,9 @@ pub(crate) struct State {
     tickers: BTreeSet<String>,
     /// The hosts with everything free, as the fleet file says now.
     hosts: Vec<vkd_provider::HostSlice>,
+    /// The records directory's modification time at the last look for
+    /// records written from outside ([`create_by_hand`]).
+    instances_mtime: Option<SystemTime>,
     /// The fleet file's modification time when its hosts were last read.
     fleet_mtime: Option<SystemTime>,
     fleet_checked: Option<std::time::Instant>,
@@ -371,6 +427,44 @@ impl SimProvider {
             };
             if let Err(e) = self.inner.fences.current(node) {
                 tracing::error!(node, error = %e, "sim: fence file unusable");
+            }
+        }
+    }
+
+    /// Holds the records written into the directory from outside since the
+    /// last look ([`create_by_hand`]): the backend has them, as a real one has
+    /// an instance someone started by hand. Looked for only when the
+    /// directory changed; the daemon's own records are all held already.
+    fn pick_up_outside_records(&self, st: &mut State) {
+        let dir = self.inner.dir.join("instances");
+        let mtime = std::fs::metadata(&dir).and_then(|m| m.modified()).ok();
+        if mtime.is_none() || mtime == st.instances_mtime {
+            return;
+        }
+        st.instances_mtime = mtime;
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(uid) = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .filter(|_| path.extension().is_some_and(|e| e == "json"))
+            else {
+                continue;
+            };
+            if st.records.contains_key(uid) {
+                continue;
+            }
+            let parsed = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
+                .filter(|r| r.spec.pod.uid == uid);
+            if let Some(rec) = parsed {
+                tracing::warn!(instance = %rec.id, pod_uid = uid, "sim: holds an instance written into its state from outside");
+                st.account(&rec, true);
+                st.records.insert(uid.to_owned(), Box::new(rec));
             }
         }
     }
@@ -856,6 +950,7 @@ impl Provider for SimProvider {
         let now = SystemTime::now();
         let uids: Vec<String> = {
             let mut st = self.state();
+            self.pick_up_outside_records(&mut st);
             let all: Vec<String> = st.records.keys().cloned().collect();
             let mut live = Vec::new();
             for uid in all {
@@ -921,6 +1016,38 @@ impl Provider for SimProvider {
 
     async fn stats(&self, uid: &str) -> Result<vkd_provider::PodStats> {
         self.sim_stats(uid).await
+    }
+
+    async fn describe(&self, uid: &str) -> Result<Vec<(String, String)>> {
+        let st = self.state();
+        let Some(r) = st.records.get(uid) else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![
+            ("sim instance".to_owned(), r.id.clone()),
+            ("host".to_owned(), r.placement.host.clone()),
+            (
+                "GPUs".to_owned(),
+                if r.placement.gpu_ids.is_empty() {
+                    "none".to_owned()
+                } else {
+                    r.placement.gpu_ids.join(",")
+                },
+            ),
+            ("made under epoch".to_owned(), r.epoch.to_string()),
+            (
+                "record".to_owned(),
+                self.record_path(uid).display().to_string(),
+            ),
+        ];
+        if let Some(stop) = r.stop_at {
+            let left = stop
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+                .as_secs();
+            out.push(("stop requested; gone in".to_owned(), format!("{left}s")));
+        }
+        Ok(out)
     }
 
     fn events(&self) -> BoxStream<'static, InstanceEvent> {

@@ -1,0 +1,393 @@
+//! What the controller knows of a Pod, its node and the backend's instances,
+//! for `vkd explain` (see [`crate::explain`]). Read-only: an answer never
+//! changes a record, a reservation or the backend.
+
+use crate::explain::{
+    Action as Decided, Capacity, Collection, InstanceAnswer, NodeAnswer, Partition, PodAnswer,
+    Stage, Unowned, Waiting as Queued,
+};
+
+use super::*;
+
+/// How many recent removals, fences and brakes a node's answer lists.
+const RECENT: usize = 20;
+
+impl PodController {
+    /// Records a decision in the daemon's log ([`crate::explain::DecisionLog`]).
+    pub(super) fn decided(
+        &self,
+        uid: &str,
+        pod: &str,
+        instance: &str,
+        action: Decided,
+        detail: impl Into<String>,
+    ) {
+        self.shared.decisions.record(
+            &self.settings.node,
+            uid,
+            pod,
+            instance,
+            self.settings.epoch,
+            action,
+            detail,
+        );
+    }
+
+    /// The audit line of an instance removed or stopped, and its decision.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn audit_removed(
+        &self,
+        uid: &str,
+        pod: &str,
+        instance: &str,
+        instance_epoch: u64,
+        action: Decided,
+        cause: &str,
+    ) {
+        crate::fencing::audit(
+            uid,
+            pod,
+            &self.settings.node,
+            self.provider.name(),
+            instance,
+            instance_epoch,
+            cause,
+        );
+        let detail = if instance_epoch == self.settings.epoch {
+            cause.to_owned()
+        } else {
+            format!("{cause} (instance made under epoch {instance_epoch})")
+        };
+        self.decided(uid, pod, instance, action, detail);
+    }
+
+    fn seconds_since_lease_renewal(&self) -> Option<f64> {
+        self.lease_age().map(|d| d.as_secs_f64())
+    }
+
+    fn collection(&self) -> Collection {
+        let brake = self.settings.brake;
+        Collection {
+            interval_seconds: self.settings.gc_interval.as_secs(),
+            last_pass: *self.last_gc_pass.lock().unwrap_or_else(|p| p.into_inner()),
+            braked: None,
+            brake_max_fraction: brake.max_fraction,
+            brake_min_count: brake.min_count,
+            allow_mass_delete: brake.allow_mass_delete,
+        }
+    }
+
+    /// What the next collection pass does with an unowned instance.
+    fn next_pass(&self, kind: &str, braked: Option<&str>) -> String {
+        let when = match *self.last_gc_pass.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(last) => {
+                let next = last + self.settings.gc_interval;
+                match next.duration_since(SystemTime::now()) {
+                    Ok(left) => format!(
+                        "at the next collection pass, at the latest in {}s (every {}s, or sooner when a Pod of this node disappears)",
+                        left.as_secs(),
+                        self.settings.gc_interval.as_secs()
+                    ),
+                    Err(_) => "at the collection pass that is due now".to_owned(),
+                }
+            }
+            None => "at the first collection pass, once the Pod watch has synced".to_owned(),
+        };
+        match (kind, braked) {
+            ("orphan", Some(why)) => format!(
+                "kept: the mass-deletion brake holds ({why}); deleted {when} once the brake opens"
+            ),
+            ("orphan", None) => format!(
+                "deleted {when} (grace 0), with an audit line \"instance removed\" cause \"pod gone from the API\""
+            ),
+            _ => format!(
+                "deleted {when} (grace 0), with an audit line \"instance removed\" cause \"duplicate instance\"; the brake does not hold duplicates"
+            ),
+        }
+    }
+
+    fn partition(&self, uid: &str, fence: bool) -> Partition {
+        Partition {
+            policy: if fence { "fence" } else { "keep" }.to_owned(),
+            fence_after_seconds: self.settings.partition_fence_after.as_secs(),
+            lease_renewed_seconds_ago: self.seconds_since_lease_renewal(),
+            fenced: self
+                .shared
+                .partition_fenced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(uid),
+        }
+    }
+
+    fn waiting(&self) -> Vec<Queued> {
+        let mut out: Vec<Queued> = self
+            .records()
+            .values()
+            .filter_map(|r| {
+                Some(Queued {
+                    pod_uid: r.uid.to_string(),
+                    pod: r.key(),
+                    since: r.queued_since?.time(),
+                    reason: String::new(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|w| w.since);
+        // The reason is the latest admission's answer, from the log.
+        for w in &mut out {
+            w.reason = self
+                .shared
+                .decisions
+                .about(&w.pod_uid, "")
+                .into_iter()
+                .rev()
+                .find(|d| d.action == Decided::Queued)
+                .map(|d| d.detail)
+                .unwrap_or_else(|| "(the admission's answer was not kept)".into());
+        }
+        out
+    }
+
+    /// `GET /explain/pod/{namespace}/{name}`; `None` when no such Pod is bound here.
+    pub async fn explain_pod(&self, namespace: &str, name: &str) -> Option<PodAnswer> {
+        let rec = self
+            .records()
+            .values()
+            .find(|r| &*r.namespace == namespace && &*r.name == name)
+            .map(|r| PodRecord::clone(r))?;
+        let uid = rec.uid.to_string();
+        let mut timeline = Vec::new();
+        let bound = rec.timeline.bound.map(|b| ("bound", Some(b)));
+        for (stage, at) in bound.into_iter().chain(rec.timeline.stages()) {
+            if let Some(at) = at {
+                timeline.push(Stage {
+                    stage: stage.to_owned(),
+                    at: at.time(),
+                });
+            }
+        }
+        let all_waiting = self.waiting();
+        let position = all_waiting
+            .iter()
+            .position(|w| w.pod_uid == uid)
+            .map(|i| (i + 1, all_waiting.len()));
+        let waiting = all_waiting.into_iter().find(|w| w.pod_uid == uid);
+        let slices = match &waiting {
+            Some(_) => self
+                .provider
+                .capacity()
+                .await
+                .ok()
+                .map(|c| Capacity::of(&c, self.settings.host.as_deref())),
+            None => None,
+        };
+        let instance = self.provider.get(&uid).await.ok().flatten();
+        let backend_details = match &instance {
+            Some(_) => self.provider.describe(&uid).await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        Some(PodAnswer {
+            node: self.settings.node.clone(),
+            backend: self.provider.name().to_owned(),
+            leadership: self.shared.leadership.clone(),
+            pod: rec.key(),
+            phase: rec.phase.as_str().to_owned(),
+            timeline,
+            reservation: self.admitter.reservation(&uid, &rec.key()),
+            waiting,
+            queue_position: position,
+            slices,
+            instance,
+            backend_details,
+            partition: self.partition(&uid, rec.fence_on_partition),
+            decisions: self.shared.decisions.about(&uid, ""),
+            pod_uid: uid,
+        })
+    }
+
+    /// The backend's instances of this node, planned as a collection pass
+    /// would plan them (nothing is deleted).
+    async fn plan_now(
+        &self,
+    ) -> Result<(Vec<Instance>, crate::fencing::Plan), vkd_provider::ProviderError> {
+        let instances = self.provider.list(&self.settings.node).await?;
+        let plan = {
+            let records = self.records();
+            crate::fencing::plan(
+                &self.settings.node,
+                instances.clone(),
+                |uid| records.contains_key(uid),
+                self.settings.brake,
+            )
+        };
+        Ok((instances, plan))
+    }
+
+    fn unowned(&self, plan: &crate::fencing::Plan) -> Vec<Unowned> {
+        let braked = plan.braked.as_deref();
+        let orphans = plan.orphans.iter().map(|i| ("orphan", i));
+        let duplicates = plan.duplicates.iter().map(|i| ("duplicate", i));
+        orphans
+            .chain(duplicates)
+            .map(|(kind, i)| Unowned {
+                instance: i.clone(),
+                kind: kind.to_owned(),
+                action: self.next_pass(kind, braked),
+            })
+            .collect()
+    }
+
+    /// `GET /explain/node`.
+    pub async fn explain_node(&self) -> NodeAnswer {
+        let (capacity, capacity_error) = match self.provider.capacity().await {
+            Ok(c) => (Some(Capacity::of(&c, self.settings.host.as_deref())), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let keys: HashMap<String, String> = self
+            .records()
+            .values()
+            .map(|r| (r.uid.to_string(), r.key()))
+            .collect();
+        let reservations = self.admitter.reservations(|uid| keys.get(uid).cloned());
+        let mut collection = self.collection();
+        let (instances, unowned, list_error) = match self.plan_now().await {
+            Ok((all, plan)) => {
+                collection.braked.clone_from(&plan.braked);
+                (all.len(), self.unowned(&plan), None)
+            }
+            Err(e) => (0, Vec::new(), Some(e.to_string())),
+        };
+        NodeAnswer {
+            node: self.settings.node.clone(),
+            backend: self.provider.name().to_owned(),
+            leadership: self.shared.leadership.clone(),
+            host: self.settings.host.clone(),
+            capacity,
+            capacity_error,
+            reservations,
+            waiting: self.waiting(),
+            pods: keys.len(),
+            instances,
+            unowned,
+            list_error,
+            collection,
+            recent: self.shared.decisions.recent(
+                &self.settings.node,
+                &[Decided::Removed, Decided::Fenced, Decided::Braked],
+                RECENT,
+            ),
+            partition_fence_after_seconds: self.settings.partition_fence_after.as_secs(),
+            lease_renewed_seconds_ago: self.seconds_since_lease_renewal(),
+        }
+    }
+
+    /// `GET /explain/instance/{id}`: whose the instance is, or why it is an
+    /// orphan or a duplicate, and what happens to it.
+    pub async fn explain_instance(
+        &self,
+        id: &str,
+    ) -> Result<InstanceAnswer, vkd_provider::ProviderError> {
+        let (all, plan) = self.plan_now().await?;
+        let mut collection = self.collection();
+        collection.braked.clone_from(&plan.braked);
+        let found = all.iter().find(|i| i.id == id).cloned();
+        let uid = found.as_ref().map(|i| i.owner.uid.clone());
+        let decisions = self.shared.decisions.about("", id);
+        let (verdict, why, action) = match &found {
+            None => {
+                let last = decisions
+                    .iter()
+                    .rev()
+                    .find(|d| matches!(d.action, Decided::Removed | Decided::Fenced));
+                let why = match last {
+                    Some(d) => format!(
+                        "backend {} has no instance {id} for node {}; replica {} (epoch {}) removed it: {}",
+                        self.provider.name(),
+                        self.settings.node,
+                        d.replica,
+                        d.epoch,
+                        d.detail
+                    ),
+                    None => format!(
+                        "backend {} has no instance {id} for node {}, and this replica's recent decisions do not name it",
+                        self.provider.name(),
+                        self.settings.node
+                    ),
+                };
+                ("gone", why, "nothing: it is gone".to_owned())
+            }
+            Some(i) if plan.duplicates.iter().any(|d| d.id == i.id) => {
+                let newer = all
+                    .iter()
+                    .find(|o| {
+                        o.owner.uid == i.owner.uid
+                            && !plan.duplicates.iter().any(|d| d.id == o.id)
+                    })
+                    .map(|o| o.id.clone());
+                (
+                    "duplicate",
+                    format!(
+                        "Pod {} (uid {}) has another instance{} of a newer epoch or creation; this one was made under epoch {} at {}",
+                        i.owner,
+                        i.owner.uid,
+                        newer.map(|n| format!(" ({n})")).unwrap_or_default(),
+                        i.epoch,
+                        status::time(i.created_at)
+                    ),
+                    self.next_pass("duplicate", None),
+                )
+            }
+            Some(i) if plan.orphans.iter().any(|o| o.id == i.id) => (
+                "orphan",
+                format!(
+                    "no Pod with uid {} is bound to node {}: {} was deleted (or force-deleted) while its instance ran, or the instance was made outside vkd; made under epoch {} at {}",
+                    i.owner.uid,
+                    self.settings.node,
+                    i.owner,
+                    i.epoch,
+                    status::time(i.created_at)
+                ),
+                self.next_pass("orphan", plan.braked.as_deref()),
+            ),
+            Some(i) => (
+                "owned",
+                format!(
+                    "the instance of Pod {} (uid {}) on node {}, made under epoch {} at {}",
+                    i.owner,
+                    i.owner.uid,
+                    self.settings.node,
+                    i.epoch,
+                    status::time(i.created_at)
+                ),
+                "kept while its Pod exists; removed when the Pod is deleted, before the Pod object goes".to_owned(),
+            ),
+        };
+        let backend_details = match &uid {
+            Some(u) => self.provider.describe(u).await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let mut decisions = decisions;
+        if let Some(u) = &uid {
+            for d in self.shared.decisions.about(u, "") {
+                if !decisions.contains(&d) {
+                    decisions.push(d);
+                }
+            }
+            decisions.sort_by_key(|d| d.at);
+        }
+        Ok(InstanceAnswer {
+            node: self.settings.node.clone(),
+            backend: self.provider.name().to_owned(),
+            leadership: self.shared.leadership.clone(),
+            id: id.to_owned(),
+            instance: found,
+            backend_details,
+            verdict: verdict.to_owned(),
+            why,
+            action,
+            collection,
+            decisions,
+        })
+    }
+}
