@@ -344,6 +344,51 @@ impl Authenticator {
 mod tests {
     use super::*;
 
+    /// `vkd explain pod` is authorized as reading that Pod, not as the node:
+    /// the review names pods, the namespace and the name, and is cached.
+    #[tokio::test]
+    async fn a_pod_read_is_reviewed_on_the_pod_and_cached() {
+        let (client, log) = crate::testing::fake_api(|req| {
+            let attrs = &req.body["spec"]["resourceAttributes"];
+            let allowed = attrs["namespace"] == "team-a";
+            (
+                201,
+                serde_json::json!({"apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
+            )
+        });
+        let auth = Authenticator::new(client, "vk".into(), false);
+        let user = User {
+            name: "alice".into(),
+            groups: vec!["team".into()],
+            uid: None,
+        };
+        auth.authorize_pod_read(&user, "team-a", "p").await.unwrap();
+        auth.authorize_pod_read(&user, "team-a", "p").await.unwrap();
+        let refused = auth.authorize_pod_read(&user, "team-b", "p").await;
+        match refused {
+            Err(AuthError::Forbidden(m)) => assert_eq!(
+                m,
+                "User \"alice\" cannot get resource \"pods\" \"p\" in namespace \"team-b\""
+            ),
+            other => panic!("{other:?}"),
+        }
+        let reviews: Vec<serde_json::Value> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.body["spec"]["resourceAttributes"].clone())
+            .collect();
+        assert_eq!(
+            reviews.len(),
+            2,
+            "the allowed answer is cached: {reviews:?}"
+        );
+        assert_eq!(reviews[0]["resource"], "pods");
+        assert_eq!(reviews[0]["name"], "p");
+        assert!(reviews[0]["subresource"].is_null(), "{:?}", reviews[0]);
+    }
+
     #[test]
     fn kubelet_mapping() {
         assert_eq!(

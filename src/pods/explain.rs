@@ -391,3 +391,122 @@ impl PodController {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::super::test_support::{Scripted, controller};
+    use super::*;
+
+    fn instance(uid: &str, id: &str, epoch: u64) -> Instance {
+        let t = json!({"secs_since_epoch": 1_767_225_600 + epoch, "nanos_since_epoch": 0});
+        serde_json::from_value(json!({
+            "id": id,
+            "owner": {"uid": uid, "namespace": "ns", "name": format!("p-{uid}")},
+            "node": "vk", "epoch": epoch, "phase": "Running", "containers": [],
+            "ip": null, "host": "host-a", "created_at": t, "started_at": t, "message": null
+        }))
+        .unwrap()
+    }
+
+    fn pod(uid: &str, name: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid,
+                "annotations": {"vkd.io/partition-policy": "fence"}},
+            "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    /// The backend holds the Pod's instance, an older duplicate of it, and an
+    /// instance whose Pod is gone: each is told apart, with what collection
+    /// does, and an id the backend does not hold is "gone" with the removal
+    /// that the log recorded.
+    #[tokio::test]
+    async fn instances_are_owned_duplicates_orphans_or_gone() {
+        let provider = Arc::new(Scripted::default());
+        *provider.listed.lock().unwrap() = vec![
+            instance("u1", "i-own", 2),
+            instance("u1", "i-dup", 1),
+            instance("u9", "i-orphan", 1),
+        ];
+        let (c, _log) = controller(Arc::clone(&provider));
+        c.upsert(&pod("u1", "p"));
+
+        let own = c.explain_instance("i-own").await.unwrap();
+        assert_eq!(own.verdict, "owned", "{own:?}");
+        let dup = c.explain_instance("i-dup").await.unwrap();
+        assert_eq!(dup.verdict, "duplicate");
+        assert!(dup.why.contains("(i-own)"), "{}", dup.why);
+        assert!(
+            dup.action.contains("brake does not hold duplicates"),
+            "{}",
+            dup.action
+        );
+        let orphan = c.explain_instance("i-orphan").await.unwrap();
+        assert_eq!(orphan.verdict, "orphan");
+        assert!(orphan.why.contains("no Pod with uid u9"), "{}", orphan.why);
+        // No pass yet: the Pod watch has not synced in this test.
+        assert!(
+            orphan.action.contains("first collection pass"),
+            "{}",
+            orphan.action
+        );
+
+        c.audit_removed(
+            "u8",
+            "ns/old",
+            "i-old",
+            1,
+            Decided::Removed,
+            "pod gone from the API",
+        );
+        let gone = c.explain_instance("i-old").await.unwrap();
+        assert_eq!(gone.verdict, "gone");
+        assert!(
+            gone.why.contains("removed it: pod gone from the API"),
+            "{}",
+            gone.why
+        );
+        assert_eq!(gone.decisions.len(), 1);
+        let unknown = c.explain_instance("i-never").await.unwrap();
+        assert!(unknown.why.contains("do not name it"), "{}", unknown.why);
+
+        let node = c.explain_node().await;
+        let kinds: Vec<(&str, &str)> = node
+            .unowned
+            .iter()
+            .map(|u| (u.instance.id.as_str(), u.kind.as_str()))
+            .collect();
+        assert_eq!(kinds, [("i-orphan", "orphan"), ("i-dup", "duplicate")]);
+        assert_eq!((node.pods, node.instances), (1, 3));
+        assert_eq!(node.recent.len(), 1, "the removal is recent");
+    }
+
+    #[tokio::test]
+    async fn a_pod_answer_carries_its_instance_policy_and_decisions() {
+        let provider = Arc::new(Scripted::default());
+        *provider.instance.lock().unwrap() = Some(instance("u1", "i-own", 1));
+        let (c, _log) = controller(Arc::clone(&provider));
+        c.upsert(&pod("u1", "p"));
+        c.decided("u1", "ns/p", "i-own", Decided::Created, "made");
+        c.decided("u2", "ns/q", "", Decided::Queued, "not this one");
+
+        assert!(c.explain_pod("ns", "nope").await.is_none());
+        let a = c.explain_pod("ns", "p").await.unwrap();
+        assert_eq!(a.pod_uid, "u1");
+        assert_eq!(a.instance.as_ref().map(|i| i.id.as_str()), Some("i-own"));
+        assert_eq!(a.partition.policy, "fence");
+        assert_eq!(a.partition.fence_after_seconds, 30);
+        assert!(a.waiting.is_none() && a.slices.is_none());
+        let details: Vec<&str> = a.decisions.iter().map(|d| d.detail.as_str()).collect();
+        assert_eq!(details, ["made"]);
+        let json = serde_json::to_value(&a).unwrap();
+        let back: PodAnswer = serde_json::from_value(json).unwrap();
+        assert_eq!(back.pod, "ns/p");
+    }
+}

@@ -29,6 +29,8 @@ pub(super) struct Scripted {
     pub started: Mutex<Vec<ContainerSpec>>,
     /// What `admit` answers; `None`: queued.
     pub admission: Mutex<Option<Admission>>,
+    /// What `list` answers (the node's instances, the Pods' own and others).
+    pub listed: Mutex<Vec<Instance>>,
 }
 
 #[async_trait]
@@ -68,7 +70,7 @@ impl Provider for Scripted {
         Ok(())
     }
     async fn list(&self, _node: &str) -> Result<Vec<Instance>> {
-        Ok(Vec::new())
+        Ok(self.listed.lock().unwrap().clone())
     }
     fn events(&self) -> BoxStream<'static, InstanceEvent> {
         futures::stream::pending().boxed()
