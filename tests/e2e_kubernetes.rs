@@ -328,6 +328,45 @@ fn offloaded_pod(up: &Cluster) -> Result<()> {
             at(&p, "status")
         );
         ensure!(at(&p, "status.podIP") == at(&dp, "status.podIP"), "{p}");
+        // `vkd explain` names the downstream cluster, Pod and node, read
+        // with only manifests/downstream's RBAC.
+        let explained = Command::new(common::VKD)
+            .args([
+                "explain",
+                "pod",
+                &format!("{NS}/web"),
+                "-o",
+                "json",
+                "--kubeconfig",
+            ])
+            .arg(common::service_account_kubeconfig(up)?)
+            .arg("--kubelet")
+            .arg(format!("https://127.0.0.1:{}", ch.up_vkd.kubelet_port))
+            .arg("--insecure-skip-tls-verify-kubelet")
+            .output()?;
+        ensure!(
+            explained.status.success(),
+            "vkd explain: {}",
+            String::from_utf8_lossy(&explained.stderr)
+        );
+        let explained: Value = serde_json::from_slice(&explained.stdout)?;
+        let details: Vec<(String, String)> =
+            serde_json::from_value(explained["vkd"]["backend_details"].clone())?;
+        let detail = |k: &str| {
+            details
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or_default()
+        };
+        ensure!(
+            detail("downstream cluster") == "down"
+                && detail("downstream Pod").starts_with(&format!("{down_ns}/{down_name} "))
+                && detail("downstream node") == DOWN_NODE
+                && detail("downstream events").is_empty(),
+            "{details:?}"
+        );
+        eprintln!("vkd explain pod {NS}/web, the backend's details: {details:?}");
         // The upstream Node names the cluster it stands for.
         let node = up.kubectl_json(&["get", "node", UP_NODE])?;
         let node_annotations = at(&node, "metadata.annotations");
