@@ -88,20 +88,7 @@ impl Admitter {
             return Ok((self.provider.admit(&spec).await?, String::new()));
         }
         let (total, free) = self.views(&cap.hosts, uid);
-        let seen = free
-            .iter()
-            .filter(|h| self.host.as_ref().is_none_or(|mine| *mine == h.name))
-            .map(|h| {
-                format!(
-                    "{} {}/{} GPU, {}m CPU free",
-                    h.name,
-                    h.gpus_free(),
-                    h.gpus.len(),
-                    h.cpu_millis_free
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let seen = seen_slices(&free, self.host.as_deref());
         let placement = match decide(&total, &free, &spec) {
             Admission::Fits(p) => p,
             other => return Ok((other, seen)),
@@ -202,6 +189,41 @@ impl Admitter {
         Ok(allocatable(hosts))
     }
 }
+
+/// The free slices admission decided on, for a person: the hosts with the
+/// most free GPUs first, at most [`SEEN_HOSTS`] of them.
+fn seen_slices(free: &[HostSlice], only: Option<&str>) -> String {
+    let mut hosts: Vec<&HostSlice> = free
+        .iter()
+        .filter(|h| only.is_none_or(|mine| mine == h.name))
+        .collect();
+    hosts.sort_by_key(|h| {
+        (
+            std::cmp::Reverse(h.gpus_free()),
+            std::cmp::Reverse(h.cpu_millis_free),
+        )
+    });
+    let mut out: Vec<String> = hosts
+        .iter()
+        .take(SEEN_HOSTS)
+        .map(|h| {
+            format!(
+                "{} {}/{} GPU, {}m CPU free",
+                h.name,
+                h.gpus_free(),
+                h.gpus.len(),
+                h.cpu_millis_free
+            )
+        })
+        .collect();
+    if hosts.len() > SEEN_HOSTS {
+        out.push(format!("{} more hosts", hosts.len() - SEEN_HOSTS));
+    }
+    out.join(", ")
+}
+
+/// How many hosts an admission decision names.
+const SEEN_HOSTS: usize = 4;
 
 /// The Node's allocatable cpu and memory: the sum of its host slices' totals.
 pub fn allocatable<'a>(

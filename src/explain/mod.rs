@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 /// How many decisions the daemon keeps: about 300 bytes each, so at most
 /// about 1 MiB whatever the number of Pods (docs/scale.md).
 pub const DECISIONS_KEPT: usize = 4096;
+/// A decision's sentence is cut here (at a character boundary), so a fleet
+/// of many hosts cannot make one entry large.
+pub const DETAIL_MAX: usize = 400;
 
 /// Times in answers as RFC 3339 text (to the millisecond), for people and tools.
 mod rfc3339 {
@@ -156,6 +159,15 @@ impl DecisionLog {
         action: Action,
         detail: impl Into<String>,
     ) {
+        let mut detail: String = detail.into();
+        if detail.len() > DETAIL_MAX {
+            let mut cut = DETAIL_MAX;
+            while !detail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            detail.truncate(cut);
+            detail.push_str(" ...");
+        }
         let d = Decision {
             at: SystemTime::now(),
             node: node.to_owned(),
@@ -165,7 +177,7 @@ impl DecisionLog {
             action,
             replica: self.replica.clone(),
             epoch,
-            detail: detail.into(),
+            detail,
         };
         let mut entries = self.entries();
         while entries.len() >= self.kept {
@@ -309,6 +321,8 @@ pub struct Slice {
     pub gpu_model: String,
     pub cpu_millis_free: u64,
     pub memory_bytes_free: u64,
+    pub cpu_millis_total: u64,
+    pub memory_bytes_total: u64,
     pub pods_running: u32,
     pub max_pods: u32,
 }
@@ -342,6 +356,8 @@ impl Capacity {
                     gpu_model: h.gpus.first().map(|g| g.model.clone()).unwrap_or_default(),
                     cpu_millis_free: h.cpu_millis_free,
                     memory_bytes_free: h.memory_bytes_free,
+                    cpu_millis_total: h.cpu_millis_total,
+                    memory_bytes_total: h.memory_bytes_total,
                     pods_running: h.pods_running,
                     max_pods: h.max_pods,
                 }
@@ -454,6 +470,22 @@ mod tests {
         let uids: Vec<&str> = recent.iter().map(|d| d.pod_uid.as_str()).collect();
         assert_eq!(uids, ["u3", "u4"]);
         assert!(log.recent("other", &[Action::Created], 2).is_empty());
+        // A long sentence is cut, on a character boundary.
+        log.record(
+            "vk",
+            "u9",
+            "ns/p",
+            "",
+            7,
+            Action::Queued,
+            "é".repeat(DETAIL_MAX),
+        );
+        let d = &log.about("u9", "")[0].detail;
+        assert!(
+            d.len() <= DETAIL_MAX + 4 && d.ends_with(" ..."),
+            "{}",
+            d.len()
+        );
     }
 
     #[test]

@@ -311,7 +311,6 @@ pub(super) fn node(e: &NodeExplanation) -> String {
             );
             match (&a.capacity, &a.capacity_error) {
                 (Some(c), _) => {
-                    let gpus: usize = c.hosts.iter().map(|h| h.gpus_total).sum();
                     let free: usize = c.hosts.iter().map(|h| h.gpus_free).sum();
                     let largest = c.hosts.iter().map(|h| h.gpus_free).max().unwrap_or(0);
                     let _ = writeln!(
@@ -326,9 +325,32 @@ pub(super) fn node(e: &NodeExplanation) -> String {
                         c.refresh_seconds
                     );
                     slices(&mut out, &c.hosts);
+                    let sum = |f: fn(&Slice) -> u64, unit: fn(u64) -> String| {
+                        let parts: Vec<String> = c
+                            .hosts
+                            .iter()
+                            .map(|h| format!("{} {}", h.host, unit(f(h))))
+                            .collect();
+                        format!(
+                            "{} = {}",
+                            unit(c.hosts.iter().map(f).sum()),
+                            parts.join(" + ")
+                        )
+                    };
                     let _ = writeln!(
                         out,
-                        "  GPUs: {gpus} in all is the sum of the slices; {free} free, but one Pod gets at most {largest} (the largest free slice)"
+                        "  nvidia.com/gpu {}; {free} free, but one Pod gets at most {largest} (the largest free slice)",
+                        sum(|h| h.gpus_total as u64, |n| n.to_string())
+                    );
+                    let _ = writeln!(
+                        out,
+                        "  cpu {}",
+                        sum(|h| h.cpu_millis_total, |m| format!("{}", m / 1000))
+                    );
+                    let _ = writeln!(
+                        out,
+                        "  memory {}",
+                        sum(|h| h.memory_bytes_total, |b| format!("{}Gi", b >> 30))
                     );
                 }
                 (None, Some(err)) => {
