@@ -182,20 +182,7 @@ mod tests {
             client.clone(),
             client,
             provider,
-            crate::pods::Shared {
-                metrics,
-                term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
-                last_lease_renewal: Arc::default(),
-                partition_fenced: Arc::default(),
-                services: None,
-                decisions: Arc::new(crate::explain::DecisionLog::new("test", 64)),
-                leadership: crate::explain::Leadership {
-                    replica: "test".into(),
-                    epoch: 1,
-                    since: std::time::SystemTime::UNIX_EPOCH,
-                    elected: false,
-                },
-            },
+            crate::testing::shared(metrics),
         )
     }
 

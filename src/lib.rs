@@ -502,6 +502,24 @@ pub(crate) mod testing {
         (kube::Client::new(service, "default"), log)
     }
 
+    /// What the Pod controllers share, for one at epoch 1 with these metrics.
+    pub(crate) fn shared(metrics: Arc<crate::metrics::Metrics>) -> crate::pods::Shared {
+        crate::pods::Shared {
+            metrics,
+            term: crate::fencing::term::Term::new(1, &tokio_util::sync::CancellationToken::new()),
+            last_lease_renewal: Arc::default(),
+            partition_fenced: Arc::default(),
+            services: None,
+            decisions: Arc::new(crate::explain::DecisionLog::new("test", 64)),
+            leadership: crate::explain::Leadership {
+                replica: "test".into(),
+                epoch: 1,
+                since: SystemTime::UNIX_EPOCH,
+                elected: false,
+            },
+        }
+    }
+
     /// A Kubernetes Status body for an error answer.
     pub(crate) fn status(code: u16, reason: &str) -> (u16, Value) {
         (

@@ -8,13 +8,12 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use vkd_provider::{
     Admission, Capacity, CapacityKind, ContainerSpec, Fence, Health, Instance, InstanceEvent,
     InstanceSpec, Provider, ProviderError, Result,
 };
 
-use super::{PodController, Settings, Shared};
+use super::{PodController, Settings};
 use crate::testing::{Log, Seen, fake_api, status};
 
 /// A provider whose one instance the test sets; `delete` only records the
@@ -132,20 +131,7 @@ pub(super) fn controller_with(
         client.clone(),
         client,
         provider,
-        Shared {
-            metrics: Arc::default(),
-            term: crate::fencing::term::Term::new(1, &CancellationToken::new()),
-            last_lease_renewal: Arc::default(),
-            partition_fenced: Arc::default(),
-            services: None,
-            decisions: Arc::new(crate::explain::DecisionLog::new("test", 64)),
-            leadership: crate::explain::Leadership {
-                replica: "test".into(),
-                epoch: 1,
-                since: std::time::SystemTime::UNIX_EPOCH,
-                elected: false,
-            },
-        },
+        crate::testing::shared(Arc::default()),
     );
     (c, log)
 }
