@@ -204,19 +204,37 @@ pub struct InstanceExplanation {
 
 /// Runs `vkd explain` and prints the answer.
 pub async fn run(args: ExplainArgs) -> Result<(), ExplainError> {
+    let pod = match &args.what {
+        Target::Pod { pod, namespace } => Some(pod_name(pod, namespace.as_deref())?),
+        Target::Node { name } => {
+            checked("node", name, |b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+            })?;
+            None
+        }
+        Target::Instance { id, node } => {
+            // Backend ids go into the request's path: no query, fragment or escapes.
+            checked("instance id", id, |b| {
+                b.is_ascii_alphanumeric() || b"-._:/".contains(&b)
+            })?;
+            if id
+                .split('/')
+                .any(|part| part.is_empty() || part == "." || part == "..")
+            {
+                return Err(ExplainError::Usage(format!("{id:?} is not an instance id")));
+            }
+            if let Some(n) = node {
+                checked("node", n, |b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                })?;
+            }
+            None
+        }
+    };
     let out = Explainer::new(&args).await?;
     let text = match &args.what {
-        Target::Pod { pod, namespace } => {
-            let (ns, name) = match (pod.split_once('/'), namespace) {
-                (Some((ns, name)), None) => (ns.to_owned(), name.to_owned()),
-                (Some(_), Some(_)) => {
-                    return Err(ExplainError::Usage(
-                        "give the Pod as NAMESPACE/NAME or as NAME with --namespace, not both"
-                            .into(),
-                    ));
-                }
-                (None, ns) => (ns.clone().unwrap_or_else(|| "default".into()), pod.clone()),
-            };
+        Target::Pod { .. } => {
+            let (ns, name) = pod.unwrap_or_default();
             let e = out.pod(&ns, &name).await?;
             emit(args.output, &e, super::render::pod)
         }
@@ -231,6 +249,41 @@ pub async fn run(args: ExplainArgs) -> Result<(), ExplainError> {
     };
     print!("{text}");
     Ok(())
+}
+
+/// `what` is 1 to 253 bytes, each one `allowed`.
+fn checked(what: &str, value: &str, allowed: impl Fn(u8) -> bool) -> Result<(), ExplainError> {
+    if value.is_empty() || value.len() > 253 || !value.bytes().all(allowed) {
+        return Err(ExplainError::Usage(format!(
+            "{value:?} is not a valid {what}"
+        )));
+    }
+    Ok(())
+}
+
+/// `NAMESPACE/NAME`, or `NAME` with `--namespace` (default `default`).
+fn pod_name(pod: &str, namespace: Option<&str>) -> Result<(String, String), ExplainError> {
+    let (ns, name) = match (pod.split_once('/'), namespace) {
+        (Some(_), Some(_)) => {
+            return Err(ExplainError::Usage(
+                "give the Pod as NAMESPACE/NAME or as NAME with --namespace, not both".into(),
+            ));
+        }
+        (Some((ns, name)), None) => (ns, name),
+        (None, ns) => (ns.unwrap_or("default"), pod),
+    };
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    if !valid(ns) || !valid(name) {
+        return Err(ExplainError::Usage(format!(
+            "{pod:?} is not a Pod name: NAMESPACE/NAME, lowercase letters, digits, '-' and '.'"
+        )));
+    }
+    Ok((ns.to_owned(), name.to_owned()))
 }
 
 fn emit<T: Serialize>(output: Output, value: &T, text: fn(&T) -> String) -> String {
@@ -262,21 +315,20 @@ impl Explainer {
             context: args.context.clone(),
             ..KubeConfigOptions::default()
         };
+        let bad = |e: &dyn std::fmt::Display| ExplainError::Kubeconfig(e.to_string());
         let config = match &args.kubeconfig {
             Some(path) => {
                 let kc = Kubeconfig::read_from(path)
                     .map_err(|e| ExplainError::Kubeconfig(format!("{}: {e}", path.display())))?;
-                kube::Config::from_custom_kubeconfig(kc, &options).await
+                kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| bad(&e))?
             }
-            None if args.context.is_some() => kube::Config::from_kubeconfig(&options).await,
-            None => kube::Config::infer().await.map_err(|e| {
-                kube::config::KubeconfigError::ReadConfig(
-                    std::io::Error::other(e.to_string()),
-                    PathBuf::new(),
-                )
-            }),
-        }
-        .map_err(|e| ExplainError::Kubeconfig(e.to_string()))?;
+            None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| bad(&e))?,
+            None => kube::Config::infer().await.map_err(|e| bad(&e))?,
+        };
         let direct = if args.direct || args.kubelet.is_some() {
             let mut c = config.clone();
             c.accept_invalid_certs = args.insecure_skip_tls_verify_kubelet;
@@ -1029,6 +1081,26 @@ mod tests {
         let bad = pod(serde_json::json!([{"operator": "Equal", "effect": "NoExecute"}]));
         let (_, effects, _) = movement(&bad, Some(&n), "keep", None, SystemTime::now());
         assert!(!effects[0].tolerated);
+    }
+
+    #[test]
+    fn pod_names_are_checked_before_anything_is_asked() {
+        assert_eq!(pod_name("ns/p", None).unwrap(), ("ns".into(), "p".into()));
+        assert_eq!(
+            pod_name("p", Some("ns")).unwrap(),
+            ("ns".into(), "p".into())
+        );
+        assert_eq!(pod_name("p", None).unwrap(), ("default".into(), "p".into()));
+        for bad in ["a/b/c", "ns/", "/p", "NS/p", "ns/p?x=1"] {
+            assert!(
+                matches!(pod_name(bad, None), Err(ExplainError::Usage(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            pod_name("a/b", Some("x")),
+            Err(ExplainError::Usage(_))
+        ));
     }
 
     #[test]

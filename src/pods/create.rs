@@ -1,7 +1,6 @@
 //! Resolving, admitting and creating a Pod's instance.
 
 use super::*;
-use crate::explain::Action as Decided;
 
 pub(super) enum Start {
     Running(Box<Instance>),

@@ -60,7 +60,7 @@ impl PodController {
             &rec.key(),
             rec.instance_id.as_deref().unwrap_or(""),
             self.settings.epoch,
-            crate::explain::Action::Removed,
+            Decided::Removed,
             "pod deleted",
         );
         self.throttle("delete").await;

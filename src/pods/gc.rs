@@ -59,7 +59,7 @@ impl PodController {
                 &d.owner.to_string(),
                 &d.id,
                 d.epoch,
-                crate::explain::Action::Removed,
+                Decided::Removed,
                 "duplicate instance (a newer epoch has one for this Pod)",
             );
             if let Err(e) = self
@@ -76,7 +76,7 @@ impl PodController {
                 orphans = plan.orphans.len(),
                 listed, "orphan collection braked: {why}"
             );
-            self.decided("", "", "", crate::explain::Action::Braked, why.clone());
+            self.decided("", "", "", Decided::Braked, why.clone());
             self.node_event("OrphanDeletionBraked", why).await;
             return;
         }
@@ -120,7 +120,7 @@ impl PodController {
                     &instance.owner.to_string(),
                     &instance.id,
                     self.settings.epoch,
-                    crate::explain::Action::Removed,
+                    Decided::Removed,
                     "pod gone from the API",
                 );
                 self.shared.metrics.orphans_removed.inc();

@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, ProviderError, Support};
 
-use crate::explain::Action as explain_action;
+use crate::explain::Action as Decided;
 use create::Start;
 use events::{EVENT_REPORTER, EVENTS_IN_FLIGHT, EVENTS_PENDING};
 use failure::Failure;
@@ -721,13 +721,7 @@ impl PodController {
                 instance.host.as_deref().unwrap_or("-"),
                 self.settings.epoch
             );
-            self.decided(
-                uid,
-                &rec.key(),
-                &instance.id,
-                explain_action::Adopted,
-                detail,
-            );
+            self.decided(uid, &rec.key(), &instance.id, Decided::Adopted, detail);
             self.touch(uid, |r| r.adoption_noted = true);
         }
         if instance.phase != vkd_provider::InstancePhase::Pending {

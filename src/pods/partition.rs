@@ -53,7 +53,7 @@ impl PodController {
                 &rec.key(),
                 rec.instance_id.as_deref().unwrap_or(""),
                 self.settings.epoch,
-                crate::explain::Action::Fenced,
+                Decided::Fenced,
                 &format!("partition: {why} (vkd.io/partition-policy: fence)"),
             );
             match self
