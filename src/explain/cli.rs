@@ -1083,6 +1083,46 @@ mod tests {
         assert!(!effects[0].tolerated);
     }
 
+    /// By default vkd is asked through the API server's node proxy, and its
+    /// refusal reaches the user as a refusal.
+    #[tokio::test]
+    async fn vkd_is_asked_through_the_node_proxy() {
+        let (client, log) = crate::testing::fake_api(|req| {
+            if req.path.contains("/explain/pod/ns/secret") {
+                return crate::testing::status(403, "Forbidden");
+            }
+            (
+                200,
+                serde_json::json!({"node": "vk", "backend": "sim", "host": null,
+                    "leadership": {"replica": "r", "epoch": 3, "since": "2026-01-01T00:00:00.000Z", "elected": true},
+                    "capacity": null, "capacity_error": "down", "reservations": [], "waiting": [],
+                    "pods": 0, "instances": 0, "unowned": [], "list_error": null,
+                    "collection": {"interval_seconds": 60, "last_pass": null, "braked": null,
+                        "brake_max_fraction": 0.5, "brake_min_count": 10, "allow_mass_delete": false},
+                    "recent": [], "partition_fence_after_seconds": 30, "lease_renewed_seconds_ago": null}),
+            )
+        });
+        let e = Explainer {
+            client,
+            direct: None,
+        };
+        let answer: NodeAnswer = e.ask("vk", "/explain/node").await.unwrap();
+        assert_eq!(answer.leadership.epoch, 3);
+        assert_eq!(
+            log.lock().unwrap()[0].path,
+            "/api/v1/nodes/vk/proxy/explain/node"
+        );
+        let refused = e.ask::<PodAnswer>("vk", "/explain/pod/ns/secret").await;
+        assert!(
+            matches!(refused, Err(ExplainError::Refused(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            e.via("vk", "/explain/node"),
+            "kubectl get --raw /api/v1/nodes/vk/proxy/explain/node"
+        );
+    }
+
     #[test]
     fn pod_names_are_checked_before_anything_is_asked() {
         assert_eq!(pod_name("ns/p", None).unwrap(), ("ns".into(), "p".into()));
