@@ -10,6 +10,8 @@
 //! the API server and prints it with the sources a person can check.
 
 pub mod cli;
+pub mod gather;
+pub mod movement;
 mod render;
 
 use std::collections::VecDeque;

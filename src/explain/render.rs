@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::time::SystemTime;
 
-use super::cli::{InstanceExplanation, NodeExplanation, PodExplanation};
+use super::gather::{InstanceExplanation, NodeExplanation, PodExplanation};
 use super::{Decision, Slice, time_text};
 
 fn ago(t: SystemTime) -> String {
