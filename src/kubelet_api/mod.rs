@@ -8,6 +8,7 @@
 
 pub mod auth;
 mod conn;
+mod explain;
 pub mod logs;
 pub mod stats;
 pub mod tls;
@@ -97,18 +98,6 @@ fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     let mut r = Response::new(full(body));
     *r.status_mut() = code;
     r
-}
-
-/// An answer as JSON; one that cannot be encoded is a 500, never a panic.
-fn json_of(answer: &impl serde::Serialize) -> Response<Body> {
-    match serde_json::to_value(answer) {
-        Ok(v) => json_response(&v),
-        Err(e) => status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            &format!("encoding the answer: {e}"),
-        ),
-    }
 }
 
 fn json_response(v: &serde_json::Value) -> Response<Body> {
@@ -212,20 +201,9 @@ impl KubeletApi {
             };
             // `vkd explain pod` is authorized as reading the Pod; every other
             // path as the kubelet authorizes it.
-            let pod_read = match path.strip_prefix("/explain/pod/").map(|p| p.split('/')) {
-                Some(mut parts) => match (parts.next(), parts.next(), parts.next()) {
-                    (Some(ns), Some(name), None) if !ns.is_empty() && !name.is_empty() => {
-                        Some((ns.to_owned(), name.to_owned()))
-                    }
-                    _ => {
-                        return status(
-                            StatusCode::NOT_FOUND,
-                            "NotFound",
-                            "explain a Pod as /explain/pod/NAMESPACE/NAME",
-                        );
-                    }
-                },
-                None => None,
+            let pod_read = match explain::pod_read(&path) {
+                Ok(p) => p,
+                Err(not_found) => return not_found,
             };
             let allowed = match &pod_read {
                 Some((ns, name)) => self.auth.authorize_pod_read(&user, ns, name).await,
@@ -265,24 +243,7 @@ impl KubeletApi {
             ["portForward", ns, pod] | ["portForward", ns, pod, _] if get_or_post => {
                 self.port_forward(req, ns, pod).await
             }
-            ["explain", "pod", ns, name] if is_get => match self.pods.explain_pod(ns, name).await {
-                Some(answer) => json_of(&answer),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!(
-                        "pod \"{name}\" in namespace \"{ns}\" is not bound to node {}",
-                        self.pods.node()
-                    ),
-                ),
-            },
-            ["explain", "node"] if is_get => json_of(&self.pods.explain_node().await),
-            ["explain", "instance", id @ ..] if is_get && !id.is_empty() => {
-                match self.pods.explain_instance(&id.join("/")).await {
-                    Ok(answer) => json_of(&answer),
-                    Err(e) => provider_error(&e),
-                }
-            }
+            ["explain", what @ ..] if is_get => self.explain(what).await,
             ["stats", "summary"] | ["stats", "summary", ""] => {
                 json_response(&stats::summary(&self.pods).await)
             }
