@@ -21,7 +21,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 /// How many decisions the daemon keeps: about 300 bytes each, so at most
-/// about 1 MiB whatever the number of Pods (docs/scale.md).
+/// about 1.2 MiB whatever the number of Pods (docs/scale.md).
 pub const DECISIONS_KEPT: usize = 4096;
 /// A decision's sentence is cut here (at a character boundary), so a fleet
 /// of many hosts cannot make one entry large.
