@@ -158,14 +158,20 @@ impl Explainer {
     }
 
     /// The kubelet API's URL the Node publishes: its InternalIP and port.
-    async fn kubelet_url(&self, node: &str) -> Result<String, ExplainError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let n = nodes.get(node).await.map_err(|e| {
-            ExplainError::of(
-                e,
-                &format!("reading node {node} for its address (or give --kubelet)"),
-            )
-        })?;
+    /// `known` is the Node when it was read already.
+    async fn kubelet_url(&self, node: &str, known: Option<&Node>) -> Result<String, ExplainError> {
+        let n = match known {
+            Some(n) => n.clone(),
+            None => Api::<Node>::all(self.client.clone())
+                .get(node)
+                .await
+                .map_err(|e| {
+                    ExplainError::of(
+                        e,
+                        &format!("reading node {node} for its address (or give --kubelet)"),
+                    )
+                })?,
+        };
         let status = n.status.unwrap_or_default();
         let port = status
             .daemon_endpoints
@@ -188,14 +194,19 @@ impl Explainer {
         Ok(format!("https://{host}:{port}"))
     }
 
-    /// `GET path` on the vkd behind `node`.
-    async fn ask<T: DeserializeOwned>(&self, node: &str, path: &str) -> Result<T, ExplainError> {
+    /// `GET path` on the vkd behind `node` (`known`: the Node, if read already).
+    async fn ask<T: DeserializeOwned>(
+        &self,
+        node: &str,
+        known: Option<&Node>,
+        path: &str,
+    ) -> Result<T, ExplainError> {
         let direct_client;
         let (client, url) = match &self.direct {
             Some(d) => {
                 let base = match &d.url {
                     Some(u) => u.clone(),
-                    None => self.kubelet_url(node).await?,
+                    None => self.kubelet_url(node, known).await?,
                 };
                 let mut c = d.config.clone();
                 c.cluster_url = base
@@ -303,7 +314,10 @@ impl Explainer {
             (None, Some("the Pod is not bound to a node yet".to_owned()))
         } else {
             let path = format!("/explain/pod/{ns}/{name}");
-            match self.ask::<PodAnswer>(&node_name, &path).await {
+            match self
+                .ask::<PodAnswer>(&node_name, node.as_ref(), &path)
+                .await
+            {
                 Ok(a) => {
                     sources.push(format!(
                         "{} (replica {}, epoch {})",
@@ -476,7 +490,10 @@ impl Explainer {
             .iter()
             .map(taint_text)
             .collect();
-        let (vkd, vkd_error) = match self.ask::<NodeAnswer>(name, "/explain/node").await {
+        let (vkd, vkd_error) = match self
+            .ask::<NodeAnswer>(name, Some(&node), "/explain/node")
+            .await
+        {
             Ok(a) => {
                 sources.push(format!(
                     "{} (replica {}, epoch {})",
@@ -531,7 +548,7 @@ impl Explainer {
         let mut gone = None;
         let mut errors = Vec::new();
         for n in &nodes {
-            match self.ask::<InstanceAnswer>(n, &path).await {
+            match self.ask::<InstanceAnswer>(n, None, &path).await {
                 Ok(a) if a.verdict != "gone" || a.decisions.iter().any(|d| d.instance == id) => {
                     return Ok(self.instance_sources(a, n, &path));
                 }
@@ -600,7 +617,14 @@ fn container_state(s: Option<&k8s_openapi::api::core::v1::ContainerState>) -> St
         return "unknown".into();
     };
     if let Some(w) = &s.waiting {
-        return format!("waiting ({})", w.reason.clone().unwrap_or_default());
+        return format!(
+            "waiting ({}){}",
+            w.reason.clone().unwrap_or_default(),
+            w.message
+                .as_ref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        );
     }
     if let Some(r) = &s.running {
         return format!(
@@ -646,13 +670,15 @@ mod tests {
             client,
             direct: None,
         };
-        let answer: NodeAnswer = e.ask("vk", "/explain/node").await.unwrap();
+        let answer: NodeAnswer = e.ask("vk", None, "/explain/node").await.unwrap();
         assert_eq!(answer.leadership.epoch, 3);
         assert_eq!(
             log.lock().unwrap()[0].path,
             "/api/v1/nodes/vk/proxy/explain/node"
         );
-        let refused = e.ask::<PodAnswer>("vk", "/explain/pod/ns/secret").await;
+        let refused = e
+            .ask::<PodAnswer>("vk", None, "/explain/pod/ns/secret")
+            .await;
         assert!(
             matches!(refused, Err(ExplainError::Refused(_))),
             "{refused:?}"

@@ -200,6 +200,15 @@ impl DecisionLog {
             .collect()
     }
 
+    /// The latest sentence of `action` for each Pod UID, in one pass.
+    pub fn latest(&self, action: Action) -> std::collections::HashMap<String, String> {
+        self.entries()
+            .iter()
+            .filter(|d| d.action == action)
+            .map(|d| (d.pod_uid.clone(), d.detail.clone()))
+            .collect()
+    }
+
     /// The most recent decisions of one node with these actions, newest last.
     pub fn recent(&self, node: &str, actions: &[Action], at_most: usize) -> Vec<Decision> {
         let mut out: Vec<Decision> = self
@@ -472,6 +481,9 @@ mod tests {
         let uids: Vec<&str> = recent.iter().map(|d| d.pod_uid.as_str()).collect();
         assert_eq!(uids, ["u3", "u4"]);
         assert!(log.recent("other", &[Action::Created], 2).is_empty());
+        log.record("vk", "u4", "ns/p", "", 7, Action::Queued, "first");
+        log.record("vk", "u4", "ns/p", "", 7, Action::Queued, "second");
+        assert_eq!(log.latest(Action::Queued)["u4"], "second");
         // A long sentence is cut, on a character boundary.
         log.record(
             "vk",

@@ -135,16 +135,11 @@ impl PodController {
             .collect();
         out.sort_by_key(|w| w.since);
         // The reason is the latest admission's answer, from the log.
+        let mut reasons = self.shared.decisions.latest(Decided::Queued);
         for w in &mut out {
-            w.reason = self
-                .shared
-                .decisions
-                .about(&w.pod_uid, "")
-                .into_iter()
-                .rev()
-                .find(|d| d.action == Decided::Queued)
-                .map(|d| d.detail)
-                .unwrap_or_else(|| "(the admission's answer was not kept)".into());
+            w.reason = reasons.remove(&w.pod_uid).unwrap_or_else(|| {
+                "(the admission's answer is no longer in the log; the Pod's status says it)".into()
+            });
         }
         out
     }
