@@ -39,6 +39,9 @@ pub struct Ephemeral {
     pub handed: Vec<Box<str>>,
     /// Not started, and why.
     pub refused: Vec<Refusal>,
+    /// `targetContainerName` by ephemeral container: whose process
+    /// namespace each joins, where the backend gives containers their own.
+    pub targets: Box<[(Box<str>, Box<str>)]>,
 }
 
 /// Why an ephemeral container did not start.
@@ -67,8 +70,16 @@ impl Ephemeral {
                 sidecar: false,
             })
             .collect();
+        let targets = list
+            .iter()
+            .filter_map(|e| {
+                let target = e.target_container_name.as_deref()?;
+                Some((e.name.as_str().into(), target.into()))
+            })
+            .collect();
         let mut this = Self {
             containers,
+            targets,
             pending: None,
             handed: previous.map(|p| p.handed.clone()).unwrap_or_default(),
             refused: previous.map(|p| p.refused.clone()).unwrap_or_default(),
@@ -342,12 +353,17 @@ impl PodController {
                     continue;
                 }
             };
-            let Some(spec) = resolved.containers.first() else {
+            let Some(mut spec) = resolved.containers.into_iter().next() else {
                 continue;
             };
+            spec.target_container = eph
+                .targets
+                .iter()
+                .find(|(n, _)| &**n == name)
+                .map(|(_, t)| t.to_string());
             match self
                 .provider
-                .start_ephemeral(&self.fence(), &rec.uid, spec)
+                .start_ephemeral(&self.fence(), &rec.uid, &spec)
                 .await
             {
                 Ok(()) => {
@@ -499,6 +515,31 @@ mod tests {
         let r = PodRecord::from_pod(&pod(json!([])), "vk", None, SystemTime::now()).unwrap();
         assert!(r.ephemeral.is_none());
         assert!(views(&r, None).is_empty());
+    }
+
+    /// `kubectl debug --profile=sysadmin` asks for a privileged container: the
+    /// node policy refuses it as it would a container of the Pod's own, and
+    /// only the ephemeral container being handed over is checked.
+    #[test]
+    fn privileged_ephemeral_containers_need_the_policy() {
+        let mut dbg = debugger();
+        dbg["securityContext"] = json!({"privileged": true});
+        let p = pending(&pod(json!([dbg, {"name": "plain", "image": "busybox"}])), "vk", &["debugger"])
+            .unwrap();
+        let e = spec::check_host_access(&spec::Policy::default(), &p).unwrap_err();
+        assert_eq!(e.reason, "PrivilegedNotAllowed");
+        assert!(
+            e.message.starts_with("ephemeral container debugger: securityContext.privileged"),
+            "{e}"
+        );
+        let allowed = spec::Policy {
+            allow_privileged: true,
+            ..spec::Policy::default()
+        };
+        assert_eq!(spec::check_host_access(&allowed, &p), Ok(()));
+        let p = pending(&pod(json!([dbg, {"name": "plain", "image": "busybox"}])), "vk", &["plain"])
+            .unwrap();
+        assert_eq!(spec::check_host_access(&spec::Policy::default(), &p), Ok(()));
     }
 
     /// A new entry gets a spec of its own, built as the Pod's containers are

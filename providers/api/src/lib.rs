@@ -149,6 +149,32 @@ pub struct ContainerSpec {
     /// sets them to that IP before the container starts, as the kubelet does.
     #[serde(default)]
     pub pod_ip_env: Vec<String>,
+    /// What the container's `securityContext` asks of the process's
+    /// privileges (a backend that runs the container elsewhere passes it on).
+    #[serde(default)]
+    pub security: SecurityContext,
+    /// An ephemeral container's `targetContainerName`: the container whose
+    /// process namespace it joins (`None` for the Pod's own containers).
+    #[serde(default)]
+    pub target_container: Option<String>,
+}
+
+/// The privilege fields of a container's `securityContext`, as written (the
+/// node policy has already refused what the node does not allow).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityContext {
+    /// `allowPrivilegeEscalation`; `None` is the runtime's default (allowed).
+    #[serde(default)]
+    pub allow_privilege_escalation: Option<bool>,
+    /// `capabilities.drop`, as written (`ALL`, `NET_RAW`, `CAP_KILL`, ...).
+    #[serde(default)]
+    pub drop_capabilities: Vec<String>,
+    /// `capabilities.add`, as written.
+    #[serde(default)]
+    pub add_capabilities: Vec<String>,
+    /// `privileged`.
+    #[serde(default)]
+    pub privileged: bool,
 }
 
 /// terminationMessagePath when the Pod does not say (the API server's default).

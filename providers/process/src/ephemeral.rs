@@ -205,11 +205,27 @@ impl ProcessProvider {
             init_containers: Vec::new(),
             ..pod.clone()
         };
+        let isolated = self.inner.isolated;
         let launch = self
-            // Ephemeral containers run without namespaces of their own.
-            .launches(&alone, &sb.root(), false)?
+            .launches(&alone, &sb.root(), isolated)?
             .pop()
             .ok_or_else(|| ProviderError::transient("no launch for the ephemeral container"))?;
+        if isolated {
+            // Namespaces of its own, as the Pod's containers have, in the
+            // Pod's network; its target's PID namespace is joined by the shim.
+            if let Some(target) = &c.target_container
+                && !others.iter().any(|o| &o.name == target)
+            {
+                return Err(ProviderError::invalid(
+                    "InvalidSpec",
+                    format!("ephemeral container {name}: no container {target:?} to target"),
+                ));
+            }
+            let plan = sb.ephemeral_mount_plan(name);
+            let own_network = rec.ip.is_some();
+            self.write_mount_plan(&sb, pod, c, &launch, own_network, &plan)
+                .map_err(crate::io_err(&plan))?;
+        }
         // Fresh: a leftover of an earlier attempt may hold an older environment.
         let env_file = sb.env_file(name);
         match std::fs::remove_file(&env_file) {

@@ -21,8 +21,11 @@ struct RunningContainer {
     /// The cgroup hierarchy the shim used, from spec.json.
     controllers: Option<cgroup::CgroupParent>,
     env_file: PathBuf,
-    /// With namespaces: the container's launcher, whose namespaces exec enters.
+    /// With namespaces: the container's launcher, whose namespaces (held
+    /// in `held`) exec enters.
     process: Option<i32>,
+    held: PathBuf,
+    privileges: crate::hardening::Privileges,
 }
 
 impl ProcessProvider {
@@ -71,13 +74,21 @@ impl ProcessProvider {
         let env_file = sb
             .ensure_env_file(&launch)
             .map_err(io_err(&sb.env_file(&launch.name)))?;
-        let memory = spec
+        let container_spec = spec
             .spec
             .init_containers
             .iter()
             .chain(&spec.spec.containers)
             .find(|c| c.name == container)
-            .and_then(|c| c.limits.memory_bytes);
+            .cloned()
+            .or_else(|| {
+                ephemeral::read_request(&sb, container)
+                    .ok()
+                    .flatten()
+                    .map(|r| r.spec)
+            })
+            .unwrap_or_default();
+        let memory = container_spec.limits.memory_bytes;
         Ok(RunningContainer {
             launch,
             cgroup: run.cgroup.clone(),
@@ -85,11 +96,9 @@ impl ProcessProvider {
             pids_limit: spec.pids_rlimit,
             controllers: spec.cgroup,
             env_file,
-            // Ephemeral containers run without namespaces of their own.
-            process: run
-                .process
-                .filter(|_| spec.isolated && spec.containers.iter().any(|l| l.name == container))
-                .map(|p| p.pid),
+            process: run.process.filter(|_| spec.isolated).map(|p| p.pid),
+            held: sb.held_namespaces(container),
+            privileges: crate::hardening::Privileges::of(&container_spec.security),
         })
     }
 
@@ -107,7 +116,11 @@ impl ProcessProvider {
             user: Some(self.inner.run_as),
             env_file: &run.env_file,
             cwd: &run.launch.cwd,
-            isolation: run.process.map(launch::Isolation::Enter),
+            isolation: run.process.map(|launcher| launch::Isolation::Enter {
+                launcher,
+                held: &run.held,
+            }),
+            privileges: run.privileges,
             argv: command,
         }
         .command(&self.inner.shim_exe)

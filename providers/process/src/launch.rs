@@ -44,24 +44,35 @@ pub struct LaunchArgs<'a> {
     pub env_file: &'a Path,
     pub cwd: &'a Path,
     pub isolation: Option<Isolation<'a>>,
+    /// What the program's processes may gain (`hardening`).
+    pub privileges: crate::hardening::Privileges,
     pub argv: &'a [String],
 }
 
 /// The namespaces a launch gets (see the module's docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isolation<'a> {
-    /// New ones, built from the mount plan in this file.
-    New(&'a Path),
-    /// Those of the container whose launcher is this process.
-    Enter(i32),
+    /// New ones, built from the mount plan in this file, held in `held`
+    /// once made (`isolation::hold`).
+    New { plan: &'a Path, held: &'a Path },
+    /// Those held in `held`, of the container whose launcher is `launcher`.
+    Enter { launcher: i32, held: &'a Path },
     /// New ones from the plan, but the PID namespace of the Pod's pause
     /// launcher (`shareProcessNamespace`).
-    Shared { plan: &'a Path, pause: i32 },
+    Shared {
+        plan: &'a Path,
+        held: &'a Path,
+        pause: i32,
+    },
+    /// New ones from the plan, but the PID namespace held in `target` (an
+    /// ephemeral container's `targetContainerName`).
+    Target {
+        plan: &'a Path,
+        held: &'a Path,
+        target: &'a Path,
+    },
     /// The Pod's pause process, the init of its shared PID namespace.
     Pause,
-    /// The Pod's network namespace only (an ephemeral container, which has
-    /// no namespaces of its own but shares the Pod's network).
-    Network(&'a Path),
 }
 
 /// The limits that the cgroup a process joins (`joined`, with the controllers
@@ -110,15 +121,27 @@ impl LaunchArgs<'_> {
         }
         flag("--env-file", self.env_file.into());
         flag("--cwd", self.cwd.into());
+        flag("--privileges", self.privileges.to_arg().into());
         match self.isolation {
-            Some(Isolation::New(plan)) => flag("--sandbox", plan.into()),
-            Some(Isolation::Enter(pid)) => flag("--enter", pid.to_string().into()),
-            Some(Isolation::Shared { plan, pause }) => {
+            Some(Isolation::New { plan, held }) => {
                 flag("--sandbox", plan.into());
+                flag("--held", held.into());
+            }
+            Some(Isolation::Enter { launcher, held }) => {
+                flag("--enter", launcher.to_string().into());
+                flag("--held", held.into());
+            }
+            Some(Isolation::Shared { plan, held, pause }) => {
+                flag("--sandbox", plan.into());
+                flag("--held", held.into());
                 flag("--share-pid", pause.to_string().into());
             }
+            Some(Isolation::Target { plan, held, target }) => {
+                flag("--sandbox", plan.into());
+                flag("--held", held.into());
+                flag("--share-held-pid", target.into());
+            }
             Some(Isolation::Pause) => a.push("--pause".into()),
-            Some(Isolation::Network(netns)) => flag("--netns", netns.into()),
             None => {}
         }
         a.push("--".into());
@@ -158,8 +181,16 @@ struct Request {
     share_pid: Option<i32>,
     /// This is the Pod's pause process.
     pause: bool,
-    /// The Pod's network namespace, joined first (an ephemeral container).
-    netns: Option<String>,
+    /// Where the container's namespaces are held: made there (`--sandbox`)
+    /// or entered from there (`--enter`).
+    held: Option<String>,
+    /// The PID namespace held there is joined (an ephemeral container's target).
+    share_held_pid: Option<String>,
+    /// What the program may gain.
+    privileges: crate::hardening::Privileges,
+    /// The second launcher's ends of the pipes to the first: it tells the
+    /// first when its namespaces are complete, then waits to be told to go on.
+    sync: Option<(i32, i32)>,
     /// The second launcher, in the container's PID namespace.
     stage2: bool,
     argv: Vec<String>,
@@ -197,7 +228,27 @@ fn parse(args: &[String]) -> Result<Request, String> {
                 r.share_pid = Some(pid.ok_or("--share-pid wants a process id")?);
             }
             "--pause" => r.pause = true,
-            "--netns" => r.netns = Some(it.next().ok_or("--netns wants a file")?.clone()),
+            "--held" => r.held = Some(it.next().ok_or("--held wants a directory")?.clone()),
+            "--share-held-pid" => {
+                r.share_held_pid = Some(
+                    it.next()
+                        .ok_or("--share-held-pid wants a directory")?
+                        .clone(),
+                );
+            }
+            "--privileges" => {
+                r.privileges = it
+                    .next()
+                    .and_then(|v| crate::hardening::Privileges::from_arg(v))
+                    .ok_or("--privileges wants CAPS:NNP")?;
+            }
+            "--sync" => {
+                let fds = it.next().and_then(|v| {
+                    let (w, r) = v.split_once(':')?;
+                    Some((w.parse().ok()?, r.parse().ok()?))
+                });
+                r.sync = Some(fds.ok_or("--sync wants WRITE:READ descriptors")?);
+            }
             "--stage2" => r.stage2 = true,
             "--user" => {
                 let user = it.next().and_then(|v| {
@@ -224,8 +275,15 @@ fn parse(args: &[String]) -> Result<Request, String> {
     {
         return Err("--sandbox, --enter and --pause exclude each other".into());
     }
-    if r.share_pid.is_some() && r.sandbox.is_none() {
-        return Err("--share-pid goes with --sandbox".into());
+    if (r.share_pid.is_some() || r.share_held_pid.is_some()) && r.sandbox.is_none() {
+        return Err("--share-pid and --share-held-pid go with --sandbox".into());
+    }
+    if r.share_pid.is_some() && r.share_held_pid.is_some() {
+        return Err("--share-pid and --share-held-pid exclude each other".into());
+    }
+    // Never a namespace looked up through what a container's processes are in now.
+    if r.enter.is_some() && r.held.is_none() {
+        return Err("--enter goes with --held".into());
     }
     Ok(r)
 }
@@ -268,20 +326,42 @@ fn read_plan(path: &str) -> Result<crate::isolation::MountPlan, String> {
 /// Signals to the container's process group reach the program directly;
 /// this launcher only absorbs them, so a SIGTERM leaves the program its grace.
 fn supervise(args: &[String], r: &Request) -> i32 {
-    if let Some(pid) = r.enter
-        && let Err(e) = await_program(pid)
-    {
-        eprintln!("process-launch: {e}");
-        return 126;
+    if let Some(pid) = r.enter {
+        if let Err(e) = await_program(pid) {
+            eprintln!("process-launch: {e}");
+            return 126;
+        }
+        let held = r.held.as_deref().map(Path::new).unwrap_or(Path::new(""));
+        let program = crate::isolation::program_of(pid);
+        if let Err(e) = crate::isolation::check_unchanged(held, program) {
+            eprintln!("process-launch: {e}");
+            return 126;
+        }
     }
-    let pid_ns = match r.enter.or(r.share_pid) {
-        Some(pid) => crate::isolation::join_pid(crate::isolation::program_of(pid)),
-        None => crate::isolation::new_pid_namespace(),
+    let pid_ns = match (r.enter, r.share_pid, &r.share_held_pid, &r.held) {
+        (Some(_), _, _, Some(held)) => crate::isolation::join_held_pid(Path::new(held)),
+        (None, Some(pause), _, _) => {
+            crate::isolation::join_pid(crate::isolation::program_of(pause))
+        }
+        (None, None, Some(target), _) => crate::isolation::join_held_pid(Path::new(target)),
+        _ => crate::isolation::new_pid_namespace(),
     };
     if let Err(e) = pid_ns {
         eprintln!("process-launch: the container's PID namespace: {e}");
         return 126;
     }
+    // A new container's namespaces are held once its second launcher has
+    // made them, before its program runs.
+    let mut hold = match r.held.as_deref().filter(|_| r.sandbox.is_some()) {
+        Some(dir) => match Sync::new() {
+            Ok(sync) => Some((Path::new(dir), sync)),
+            Err(e) => {
+                eprintln!("process-launch: {e}");
+                return 126;
+            }
+        },
+        None => None,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -308,11 +388,16 @@ fn supervise(args: &[String], r: &Request) -> i32 {
                 tokio::spawn(async move { while s.recv().await.is_some() {} });
             }
         }
-        let child = tokio::process::Command::new("/proc/self/exe")
-            .arg("process-launch")
-            .arg("--stage2")
-            .args(args)
-            .spawn();
+        let mut cmd = tokio::process::Command::new("/proc/self/exe");
+        cmd.arg("process-launch").arg("--stage2");
+        if let Some((_, sync)) = &hold {
+            cmd.arg("--sync").arg(sync.child_arg());
+        }
+        let child = cmd.args(args).spawn();
+        if let Some((_, sync)) = &mut hold {
+            // Its ends are the second launcher's alone: its end reads as EOF here.
+            sync.child_ends = None;
+        }
         let mut child = match child {
             Ok(c) => c,
             Err(e) => {
@@ -320,6 +405,22 @@ fn supervise(args: &[String], r: &Request) -> i32 {
                 return 126;
             }
         };
+        if let Some((dir, sync)) = hold {
+            let held = sync.await_ready().and_then(|()| {
+                let pid = child
+                    .id()
+                    .and_then(|p| i32::try_from(p).ok())
+                    .ok_or("the container's first process is gone")?;
+                crate::isolation::hold(dir, pid).map_err(|e| e.to_string())
+            });
+            let go = sync.release(held.is_ok());
+            if let Err(e) = held.and(go) {
+                eprintln!("process-launch: holding the container's namespaces: {e}");
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return 126;
+            }
+        }
         if let Err(e) = drop_to(r.user) {
             eprintln!("process-launch: {e}");
             let _ = child.start_kill();
@@ -334,6 +435,86 @@ fn supervise(args: &[String], r: &Request) -> i32 {
             }
         }
     })
+}
+
+/// The two pipes between the first launcher of a new container and its
+/// second: the second says when the namespaces are complete, the first holds
+/// them and says go on (or not). Nothing of the Pod runs until then.
+struct Sync {
+    ready: std::os::fd::OwnedFd,
+    go: std::os::fd::OwnedFd,
+    /// The second launcher's ends, closed here once it has them.
+    child_ends: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+}
+
+impl Sync {
+    fn new() -> Result<Self, String> {
+        use rustix::io::{FdFlags, fcntl_setfd};
+        let e = |e: rustix::io::Errno| format!("a pipe to the container's first process: {e}");
+        // Inherited by the second launcher: without close-on-exec.
+        let (ready, ready_w) = rustix::pipe::pipe().map_err(e)?;
+        let (go_r, go) = rustix::pipe::pipe().map_err(e)?;
+        fcntl_setfd(&ready, FdFlags::CLOEXEC).map_err(e)?;
+        fcntl_setfd(&go, FdFlags::CLOEXEC).map_err(e)?;
+        Ok(Self {
+            ready,
+            go,
+            child_ends: Some((ready_w, go_r)),
+        })
+    }
+
+    fn child_arg(&self) -> String {
+        use std::os::fd::AsRawFd;
+        match &self.child_ends {
+            Some((w, r)) => format!("{}:{}", w.as_raw_fd(), r.as_raw_fd()),
+            None => String::new(),
+        }
+    }
+
+    /// Waits until the second launcher says its namespaces are complete.
+    fn await_ready(&self) -> Result<(), String> {
+        let mut byte = [0u8];
+        match rustix::io::read(&self.ready, &mut byte) {
+            Ok(1) => Ok(()),
+            Ok(_) => {
+                Err("the container's first process ended before its namespaces were made".into())
+            }
+            Err(e) => Err(format!("waiting for the container's namespaces: {e}")),
+        }
+    }
+
+    /// Lets the second launcher go on (`ok`) or end.
+    fn release(self, ok: bool) -> Result<(), String> {
+        let byte = if ok { b"1" } else { b"0" };
+        rustix::io::write(&self.go, byte)
+            .map(|_| ())
+            .map_err(|e| format!("letting the container start: {e}"))
+    }
+
+    /// In the second launcher: says the namespaces are complete and waits
+    /// for the first to hold them.
+    #[allow(unsafe_code)]
+    fn child_ready((write, read): (i32, i32)) -> Result<(), String> {
+        use std::os::fd::FromRawFd;
+        if write < 3 || read < 3 || write == read {
+            return Err("bad --sync descriptors".into());
+        }
+        // SAFETY: the first launcher passed these two descriptors, open and
+        // owned by nothing else in this process; each is closed once here.
+        let (write, read) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(write),
+                std::os::fd::OwnedFd::from_raw_fd(read),
+            )
+        };
+        rustix::io::write(&write, b"1").map_err(|e| format!("telling the launcher: {e}"))?;
+        drop(write);
+        let mut byte = [0u8];
+        match rustix::io::read(&read, &mut byte) {
+            Ok(1) if byte == *b"1" => Ok(()),
+            _ => Err("the launcher could not hold the container's namespaces".into()),
+        }
+    }
 }
 
 /// The Pod's pause process: the init of its shared PID namespace, as the
@@ -379,12 +560,6 @@ pub fn main(args: &[String]) -> i32 {
             supervise(args, &r)
         };
     }
-    if let Some(netns) = &r.netns
-        && let Err(e) = crate::network::enter(Path::new(netns))
-    {
-        eprintln!("process-launch: the Pod's network namespace {netns}: {e}");
-        return 126;
-    }
     let env = match r.env_file.as_deref().map(read_env).transpose() {
         // A shim from before an upgrade passes the environment itself; it has no file.
         Ok(None) => std::env::vars_os().collect(),
@@ -420,14 +595,21 @@ pub fn main(args: &[String]) -> i32 {
         return supervise(args, &r);
     }
     let isolated = if let Some(plan) = &r.sandbox {
-        read_plan(plan).and_then(|p| crate::isolation::enter_new(&p).map_err(|e| e.to_string()))
-    } else if let Some(pid) = r.enter {
-        crate::isolation::join(crate::isolation::program_of(pid)).map_err(|e| e.to_string())
+        read_plan(plan)
+            .and_then(|p| crate::isolation::enter_new(&p).map_err(|e| e.to_string()))
+            .and_then(|()| r.sync.map_or(Ok(()), Sync::child_ready))
+    } else if let Some(held) = r.held.as_deref().filter(|_| r.enter.is_some()) {
+        crate::isolation::join_held(Path::new(held)).map_err(|e| e.to_string())
     } else {
         Ok(())
     };
     if let Err(e) = isolated {
         eprintln!("process-launch: the container's namespaces: {e}");
+        return 126;
+    }
+    // The runtime's privileges, set as root; the program starts with them.
+    if let Err(e) = r.privileges.apply() {
+        eprintln!("process-launch: {e}");
         return 126;
     }
     if let Err(e) = drop_to(r.user) {
@@ -440,6 +622,10 @@ pub fn main(args: &[String]) -> i32 {
         // Set after the identity changes, which would clear it.
         let _ =
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    }
+    if let Err(e) = r.privileges.finish() {
+        eprintln!("process-launch: {e}");
+        return 126;
     }
     // From here on, as the Pod's user: its working directory is entered with its rights.
     if let Some(dir) = &r.cwd
@@ -517,7 +703,15 @@ mod tests {
             user: Some((65534, 65534)),
             env_file: Path::new("/s/env/c.json"),
             cwd: Path::new("/s/root"),
-            isolation: Some(Isolation::Enter(42)),
+            isolation: Some(Isolation::Enter {
+                launcher: 42,
+                held: Path::new("/state/ns/u/c"),
+            }),
+            privileges: crate::hardening::Privileges::of(&vkd_provider::SecurityContext {
+                drop_capabilities: vec!["ALL".into()],
+                allow_privilege_escalation: Some(false),
+                ..Default::default()
+            }),
             argv: &argv,
         };
         let cmd = la.command(Path::new("/vkd"));
@@ -532,6 +726,9 @@ mod tests {
         assert_eq!(r.user, Some((65534, 65534)));
         assert_eq!(r.cwd.as_deref(), Some("/s/root"));
         assert_eq!(r.enter, Some(42));
+        assert_eq!(r.held.as_deref(), Some("/state/ns/u/c"));
+        assert_eq!(r.privileges, la.privileges);
+        assert!(r.privileges.no_new_privs);
         assert_eq!(r.argv, argv);
     }
 
@@ -572,6 +769,11 @@ mod tests {
             &["--cwd"],
             &["--"],
             &["--enter", "0", "--", "x"],
+            // exec enters only what vkd holds, never a lookup through the container
+            &["--enter", "5", "--", "x"],
+            &["--privileges", "zz:0", "--", "x"],
+            &["--sync", "5", "--", "x"],
+            &["--share-held-pid", "/h", "--", "x"],
             &["--enter", "1", "--sandbox", "/p", "--", "x"],
             &["--share-pid", "5", "--", "x"],
             &["--pause", "--enter", "5", "--", "x"],

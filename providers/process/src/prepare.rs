@@ -182,11 +182,16 @@ impl ProcessProvider {
                     // tmpfs of sizeLimit, else of the host's memory, as the
                     // kubelet sizes it. Without, a directory (documented).
                     if *memory && self.inner.isolated {
+                        // As the kubelet sizes it: the smallest of sizeLimit,
+                        // the Pod's memory limit (where every container has
+                        // one) and the host's memory. A tmpfs's pages are not
+                        // charged where limits are rlimits, so without this a
+                        // Pod could fill the host's memory through it.
                         let host = crate::procfs::mem_total().filter(|m| *m > 0);
-                        let size = match (*size_limit, host) {
-                            (Some(l), Some(h)) => Some(l.min(h)),
-                            (l, h) => l.or(h),
-                        };
+                        let size = [*size_limit, pod_memory_limit(spec), host]
+                            .into_iter()
+                            .flatten()
+                            .min();
                         crate::isolation::mount_tmpfs(&vdir, size).map_err(|err| {
                             ProviderError::transient(format!("building the sandbox: {err}"))
                         })?;
@@ -251,6 +256,12 @@ impl ProcessProvider {
                 let link = dir.join(rel.file_name().unwrap_or_default());
                 match std::fs::read_link(&link) {
                     Ok(existing) if existing == target => continue,
+                    // With namespaces each container mounts at its own paths
+                    // (its mount plan); the links serve only the Pod's root
+                    // without them, where containers share one.
+                    Ok(_) | Err(_) if self.inner.isolated && link.symlink_metadata().is_ok() => {
+                        continue;
+                    }
                     Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
                         return Err(ProviderError::invalid(
                             "InvalidSpec",
@@ -392,18 +403,35 @@ impl ProcessProvider {
         }
         let specs = spec.init_containers.iter().chain(&spec.containers);
         for (i, (c, l)) in specs.zip(launches).enumerate() {
-            let mut plan = mount_plan(self, sb, c, l, &hostname);
-            if let Some(net) = &self.inner.network {
-                // No container holds another Pod's network namespace alive.
-                plan.detach.push(net.netns_dir().to_owned());
-                if pod_ip.is_some() {
-                    plan.netns = Some(net.netns_dir().join(&spec.pod.uid));
-                }
-            }
-            let json = serde_json::to_vec(&plan).map_err(std::io::Error::other)?;
-            sandbox::write_atomic(&sb.mount_plan(i), &json, 0o600)?;
+            self.write_mount_plan(sb, spec, c, l, pod_ip.is_some(), &sb.mount_plan(i))?;
         }
         Ok(())
+    }
+
+    /// Container `c`'s mount plan (see [`mount_plan`]), in the Pod's network
+    /// namespace where it has one (`own_network`), written to `to`.
+    pub(crate) fn write_mount_plan(
+        &self,
+        sb: &Sandbox,
+        spec: &InstanceSpec,
+        c: &vkd_provider::ContainerSpec,
+        l: &Launch,
+        own_network: bool,
+        to: &Path,
+    ) -> std::io::Result<()> {
+        let mut plan = mount_plan(self, sb, c, l, &pod_hostname(&spec.pod.name));
+        if let Some(net) = &self.inner.network {
+            // No container holds another Pod's network namespace alive.
+            plan.detach.push(net.netns_dir().to_owned());
+            if own_network {
+                plan.netns = Some(net.netns_dir().join(&spec.pod.uid));
+            }
+        }
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let json = serde_json::to_vec(&plan).map_err(std::io::Error::other)?;
+        sandbox::write_atomic(to, &json, 0o600)
     }
 }
 
@@ -432,37 +460,31 @@ fn mount_plan(
         read_only,
         optional: false,
         within: None,
+        allow_suid: false,
     };
     let mut binds = vec![bind(sb.dir.clone(), sb.dir.clone(), false)];
     for f in ["hosts", "hostname", "resolv.conf"] {
         binds.push(bind(sb.etc().join(f), Path::new("/etc").join(f), false));
     }
+    let image = p.inner.config.image(&c.image);
     // The programs an image maps to are where they are on the host, even
-    // under /tmp, which is the container's own: their directories (the
-    // program's and its PATH) are shown there, read-only.
-    let path = l
-        .env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str());
-    let program_dir = l.argv.first().and_then(|p| Path::new(p).parent());
-    let mut image_dirs: Vec<PathBuf> = path
-        .into_iter()
-        .flat_map(|p| p.split(':'))
-        .map(PathBuf::from)
-        .chain(program_dir.map(Path::to_owned))
-        .filter(|d| d.starts_with("/tmp") && d.is_dir() && !d.starts_with(&p.inner.dir))
-        .collect();
-    image_dirs.sort();
-    image_dirs.dedup();
-    for d in image_dirs {
+    // under /tmp, which is the container's own: their directories are shown
+    // there, read-only. Only what the operator's image mapping names (its
+    // PATH and entrypoint), never the Pod's own PATH or command: nothing a
+    // Pod writes chooses what is mounted into it.
+    let state = std::fs::canonicalize(&p.inner.dir).unwrap_or_else(|_| p.inner.dir.clone());
+    for d in image.map(|i| image_dirs(i, &state)).unwrap_or_default() {
         binds.push(bind(d.clone(), d, true));
     }
-    // The image's own files, read-only; a volume at the same path wins.
-    if let Some(image) = p.inner.config.image(&c.image) {
+    // The image's own files, read-only; a volume at the same path wins. A
+    // setuid program among them keeps its bit only when root does not own
+    // it (no Pod becomes host root through its image).
+    if let Some(image) = image {
         for (at, source) in &image.files {
-            binds.push(bind(source.clone(), at.clone(), true));
+            binds.push(Bind {
+                allow_suid: suid_allowed(source),
+                ..bind(source.clone(), at.clone(), true)
+            });
         }
     }
     let mut mounts: Vec<&vkd_provider::Mount> = c.mounts.iter().collect();
@@ -503,6 +525,56 @@ fn mount_plan(
         netns: None,
         detach: Vec::new(),
     }
+}
+
+/// The Pod's memory limit, the sum of its containers' where each has one
+/// (an init container's alone where it is larger), as the kubelet reckons it.
+fn pod_memory_limit(spec: &InstanceSpec) -> Option<u64> {
+    let sum = spec
+        .containers
+        .iter()
+        .map(|c| c.limits.memory_bytes)
+        .try_fold(0u64, |a, m| Some(a.saturating_add(m?)))?;
+    let init = spec
+        .init_containers
+        .iter()
+        .map(|c| c.limits.memory_bytes)
+        .try_fold(0u64, |a, m| Some(a.max(m?)))?;
+    Some(sum.max(init))
+}
+
+/// The directories under the host's /tmp that an image mapping names (its
+/// `path` and its entrypoint's directory), resolved: what a container's own
+/// /tmp would hide. A name that resolves elsewhere (`/tmp/../proc`) or into
+/// vkd's state is not one of them.
+fn image_dirs(image: &crate::config::ImageMap, state: &Path) -> Vec<PathBuf> {
+    let entry = image
+        .entrypoint
+        .first()
+        .and_then(|p| Path::new(p).parent().map(Path::to_owned));
+    let mut dirs: Vec<PathBuf> = image
+        .search_path()
+        .split(':')
+        .map(PathBuf::from)
+        .chain(entry)
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .filter(|d| {
+            d.starts_with("/tmp") && d != Path::new("/tmp") && !d.starts_with(state) && d.is_dir()
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// Whether an image's file may keep a setuid or setgid bit: not when root
+/// (uid or gid 0) would be what it gives.
+fn suid_allowed(source: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(source).is_ok_and(|m| {
+        let (setuid, setgid) = (m.mode() & 0o4000 != 0, m.mode() & 0o2000 != 0);
+        !(setuid && m.uid() == 0) && !(setgid && m.gid() == 0)
+    })
 }
 
 /// terminationMessagePath as a path under the Pod's root, resolved the way an

@@ -196,6 +196,29 @@ impl Sandbox {
         self.dir.join("mounts").join(format!("{index}.json"))
     }
 
+    /// Ephemeral container `name`'s mount plan.
+    pub fn ephemeral_mount_plan(&self, name: &str) -> PathBuf {
+        self.dir
+            .join("mounts")
+            .join(format!("ephemeral-{name}.json"))
+    }
+
+    /// With namespaces: where vkd holds the namespaces of this Pod's
+    /// containers, `<state>/ns/<uid>`, outside the sandbox (which every
+    /// container of the Pod sees), on a mount of its own.
+    pub fn held_root(&self) -> PathBuf {
+        let uid = self.dir.file_name().unwrap_or_default();
+        match self.dir.parent().and_then(Path::parent) {
+            Some(state) => state.join("ns").join(uid),
+            None => self.dir.join("ns"),
+        }
+    }
+
+    /// Where container `container`'s namespaces are held (see `isolation::hold`).
+    pub fn held_namespaces(&self, container: &str) -> PathBuf {
+        self.held_root().join(container)
+    }
+
     /// With namespaces: each container's termination message file, by
     /// container name, bound at its terminationMessagePath.
     pub fn termination_dir(&self) -> PathBuf {

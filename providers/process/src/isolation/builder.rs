@@ -7,7 +7,10 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::mount::MountFlags;
 
-use super::{DEVICES, IsolationError, OWN, Result, err, errno, read_only, tmpfs};
+use super::{
+    DEVICES, IsolationError, NODEV, NOEXEC, NOSUID, OWN, RDONLY, Result, err, errno, restrict,
+    tmpfs,
+};
 
 /// Assembles a container's root.
 pub(super) struct Builder<'a> {
@@ -43,9 +46,9 @@ impl Builder<'_> {
                 std::fs::File::create(&dst).map_err(err("making", &dst))?;
             }
             rustix::mount::mount_bind_recursive(&src, &dst).map_err(errno("binding", &dst))?;
-            if self.read_only {
-                read_only(&dst)?;
-            }
+            // A setuid program or a device node of the host gives a Pod nothing.
+            let ro = if self.read_only { RDONLY } else { 0 };
+            restrict(&dst, NOSUID | NODEV | ro)?;
         }
         Ok(())
     }
@@ -68,7 +71,7 @@ impl Builder<'_> {
         .map_err(errno("mounting proc on", &proc))?;
         let sys = at("sys");
         rustix::mount::mount_bind_recursive("/sys", &sys).map_err(errno("binding", &sys))?;
-        read_only(&sys)?;
+        restrict(&sys, RDONLY | NOSUID | NODEV | NOEXEC)?;
         tmpfs(&at("tmp"), "mode=1777")?;
         let dev = at("dev");
         tmpfs(&dev, "mode=0755")?;

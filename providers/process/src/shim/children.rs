@@ -66,6 +66,7 @@ impl Shim {
             env_file: Path::new("/dev/null"),
             cwd: Path::new("/"),
             isolation: Some(crate::launch::Isolation::Pause),
+            privileges: crate::hardening::Privileges::default(),
             argv: &["pause".to_owned()],
         };
         let mut cmd = tokio::process::Command::from(args.command(Path::new("/proc/self/exe")));

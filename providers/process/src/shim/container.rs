@@ -144,11 +144,16 @@ impl Shim {
             Err(why) => return (Ended::StartFailed(why), false, None),
         };
         let index = self.launch_index(i, init);
-        let (mut child, run) =
-            match self.spawn_run(spec, launch, &writer, cgroup.as_deref(), Some(index)) {
-                Ok(r) => r,
-                Err(why) => return (Ended::StartFailed(why), false, None),
-            };
+        let (mut child, run) = match self.spawn_run(
+            spec,
+            launch,
+            &writer,
+            cgroup.as_deref(),
+            Some(self.sandbox.mount_plan(index)),
+        ) {
+            Ok(r) => r,
+            Err(why) => return (Ended::StartFailed(why), false, None),
+        };
         self.set_stdin(index, child.stdin.take());
         if self.spec.isolated {
             await_program(&mut child, run.process).await;

@@ -187,7 +187,21 @@ impl Shim {
             Ok(p) => p,
             Err(why) => return fail(why),
         };
-        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref(), None)
+        // With namespaces, its own (built from the plan the provider wrote);
+        // a request from a vkd that wrote none is refused, never run on the host.
+        let plan = self.sandbox.ephemeral_mount_plan(&spec.name);
+        if self.spec.isolated && !plan.is_file() {
+            if let Some(cg) = &cgroup {
+                let _ = std::fs::remove_dir(cg);
+            }
+            return fail(
+                "no mount plan for this ephemeral container (requested through a vkd from \
+                 before ephemeral containers had namespaces of their own); add it again"
+                    .into(),
+            );
+        }
+        let plan = self.spec.isolated.then_some(plan);
+        let (mut child, run) = match self.spawn_run(spec, launch, &writer, cgroup.as_deref(), plan)
         {
             Ok(r) => r,
             Err(why) => {

@@ -123,9 +123,13 @@ impl Shim {
             .map(|p| p.join(&spec.name))
             .filter(|d| d.is_dir());
         // With namespaces, in the container's own.
+        let held = self.sandbox.held_namespaces(&spec.name);
         let isolation = if self.spec.isolated {
             match self.process_of(&spec.name) {
-                Some(p) => Some(crate::launch::Isolation::Enter(p.pid)),
+                Some(p) => Some(crate::launch::Isolation::Enter {
+                    launcher: p.pid,
+                    held: &held,
+                }),
                 None => return Verdict::Failure("the container is not running".into()),
             }
         } else {

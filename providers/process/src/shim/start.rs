@@ -71,6 +71,7 @@ impl Shim {
             env_file: &env_file,
             cwd: &launch.cwd,
             isolation,
+            privileges: crate::hardening::Privileges::of(&spec.security),
             argv,
         };
         // The launcher is this very program, never a path a file names.
@@ -110,36 +111,39 @@ impl Shim {
 
     /// Starts the container's process, in `cgroup`, its output pumped into
     /// `writer`. Fails with why it did not start.
-    /// With namespaces, `index` (the launch's) names its mount plan; an
-    /// ephemeral container (no index) runs as a host process, as it does
-    /// without namespaces (docs/process-provider.md).
+    /// With namespaces, `plan` names its mount plan (an ephemeral container's
+    /// too, which joins its target's PID namespace where it names one).
     pub(super) fn spawn_run(
         &self,
         spec: &ContainerSpec,
         launch: &Launch,
         writer: &Arc<Mutex<LogWriter>>,
         cgroup: Option<&Path>,
-        index: Option<usize>,
+        plan: Option<PathBuf>,
     ) -> Result<(tokio::process::Child, Run), String> {
         let oom_before = cgroup.map_or(0, oom_kills);
         let program = launch.argv.first().map_or("", String::as_str);
-        let plan = index.map(|i| self.sandbox.mount_plan(i));
         let pause = lock(&self.status).pause.map(|p| p.pid);
-        // An ephemeral container (no plan) still shares the Pod's network.
-        let netns = match (&plan, &self.spec.pod_ip) {
-            (None, Some(_)) => crate::network::attachment_of(&self.sandbox.dir)
-                .ok()
-                .flatten()
-                .map(|a| a.netns),
-            _ => None,
-        };
-        let isolation = match (plan.as_deref().filter(|_| self.spec.isolated), &netns) {
-            (Some(plan), _) => Some(match pause {
-                Some(pause) => crate::launch::Isolation::Shared { plan, pause },
-                None => crate::launch::Isolation::New(plan),
+        let held = self.sandbox.held_namespaces(&spec.name);
+        let target = spec
+            .target_container
+            .as_deref()
+            .map(|t| self.sandbox.held_namespaces(t));
+        let isolation = match plan.as_deref().filter(|_| self.spec.isolated) {
+            Some(plan) => Some(match (&target, pause) {
+                (Some(target), _) => crate::launch::Isolation::Target {
+                    plan,
+                    held: &held,
+                    target,
+                },
+                (None, Some(pause)) => crate::launch::Isolation::Shared {
+                    plan,
+                    held: &held,
+                    pause,
+                },
+                (None, None) => crate::launch::Isolation::New { plan, held: &held },
             }),
-            (None, Some(netns)) => Some(crate::launch::Isolation::Network(netns)),
-            (None, None) => None,
+            None => None,
         };
         let mut child = self
             .command(launch, &launch.argv, spec, cgroup, isolation)
