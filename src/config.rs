@@ -148,6 +148,12 @@ pub struct RunArgs {
     /// the descriptor limit (`ulimit -n`). Default 512.
     #[arg(long, env = "VKD_KUBELET_API_MAX_CONNECTIONS")]
     pub kubelet_api_max_connections: Option<usize>,
+    /// Most of those one client address may hold, so that one Pod (or any
+    /// one peer) flooding the port leaves the rest to the API server and
+    /// scrapers; past it that peer's new connections are closed at once.
+    /// Default a quarter of --kubelet-api-max-connections (128).
+    #[arg(long, env = "VKD_KUBELET_API_MAX_CONNECTIONS_PER_PEER")]
+    pub kubelet_api_max_connections_per_peer: Option<usize>,
     /// How long a kubelet API client may take to send a request's headers,
     /// counted from the TLS handshake or the request's first byte (`30s`).
     #[arg(long, env = "VKD_KUBELET_API_HEADER_TIMEOUT")]
@@ -235,6 +241,11 @@ pub struct RunArgs {
     /// Whether hostPath volumes are allowed (default false).
     #[arg(long, env = "VKD_ALLOW_HOST_PATH")]
     pub allow_host_path: Option<bool>,
+    /// Whether Pods may use the host's namespaces (hostNetwork, hostPID,
+    /// hostIPC), privileged containers, or capabilities beyond the container
+    /// runtime's default set (default false: each hands a Pod the host).
+    #[arg(long, env = "VKD_ALLOW_PRIVILEGED")]
+    pub allow_privileged: Option<bool>,
     /// `aggregate`: one Node for the whole backend; `per-host`: one Node per host
     /// slice, named `<node-name>-<host>`, each on its own kubelet port from --kubelet-port up.
     #[arg(long, env = "VKD_NODE_MODE", value_enum)]
@@ -309,6 +320,7 @@ struct FileConfig {
     kubelet_port: Option<u16>,
     kubelet_bind: Option<IpAddr>,
     kubelet_api_max_connections: Option<usize>,
+    kubelet_api_max_connections_per_peer: Option<usize>,
     kubelet_api_header_timeout: Option<String>,
     kubelet_api_idle_timeout: Option<String>,
     tls_cert_file: Option<PathBuf>,
@@ -335,6 +347,7 @@ struct FileConfig {
     allow_secrets: Option<bool>,
     allow_config_maps: Option<bool>,
     allow_host_path: Option<bool>,
+    allow_privileged: Option<bool>,
     node_mode: Option<NodeMode>,
     queue_timeout: Option<String>,
     leader_elect: Option<bool>,
@@ -525,6 +538,17 @@ impl Config {
         } else {
             args.allowed_namespaces
         };
+        let kubelet_port = args.kubelet_port.or(file.kubelet_port).unwrap_or(10250);
+        let admin_port = args.admin_port.or(file.admin_port).unwrap_or(10256);
+        if kubelet_port == 0 {
+            return Err(bad("kubelet-port", "must be 1 to 65535"));
+        }
+        if admin_port == kubelet_port {
+            return Err(bad(
+                "admin-port",
+                format!("{admin_port} is also the kubelet port"),
+            ));
+        }
         let policy = crate::pods::spec::Policy {
             allowed_namespaces: allowed_namespaces
                 .into_iter()
@@ -539,18 +563,19 @@ impl Config {
                 .allow_host_path
                 .or(file.allow_host_path)
                 .unwrap_or(false),
+            allow_privileged: args
+                .allow_privileged
+                .or(file.allow_privileged)
+                .unwrap_or(false),
+            // Per-host mode adds the other nodes' kubelet ports (`crate::run`).
+            node_ports: BTreeMap::from([
+                (
+                    kubelet_port,
+                    "vkd's kubelet API (--kubelet-port)".to_owned(),
+                ),
+                (admin_port, "vkd's admin server (--admin-port)".to_owned()),
+            ]),
         };
-        let kubelet_port = args.kubelet_port.or(file.kubelet_port).unwrap_or(10250);
-        let admin_port = args.admin_port.or(file.admin_port).unwrap_or(10256);
-        if kubelet_port == 0 {
-            return Err(bad("kubelet-port", "must be 1 to 65535"));
-        }
-        if admin_port == kubelet_port {
-            return Err(bad(
-                "admin-port",
-                format!("{admin_port} is also the kubelet port"),
-            ));
-        }
         let node_address = match args.node_address.or(file.node_address) {
             Some(a) => a,
             None => match std::env::var("POD_IP") {
@@ -664,13 +689,27 @@ impl Config {
             args.kube_idle_timeout.or(file.kube_idle_timeout),
             10,
         )?;
+        let max_connections = match args
+            .kubelet_api_max_connections
+            .or(file.kubelet_api_max_connections)
+        {
+            None => crate::kubelet_api::DEFAULT_MAX_CONNECTIONS,
+            Some(0) => return Err(bad("kubelet-api-max-connections", "must be at least 1")),
+            Some(n) => n,
+        };
         let kubelet_api = crate::kubelet_api::Limits {
-            max_connections: match args
-                .kubelet_api_max_connections
-                .or(file.kubelet_api_max_connections)
+            max_connections,
+            max_connections_per_peer: match args
+                .kubelet_api_max_connections_per_peer
+                .or(file.kubelet_api_max_connections_per_peer)
             {
-                None => crate::kubelet_api::DEFAULT_MAX_CONNECTIONS,
-                Some(0) => return Err(bad("kubelet-api-max-connections", "must be at least 1")),
+                None => crate::kubelet_api::default_per_peer(max_connections),
+                Some(0) => {
+                    return Err(bad(
+                        "kubelet-api-max-connections-per-peer",
+                        "must be at least 1",
+                    ));
+                }
                 Some(n) => n,
             },
             header_timeout: duration(
@@ -860,6 +899,11 @@ mod tests {
         );
         assert!(c.policy.allowed_namespaces.is_empty() && !c.policy.allow_host_path);
         assert!(c.policy.allow_secrets && c.policy.allow_config_maps);
+        assert!(!c.policy.allow_privileged);
+        assert_eq!(
+            c.policy.node_ports.keys().copied().collect::<Vec<_>>(),
+            [10250, 10256]
+        );
     }
 
     #[test]
@@ -868,9 +912,30 @@ mod tests {
         a.allowed_namespaces = vec!["team-a".into(), "team-b".into()];
         a.allow_secrets = Some(false);
         a.allow_host_path = Some(true);
+        a.allow_privileged = Some(true);
+        a.kubelet_port = Some(11250);
         let c = Config::from_args(a).unwrap();
         assert_eq!(c.policy.allowed_namespaces, ["team-a", "team-b"]);
         assert!(!c.policy.allow_secrets && c.policy.allow_host_path);
+        assert!(c.policy.allow_privileged);
+        assert!(c.policy.node_ports[&11250].contains("--kubelet-port"));
+        assert!(c.policy.node_ports[&10256].contains("--admin-port"));
+        // The flags as written on a command line.
+        let Command::Run(run) = Cli::try_parse_from([
+            "vkd",
+            "run",
+            "--allow-privileged",
+            "true",
+            "--kubelet-api-max-connections-per-peer",
+            "64",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not run");
+        };
+        assert_eq!(run.allow_privileged, Some(true));
+        assert_eq!(run.kubelet_api_max_connections_per_peer, Some(64));
         // The process provider runs without a config file (no image mapped); sim does not.
         let mut a = args("vk");
         a.provider_config = None;
@@ -921,6 +986,7 @@ mod tests {
     fn kubelet_api_limits_are_read() {
         let c = Config::from_args(args("vk")).unwrap();
         assert_eq!(c.kubelet_api, crate::kubelet_api::Limits::default());
+        assert_eq!(c.kubelet_api.max_connections_per_peer, 128);
         assert_eq!(c.kubelet_bind, IpAddr::from([0, 0, 0, 0]));
         let mut a = args("vk");
         a.kubelet_api_max_connections = Some(8);
@@ -928,8 +994,28 @@ mod tests {
         a.kubelet_api_idle_timeout = Some("2m".into());
         let c = Config::from_args(a).unwrap().kubelet_api;
         assert_eq!(c.max_connections, 8);
+        assert_eq!(c.max_connections_per_peer, 2, "a quarter of the slots");
         assert_eq!(c.header_timeout, Duration::from_secs(5));
         assert_eq!(c.idle_timeout, Duration::from_secs(120));
+        let mut a = args("vk");
+        a.kubelet_api_max_connections = Some(3);
+        let c = Config::from_args(a).unwrap().kubelet_api;
+        assert_eq!(c.max_connections_per_peer, 1, "never none");
+        let mut a = args("vk");
+        a.kubelet_api_max_connections_per_peer = Some(64);
+        assert_eq!(
+            Config::from_args(a)
+                .unwrap()
+                .kubelet_api
+                .max_connections_per_peer,
+            64
+        );
+        let mut a = args("vk");
+        a.kubelet_api_max_connections_per_peer = Some(0);
+        assert_eq!(
+            Config::from_args(a).unwrap_err().field,
+            "kubelet-api-max-connections-per-peer"
+        );
         let mut a = args("vk");
         a.kubelet_api_max_connections = Some(0);
         assert_eq!(
@@ -951,7 +1037,8 @@ mod tests {
         let path = dir.join("vkd.yaml");
         std::fs::write(
             &path,
-            "node-name: from-file\nkubelet-port: 11250\nnode-labels: {zone: a}\nnode-taints: [none]\n",
+            "node-name: from-file\nkubelet-port: 11250\nnode-labels: {zone: a}\nnode-taints: [none]\n\
+             allow-privileged: true\nkubelet-api-max-connections-per-peer: 16\n",
         )
         .unwrap();
         let mut a = args("from-flag");
@@ -961,6 +1048,8 @@ mod tests {
         assert_eq!(c.kubelet_port, 11250);
         assert_eq!(c.node_labels["zone"], "a");
         assert!(c.node_taints.is_empty());
+        assert!(c.policy.allow_privileged);
+        assert_eq!(c.kubelet_api.max_connections_per_peer, 16);
         std::fs::write(&path, "node-nmae: typo\n").unwrap();
         let mut a = args("x");
         a.config = Some(path);

@@ -342,7 +342,17 @@ async fn act(
     };
     let mut controllers = Vec::new();
     let mut registered = Vec::new();
-    for (name, host, port) in nodes(cfg, provider.as_ref()).await? {
+    let nodes = nodes(cfg, provider.as_ref()).await?;
+    // Every node's kubelet port is the node's, not a Pod's (per-host mode
+    // listens on one per host, from --kubelet-port up).
+    let mut policy = cfg.policy.clone();
+    for (name, _, port) in &nodes {
+        policy
+            .node_ports
+            .entry(*port)
+            .or_insert_with(|| format!("vkd's kubelet API of node {name}"));
+    }
+    for (name, host, port) in nodes {
         let fence = vkd_provider::Fence {
             node: name.clone(),
             epoch,
@@ -365,7 +375,7 @@ async fn act(
                 create_concurrency: cfg.create_concurrency,
                 qps: cfg.kube_qps,
                 burst: cfg.kube_burst,
-                policy: cfg.policy.clone(),
+                policy: policy.clone(),
                 host: host.clone(),
                 queue_timeout: cfg.queue_timeout,
                 gc_interval: cfg.gc_interval,

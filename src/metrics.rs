@@ -61,6 +61,7 @@ pub struct Metrics {
     api_writes: Family<Labels, Counter>,
     api_throttled: Counter<f64, std::sync::atomic::AtomicU64>,
     events_dropped: Counter,
+    kubelet_api_refused: Family<Labels, Counter>,
     lease_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     provider_duration: Family<Labels, Histogram, fn() -> Histogram>,
     provider_errors: Family<Labels, Counter>,
@@ -115,6 +116,7 @@ impl Default for Metrics {
             api_writes: reg!("api_writes", "Writes to the API server for Pods, by kind", Family::default()),
             api_throttled: reg!("api_throttled_seconds", "Time Pod writes waited for the client rate limiter", Counter::default()),
             events_dropped: reg!("events_dropped", "Pod Events not sent: over --event-qps (InstanceCreated only) or too many waiting for the API server", Counter::default()),
+            kubelet_api_refused: reg!("kubelet_api_connections_refused", "Kubelet API connections closed as soon as accepted: every slot taken (limit) or the peer address holding its share (peer_limit)", Family::default()),
             lease_age: reg!("node_lease_renewal_age_seconds", "Seconds since the node lease was last renewed", Gauge::default()),
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
             provider_errors: reg!("provider_errors", "Failed provider calls by operation and kind", Family::default()),
@@ -174,6 +176,11 @@ impl Metrics {
         for kind in ["status", "delete", "event"] {
             let _ = self.api_writes.get_or_create(&labels(&[("kind", kind)]));
         }
+        for reason in ["limit", "peer_limit"] {
+            let _ = self
+                .kubelet_api_refused
+                .get_or_create(&labels(&[("reason", reason)]));
+        }
         self
     }
 
@@ -187,6 +194,13 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+
+    /// A kubelet API connection closed at accept, by `reason` (`limit`, `peer_limit`).
+    pub fn kubelet_api_refused(&self, reason: &str) {
+        self.kubelet_api_refused
+            .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
     }
 
     pub fn reconciled(&self, outcome: &str, took: Duration) {
@@ -512,6 +526,22 @@ mod tests {
         };
         provider.start_ephemeral(&fence, "u1", &c).await.unwrap();
         assert_eq!(fake.calls(Some("start_ephemeral")), 1);
+    }
+
+    #[test]
+    fn kubelet_api_refusals_are_counted_by_reason() {
+        let m = Metrics::default();
+        let text = m.render();
+        for reason in ["limit", "peer_limit"] {
+            let zero =
+                format!("vkd_kubelet_api_connections_refused_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&zero), "{text}");
+        }
+        m.kubelet_api_refused("peer_limit");
+        assert!(
+            m.render()
+                .contains("vkd_kubelet_api_connections_refused_total{reason=\"peer_limit\"} 1")
+        );
     }
 
     #[test]

@@ -335,12 +335,23 @@ fn run_on_node(
         "--replicas=0",
     ])?;
     let ca = cluster.env("VKD_E2E_KUBELET_CLIENT_CA")?;
+    // "Downward API should provide host IP and pod IP as an env var if pod
+    // uses host network" runs a hostNetwork Pod, which the node policy
+    // refuses by default; no other selected spec uses host namespaces,
+    // privileged containers or added capabilities.
     let vkd = Vkd::start_provider(
         cluster,
         NODE,
         "process",
         config,
-        &["--node-taint", "none", "--client-ca-file", ca],
+        &[
+            "--node-taint",
+            "none",
+            "--client-ca-file",
+            ca,
+            "--allow-privileged",
+            "true",
+        ],
     )?;
     wait_for("the vkd node to be Ready", Duration::from_secs(60), || {
         let node = cluster.kubectl_json(&["get", "node", NODE])?;

@@ -27,6 +27,10 @@ fn main() -> ExitCode {
             "twenty_pods_and_a_sigkill_of_vkd_give_every_ip_back",
             twenty_pods_and_a_sigkill,
         ),
+        (
+            "a_tenant_stays_in_its_sandbox_through_exec_probes_path_and_debug",
+            a_tenant_stays_in_its_sandbox,
+        ),
     ]);
     if let Some(Ok(n)) = NET.lock().unwrap_or_else(|p| p.into_inner()).take() {
         n.tear_down();
@@ -405,6 +409,204 @@ fn twenty_pods_and_a_sigkill(c: &Cluster) -> Result<()> {
         wait_for("every IP back in the pool", Duration::from_secs(30), || {
             Ok((net.reserved().is_empty() && net.namespaces() == 0).then_some(()))
         })?;
+        Ok(())
+    })?
+    else {
+        return Ok(());
+    };
+    Ok(())
+}
+
+/// The attacks a hostile tenant tried on a process node with namespaces and
+/// a CNI network, each with its Pod spec, through the real kubectl: its own
+/// user namespace (`unshare -Urm`) for an exec and an exec probe to enter,
+/// a setuid-root program of the host, `PATH` tricks that bound the host's
+/// /proc and every Pod's sandbox, and `kubectl debug` reading another Pod's
+/// Secret. What the tenant now sees is asserted; a normal Pod still pings.
+fn a_tenant_stays_in_its_sandbox(c: &Cluster) -> Result<()> {
+    let Some(()) = with_net(c, |net| {
+        let state = std::fs::canonicalize(&net.vkd.state_dir)?;
+        let pods = state.join("process/pods");
+        // A setuid-root `id` on the host, outside /tmp (a container's own).
+        let suid_dir =
+            std::path::PathBuf::from(format!("/var/tmp/vkd-e2e-suid-{}", std::process::id()));
+        std::fs::create_dir_all(&suid_dir)?;
+        let suid = suid_dir.join("id");
+        let id = ["/usr/bin/id", "/bin/id"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).is_file())
+            .context("no id on the host")?;
+        std::fs::copy(id, &suid)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&suid_dir, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755))?;
+        c.apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: victim-secret, namespace: {NS}}}\nstringData: {{token: s3cr3t-of-the-victim}}\n"
+        ))?;
+        c.apply(&pod(
+            "victim",
+            r#"  containers:
+  - name: main
+    image: busybox
+    command: [sleep, "3600"]
+    env: [{name: VICTIM_ENV, value: hunter2}]
+    volumeMounts: [{name: s, mountPath: /secret}]
+  volumes: [{name: s, secret: {secretName: victim-secret}}]"#,
+        ))?;
+        let script = format!(
+            "unshare -Urm sh -c 'echo own-namespace' 2>/dev/null || echo unshare-refused; \
+             echo euid=$({suid} -u); \
+             echo procs=$(ls /proc | grep -c '^[0-9]'); \
+             echo pods=$(ls {pods} 2>/dev/null | wc -l); \
+             cat {pods}/*/volumes/s/token 2>/dev/null || echo no-secret; \
+             python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); s.settimeout(5); s.sendto(bytes([8, 0, 0, 0, 0, 1, 0, 1]), ('127.0.0.1', 0)); s.recv(64); print('ping-ok')\" 2>/dev/null || echo ping-failed; \
+             echo checked; exec sleep 3600",
+            suid = suid.display(),
+            pods = pods.display(),
+        );
+        c.apply(&pod(
+            "tenant",
+            &format!(
+                r#"  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, {script}]
+    env: [{{name: PATH, value: "/tmp/../proc:/tmp/..{pods}:/usr/sbin:/usr/bin:/sbin:/bin"}}]
+    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    readinessProbe:
+      exec: {{command: [sh, -c, "grep -q '^Seccomp:.*2' /proc/self/status && test $(id -u) != 0"]}}
+      periodSeconds: 1"#,
+                script = serde_json::to_string(&script)?,
+                pods = pods.display(),
+            ),
+        ))?;
+        ready(c, "victim")?;
+        ready(c, "tenant")?;
+        let log = wait_for("the tenant's checks", Duration::from_secs(30), || {
+            let l = c.kubectl(&["logs", "-n", NS, "tenant"])?;
+            Ok(l.contains("checked").then_some(l))
+        })?;
+        ensure!(log.contains("unshare-refused"), "{log}");
+        ensure!(
+            log.contains("euid=65534"),
+            "a host setuid program gave: {log}"
+        );
+        let procs: usize = log
+            .lines()
+            .find_map(|l| l.strip_prefix("procs="))
+            .unwrap_or("999")
+            .trim()
+            .parse()?;
+        ensure!(procs < 10, "the host's /proc is in view: {log}");
+        ensure!(
+            log.contains("pods=0") || log.contains("pods=1"),
+            "other sandboxes in view: {log}"
+        );
+        ensure!(
+            log.contains("no-secret") && !log.contains("s3cr3t"),
+            "{log}"
+        );
+        ensure!(log.contains("ping-ok"), "ping fails in a Pod: {log}");
+        // kubectl exec: in the container's namespaces, with its privileges.
+        let status = c.kubectl(&["exec", "-n", NS, "tenant", "--", "cat", "/proc/self/status"])?;
+        for (field, want) in [
+            ("NoNewPrivs", "1"),
+            ("CapBnd", "0000000000000000"),
+            ("Seccomp", "2"),
+        ] {
+            let got = status
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{field}:")))
+                .unwrap_or("")
+                .trim();
+            ensure!(got == want, "{field}: {got} in an exec, not {want}");
+        }
+        let init = c.kubectl(&[
+            "exec",
+            "-n",
+            NS,
+            "tenant",
+            "--",
+            "sh",
+            "-c",
+            "tr '\\0' ' ' < /proc/1/cmdline",
+        ])?;
+        ensure!(
+            init.trim().ends_with("sleep 3600"),
+            "the exec is not in the container's PID namespace: {init}"
+        );
+        // kubectl debug in the tenant's Pod sees the tenant, never the victim.
+        let look = format!(
+            "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c hunter2; \
+             cat {pods}/*/volumes/s/token 2>/dev/null; \
+             echo procs=$(ls /proc | grep -c '^[0-9]'); echo debugged",
+            pods = pods.display()
+        );
+        c.kubectl(&[
+            "debug",
+            "tenant",
+            "-n",
+            NS,
+            "--image=busybox",
+            "--profile=baseline",
+            "-c",
+            "dbg",
+            "--target=main",
+            "--",
+            "sh",
+            "-c",
+            &look,
+        ])?;
+        let dbg = wait_for("the debugger's log", Duration::from_secs(30), || {
+            let l = c
+                .kubectl(&["logs", "-n", NS, "tenant", "-c", "dbg"])
+                .unwrap_or_default();
+            Ok(l.contains("debugged").then_some(l))
+        })?;
+        ensure!(
+            dbg.lines().next().map(str::trim) == Some("0"),
+            "another Pod's env in view: {dbg}"
+        );
+        ensure!(!dbg.contains("s3cr3t"), "{dbg}");
+        let procs: usize = dbg
+            .lines()
+            .find_map(|l| l.strip_prefix("procs="))
+            .unwrap_or("999")
+            .trim()
+            .parse()?;
+        ensure!(procs < 10, "the debugger sees the host's processes: {dbg}");
+        // Host namespaces need --allow-privileged; vkd's own kubelet port is
+        // never a Pod's hostPort (the portmap DNAT would sit in front of it).
+        let kubelet_port = net.vkd.kubelet_port;
+        for (name, body, reason) in [
+            (
+                "host-net",
+                "  hostNetwork: true\n  containers:\n  - {name: main, image: busybox, command: [sleep, \"3600\"]}".to_owned(),
+                "HostNamespacesNotAllowed",
+            ),
+            (
+                "hijack",
+                format!(
+                    "  containers:\n  - {{name: main, image: busybox, command: [sleep, \"3600\"], ports: [{{containerPort: 8080, hostPort: {kubelet_port}}}]}}"
+                ),
+                "HostPortNotAllowed",
+            ),
+        ] {
+            c.apply(&pod(name, &body))?;
+            wait_for(
+                &format!("{name} to fail with {reason}"),
+                Duration::from_secs(30),
+                || {
+                    let p = get(c, name)?;
+                    Ok((str_at(&p, "status.phase") == "Failed"
+                        && str_at(&p, "status.reason") == reason)
+                        .then_some(()))
+                },
+            )?;
+        }
+        delete_all(c)?;
+        c.kubectl(&["delete", "secret", "-n", NS, "victim-secret"])?;
+        let _ = std::fs::remove_dir_all(&suid_dir);
         Ok(())
     })?
     else {

@@ -99,7 +99,9 @@ fn vkd(c: &Cluster) -> Result<std::path::PathBuf> {
                 },
             )?;
             ensure!(
-                policy == "namespaces=proc secrets=allowed configmaps=allowed hostpath=allowed",
+                policy
+                    == "namespaces=proc secrets=allowed configmaps=allowed hostpath=allowed \
+                        privileged=refused",
                 "{policy}"
             );
             Ok(v)
@@ -1350,14 +1352,18 @@ fn ephemeral_containers(c: &Cluster) -> Result<()> {
     command: [sh, -c, "sleep 3600; : marker-debug-target"]"#,
     ))?;
     wait_running(c, name)?;
-    let debug = |container: &str, image: &str, command: &[&str]| -> Result<String> {
+    // kubectl's default profile (`general`) adds SYS_PTRACE, which the node
+    // policy refuses without --allow-privileged (shown below); `baseline` adds nothing.
+    let debug_as = |profile: &str, container: &str, image: &str, command: &[&str]| {
         let image = format!("--image={image}");
+        let profile = format!("--profile={profile}");
         let mut args = vec![
             "debug",
             name,
             "-n",
             NS,
             &image,
+            &profile,
             "-c",
             container,
             "--target=main",
@@ -1365,6 +1371,9 @@ fn ephemeral_containers(c: &Cluster) -> Result<()> {
         ];
         args.extend_from_slice(command);
         c.kubectl(&args)
+    };
+    let debug = |container: &str, image: &str, command: &[&str]| -> Result<String> {
+        debug_as("baseline", container, image, command)
     };
     debug(
         "debugger",
@@ -1382,6 +1391,29 @@ fn ephemeral_containers(c: &Cluster) -> Result<()> {
     let want = if me == 0 { 65534 } else { me };
     let logs = c.kubectl(&["logs", name, "-n", NS, "-c", "debugger"])?;
     ensure!(logs.trim_end() == format!("hi from {want}"), "{logs:?}");
+
+    // In its target's PID namespace (with namespaces): the target's program
+    // is its PID 1, and none of the host's processes is in view.
+    debug(
+        "looker",
+        "busybox",
+        &[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'",
+        ],
+    )?;
+    wait_ephemeral(c, name, "looker", "to end", |s| {
+        s["state"]["terminated"].is_object()
+    })?;
+    let seen = c.kubectl(&["logs", name, "-n", NS, "-c", "looker"])?;
+    if me == 0 {
+        let mut lines = seen.lines();
+        let init = lines.next().unwrap_or_default();
+        ensure!(init.contains("marker-debug-target"), "{seen:?}");
+        let count: usize = lines.next().unwrap_or_default().trim().parse()?;
+        ensure!(count < 10, "the host's processes are in view: {seen:?}");
+    }
 
     // As the conformance spec: one that keeps running, exec'd into.
     debug(
@@ -1425,6 +1457,16 @@ fn ephemeral_containers(c: &Cluster) -> Result<()> {
             })
             .then_some(()))
     })?;
+
+    // A capability beyond the runtime's default set: refused by the node policy.
+    debug_as("general", "tracer", "busybox", &["true"])?;
+    let s = wait_ephemeral(c, name, "tracer", "to wait with a reason", |s| {
+        s["state"]["waiting"]["reason"] == "CapabilitiesNotAllowed"
+    })?;
+    ensure!(
+        str_at(&s, "state.waiting.message").contains("SYS_PTRACE"),
+        "{s}"
+    );
 
     delete_now(c, name)?;
     ensure!(

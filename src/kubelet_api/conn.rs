@@ -1,5 +1,6 @@
 //! The kubelet API's connections: the accept loop (a cap on open connections,
-//! back-off on accept errors, both logged at a bounded rate) and HTTP serving
+//! and a smaller one per client address so one peer cannot take them all;
+//! back-off on accept errors; both logged at a bounded rate) and HTTP serving
 //! with a header timeout and an idle timeout, as the kubelet's Go server has
 //! read and idle timeouts. A request in flight (a long response such as
 //! `logs -f`) and an upgraded stream (exec, attach, port-forward) are never cut.
@@ -8,12 +9,13 @@
 //! server (the apiserver's transport does, for logs and stats); upgrades
 //! (exec, attach, port-forward) come on HTTP/1.1, which their clients ask for.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -35,6 +37,14 @@ use super::Body;
 /// and scrapers open, and well under the usual 1024 descriptors, so a flood
 /// cannot take the descriptors that reconciles and the provider need.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// `--kubelet-api-max-connections-per-peer` when unset: a quarter of the
+/// slots (at least one), so one peer flooding the port leaves three quarters
+/// to the others, while the API server, which opens one connection per exec,
+/// attach and port-forward stream, still gets many.
+pub fn default_per_peer(max_connections: usize) -> usize {
+    (max_connections / 4).max(1)
+}
 /// `--kubelet-api-header-timeout` when unset (hyper's default; the API server uses 32 s).
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// `--kubelet-api-idle-timeout` when unset: the kubelet's, and the API
@@ -57,6 +67,8 @@ const MAX_CONCURRENT_STREAMS: u32 = 250;
 pub struct Limits {
     /// Connections open at once, TLS handshakes included; more are closed at accept.
     pub max_connections: usize,
+    /// Of those, the most one client address may hold.
+    pub max_connections_per_peer: usize,
     /// Time for the TLS handshake.
     pub handshake_timeout: Duration,
     /// Time to send a whole request head: from the handshake for the first
@@ -70,6 +82,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: default_per_peer(DEFAULT_MAX_CONNECTIONS),
             handshake_timeout: HANDSHAKE_TIMEOUT,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
@@ -127,24 +140,119 @@ impl Throttle {
     }
 }
 
+/// Why a connection was closed as soon as it was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Every slot is taken.
+    Limit,
+    /// Its peer address holds its share of the slots.
+    PeerLimit,
+}
+
+impl Refused {
+    /// The `reason` label of `vkd_kubelet_api_connections_refused_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Limit => "limit",
+            Self::PeerLimit => "peer_limit",
+        }
+    }
+}
+
+/// Open connections per peer address.
+type PeerCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// The kubelet API's connection slots: `max_connections` in all, of which one
+/// peer address holds at most `max_connections_per_peer`.
+#[derive(Debug)]
+pub(crate) struct Slots {
+    // Semaphore::new panics past MAX_PERMITS (about 2^61): far beyond any fd limit.
+    total: Arc<Semaphore>,
+    per_peer: PeerCounts,
+    max_per_peer: usize,
+}
+
+/// One connection's slot: freed, in all and for its peer, when dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    _total: OwnedSemaphorePermit,
+    peer: IpAddr,
+    per_peer: PeerCounts,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.per_peer.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = counts.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl Slots {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        Self {
+            total: Arc::new(Semaphore::new(
+                limits.max_connections.min(Semaphore::MAX_PERMITS),
+            )),
+            per_peer: Arc::default(),
+            max_per_peer: limits.max_connections_per_peer.max(1),
+        }
+    }
+
+    /// A slot for a connection from `peer`, unless all are taken or `peer`
+    /// holds its share. An IPv4 peer seen through an IPv6 socket counts as itself.
+    pub(crate) fn try_acquire(&self, peer: IpAddr) -> Result<Slot, Refused> {
+        let peer = peer.to_canonical();
+        let mut counts = self.per_peer.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = counts.get(&peer).copied().unwrap_or(0);
+        if held >= self.max_per_peer {
+            return Err(Refused::PeerLimit);
+        }
+        let total = Arc::clone(&self.total)
+            .try_acquire_owned()
+            .map_err(|_| Refused::Limit)?;
+        counts.insert(peer, held.saturating_add(1));
+        Ok(Slot {
+            _total: total,
+            peer,
+            per_peer: Arc::clone(&self.per_peer),
+        })
+    }
+
+    /// Slots free in all.
+    #[cfg(test)]
+    fn available(&self) -> usize {
+        self.total.available_permits()
+    }
+}
+
 /// Accepts until shutdown, handing each connection with its slot to `serve`.
-/// Past `max_connections` a connection is closed at once (the slot is what
-/// bounds descriptors); accept errors (EMFILE above all) are retried after a
-/// growing pause, not at once, so a full descriptor table cannot spin the loop.
-pub(crate) async fn accept_loop<L, F>(
+/// Past `limits.max_connections`, or past `limits.max_connections_per_peer`
+/// from one address, a connection is closed at once and `refused` told why
+/// (the slot is what bounds descriptors; the share per peer keeps one Pod
+/// flooding the port from taking what the API server needs for `kubectl
+/// exec`); accept errors (EMFILE above all) are retried after a growing
+/// pause, not at once, so a full descriptor table cannot spin the loop.
+pub(crate) async fn accept_loop<L, F, R>(
     mut listener: L,
-    max_connections: usize,
+    limits: Limits,
     shutdown: CancellationToken,
     mut serve: F,
+    mut refused: R,
 ) where
     L: Accept,
-    F: FnMut(L::Conn, SocketAddr, OwnedSemaphorePermit),
+    F: FnMut(L::Conn, SocketAddr, Slot),
+    R: FnMut(Refused),
 {
-    // Semaphore::new panics past MAX_PERMITS (about 2^61): far beyond any fd limit.
-    let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
+    let slots = Slots::new(&limits);
     let mut backoff: Option<Duration> = None;
     let mut failures = Throttle::new(LOG_PERIOD);
-    let mut refusals = Throttle::new(LOG_PERIOD);
+    let mut at_limit = Throttle::new(LOG_PERIOD);
+    let mut at_peer_limit = Throttle::new(LOG_PERIOD);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -154,13 +262,26 @@ pub(crate) async fn accept_loop<L, F>(
         match accepted {
             Ok((conn, peer)) => {
                 backoff = None;
-                match Arc::clone(&slots).try_acquire_owned() {
+                match slots.try_acquire(peer.ip()) {
                     Ok(slot) => serve(conn, peer, slot),
-                    Err(_) => {
+                    Err(why) => {
                         drop(conn);
-                        if let Some(n) = refusals.hit(Instant::now()) {
-                            warn!(%peer, refused = n, max_connections,
-                                "kubelet API at its connection limit, closing new connections");
+                        refused(why);
+                        match why {
+                            Refused::Limit => {
+                                if let Some(n) = at_limit.hit(Instant::now()) {
+                                    warn!(%peer, refused = n, max_connections = limits.max_connections,
+                                        "kubelet API at its connection limit, closing new connections");
+                                }
+                            }
+                            Refused::PeerLimit => {
+                                if let Some(n) = at_peer_limit.hit(Instant::now()) {
+                                    warn!(%peer, refused = n,
+                                        max_connections_per_peer = limits.max_connections_per_peer,
+                                        "a kubelet API peer holds its share of the connections, \
+                                         closing its new ones");
+                                }
+                            }
                         }
                     }
                 }
@@ -201,7 +322,7 @@ struct Tracked<IO> {
     /// Bytes read between requests start a request head (HTTP/1). Over
     /// HTTP/2 they may be pings and settings: only a request counts.
     heads: bool,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
@@ -378,7 +499,7 @@ pub(crate) async fn serve_tls<M, S, Fut>(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     peer: SocketAddr,
-    slot: OwnedSemaphorePermit,
+    slot: Slot,
     limits: Limits,
     shutdown: CancellationToken,
     service: M,
@@ -406,7 +527,7 @@ pub(crate) async fn serve_tls<M, S, Fut>(
 #[allow(clippy::type_complexity)]
 fn tracked<IO, S, Fut>(
     io: IO,
-    slot: OwnedSemaphorePermit,
+    slot: Slot,
     heads: bool,
     service: S,
 ) -> (
@@ -455,7 +576,7 @@ where
 pub(crate) async fn serve_h2<IO, S, Fut>(
     io: IO,
     peer: SocketAddr,
-    slot: OwnedSemaphorePermit,
+    slot: Slot,
     limits: Limits,
     shutdown: CancellationToken,
     service: S,
@@ -498,7 +619,7 @@ pub(crate) async fn serve_h2<IO, S, Fut>(
 pub(crate) async fn serve_http<IO, S, Fut>(
     io: IO,
     peer: SocketAddr,
-    slot: OwnedSemaphorePermit,
+    slot: Slot,
     limits: Limits,
     shutdown: CancellationToken,
     service: S,
@@ -534,6 +655,7 @@ mod tests {
 
     const SHORT: Limits = Limits {
         max_connections: 64,
+        max_connections_per_peer: 64,
         handshake_timeout: HANDSHAKE_TIMEOUT,
         header_timeout: Duration::from_millis(400),
         idle_timeout: Duration::from_millis(1200),
@@ -579,11 +701,12 @@ mod tests {
         let token = shutdown.clone();
         tokio::spawn(accept_loop(
             listener,
-            limits.max_connections,
+            limits,
             shutdown.clone(),
             move |tcp, peer, slot| {
                 tokio::spawn(serve_http(tcp, peer, slot, limits, token.clone(), service));
             },
+            |_| {},
         ));
         (addr, shutdown)
     }
@@ -661,7 +784,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         tokio::spawn(accept_loop(
             listener,
-            limits.max_connections,
+            limits,
             shutdown.clone(),
             move |tcp, peer, slot| {
                 let service = |_: &rustls::ServerConnection| service;
@@ -675,6 +798,7 @@ mod tests {
                     service,
                 ));
             },
+            |_| {},
         ));
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ck.cert.der().clone()).unwrap();
@@ -822,12 +946,110 @@ mod tests {
         assert!(held, "the slot of a closed connection was not freed");
     }
 
+    #[test]
+    fn one_peer_holds_at_most_its_share_of_the_slots() {
+        let slots = Slots::new(&Limits {
+            max_connections: 5,
+            max_connections_per_peer: 2,
+            ..SHORT
+        });
+        let (pod, apiserver, scraper): (IpAddr, IpAddr, IpAddr) = (
+            [10, 0, 0, 7].into(),
+            [10, 0, 0, 1].into(),
+            "fd00::9".parse().unwrap(),
+        );
+        let first = slots.try_acquire(pod).unwrap();
+        let _second = slots.try_acquire(pod).unwrap();
+        // The same address seen through an IPv6 socket is the same peer.
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        for p in [pod, mapped] {
+            assert_eq!(slots.try_acquire(p).unwrap_err(), Refused::PeerLimit);
+        }
+        // Others still get in, up to the cap.
+        let a = slots.try_acquire(apiserver).unwrap();
+        let b = slots.try_acquire(apiserver).unwrap();
+        let _c = slots.try_acquire(scraper).unwrap();
+        assert_eq!(slots.try_acquire(scraper).unwrap_err(), Refused::Limit);
+        // A closed connection frees its slot in all and for its peer.
+        drop(first);
+        let _again = slots.try_acquire(pod).unwrap();
+        assert_eq!(slots.available(), 0);
+        assert_eq!(slots.try_acquire(pod).unwrap_err(), Refused::PeerLimit);
+        // Peers with nothing open are forgotten.
+        drop((a, b));
+        assert!(!slots.per_peer.lock().unwrap().contains_key(&apiserver));
+    }
+
+    /// Over real sockets: a peer at its share has its next connection closed
+    /// at once, and counted, while a second address still connects.
+    #[tokio::test]
+    async fn a_peer_at_its_share_is_refused_while_another_connects() {
+        let limits = Limits {
+            max_connections: 8,
+            max_connections_per_peer: 2,
+            header_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            ..SHORT
+        };
+        let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let refusals = Arc::new(Mutex::new(Vec::new()));
+        let counted = Arc::clone(&refusals);
+        tokio::spawn(accept_loop(
+            listener,
+            limits,
+            shutdown.clone(),
+            move |tcp, peer, slot| {
+                tokio::spawn(serve_http(tcp, peer, slot, limits, token.clone(), service));
+            },
+            move |why| counted.lock().unwrap().push(why),
+        ));
+        // Every 127/8 address is this host's, so each is a peer of its own.
+        let from = |last: u8| async move {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(SocketAddr::from(([127, 0, 0, last], 0))).unwrap();
+            s.connect(SocketAddr::from(([127, 0, 0, 1], port)))
+                .await
+                .unwrap()
+        };
+        let mut held = vec![from(1).await, from(1).await];
+        let mut third = from(1).await;
+        assert!(
+            closed_within(&mut third, Duration::from_secs(2))
+                .await
+                .is_ok(),
+            "a third connection from one peer was kept past its share of 2"
+        );
+        let mut other = from(2).await;
+        other
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), other.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        for s in &mut held {
+            assert!(closed_within(s, Duration::from_millis(300)).await.is_err());
+        }
+        assert_eq!(*refusals.lock().unwrap(), [Refused::PeerLimit]);
+        assert_eq!(Refused::PeerLimit.label(), "peer_limit");
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn upgraded_streams_keep_their_slot() {
         let (client, server_side) = tokio::io::duplex(4096);
-        let slots = Arc::new(Semaphore::new(1));
-        let slot = Arc::clone(&slots).try_acquire_owned().unwrap();
+        let slots = Slots::new(&Limits {
+            max_connections: 1,
+            ..SHORT
+        });
         let peer = SocketAddr::from(([127, 0, 0, 1], 1));
+        let slot = slots.try_acquire(peer.ip()).unwrap();
         tokio::spawn(serve_http(
             server_side,
             peer,
@@ -846,14 +1068,10 @@ mod tests {
         let n = r.read(&mut buf).await.unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 101"));
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            slots.available_permits(),
-            0,
-            "an upgraded stream lost its slot"
-        );
+        assert_eq!(slots.available(), 0, "an upgraded stream lost its slot");
         drop((r, w));
         tokio::time::timeout(Duration::from_secs(5), async {
-            while slots.available_permits() == 0 {
+            while slots.available() == 0 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
@@ -1032,7 +1250,16 @@ mod tests {
         };
         tokio::time::timeout(
             Duration::from_secs(60),
-            accept_loop(listener, 4, done, |(), _, _| {}),
+            accept_loop(
+                listener,
+                Limits {
+                    max_connections: 4,
+                    ..SHORT
+                },
+                done,
+                |(), _, _| {},
+                |_| {},
+            ),
         )
         .await
         .expect("the accept loop did not stop");

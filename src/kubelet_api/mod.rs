@@ -44,7 +44,7 @@ use crate::streaming::websocket::{self, Protocol};
 use auth::{AuthError, Authenticator, User};
 pub use conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT,
-    Limits,
+    Limits, default_per_peer,
 };
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -159,9 +159,10 @@ impl KubeletApi {
             .map_err(|source| ApiError::Bind { addr, source })?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let token = shutdown.clone();
+        let metrics = Arc::clone(self.pods.metrics());
         Ok(tokio::spawn(conn::accept_loop(
             listener,
-            limits.max_connections,
+            limits,
             shutdown,
             move |tcp, peer, slot| {
                 let this = Arc::clone(&self);
@@ -179,6 +180,7 @@ impl KubeletApi {
                     service,
                 ));
             },
+            move |why| metrics.kubelet_api_refused(why.label()),
         )))
     }
 

@@ -290,6 +290,11 @@ impl PodController {
         &self.settings.node
     }
 
+    /// The daemon's metrics (the kubelet API counts its refusals there).
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.shared.metrics
+    }
+
     pub fn provider(&self) -> &Arc<dyn Provider> {
         &self.provider
     }

@@ -46,9 +46,17 @@ pub struct Policy {
     pub allow_secrets: bool,
     pub allow_config_maps: bool,
     pub allow_host_path: bool,
+    /// Host namespaces (`hostNetwork`, `hostPID`, `hostIPC`), privileged
+    /// containers and capabilities beyond the runtime's default set. Off by
+    /// default: each gives a Pod the host, whatever the backend.
+    pub allow_privileged: bool,
+    /// The ports vkd itself listens on, and what listens there: never a Pod's
+    /// `hostPort`, whatever the other settings.
+    pub node_ports: BTreeMap<u16, String>,
 }
 
-/// `namespaces=a,b secrets=allowed configmaps=allowed hostpath=refused`, for the Node.
+/// `namespaces=a,b secrets=allowed configmaps=allowed hostpath=refused
+/// privileged=refused`, for the Node.
 impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let yes = |b: bool| if b { "allowed" } else { "refused" };
@@ -59,10 +67,11 @@ impl std::fmt::Display for Policy {
         };
         write!(
             f,
-            "namespaces={namespaces} secrets={} configmaps={} hostpath={}",
+            "namespaces={namespaces} secrets={} configmaps={} hostpath={} privileged={}",
             yes(self.allow_secrets),
             yes(self.allow_config_maps),
-            yes(self.allow_host_path)
+            yes(self.allow_host_path),
+            yes(self.allow_privileged)
         )
     }
 }
@@ -74,8 +83,186 @@ impl Default for Policy {
             allow_secrets: true,
             allow_config_maps: true,
             allow_host_path: false,
+            allow_privileged: false,
+            node_ports: BTreeMap::new(),
         }
     }
+}
+
+/// The capabilities a container runtime gives every container (containerd's
+/// and CRI-O's default set): adding one of these asks for nothing more.
+pub const DEFAULT_CAPABILITIES: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FSETID",
+    "FOWNER",
+    "MKNOD",
+    "NET_RAW",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "KILL",
+    "AUDIT_WRITE",
+];
+
+/// A capability's name as runtimes read it: upper case, without `CAP_`.
+fn capability_name(name: &str) -> String {
+    let upper = name.trim().to_ascii_uppercase();
+    match upper.strip_prefix("CAP_") {
+        Some(rest) => rest.to_owned(),
+        None => upper,
+    }
+}
+
+/// What a Pod asks of the host beyond a container's sandbox: checked against
+/// the node policy when resolving, so every provider gets the same answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostAccess {
+    /// The host namespaces it joins, by field: `hostNetwork`, `hostPID`, `hostIPC`.
+    pub namespaces: Vec<&'static str>,
+    /// The containers that ask for something (most Pods: none).
+    pub containers: Vec<ContainerAccess>,
+}
+
+/// What one container asks of the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerAccess {
+    pub name: String,
+    /// `container`, `init container` or `ephemeral container`, for messages.
+    pub kind: &'static str,
+    /// `securityContext.privileged: true`.
+    pub privileged: bool,
+    /// `securityContext.capabilities.add` outside [`DEFAULT_CAPABILITIES`], as written.
+    pub extra_capabilities: Vec<String>,
+    /// Its `hostPort`s.
+    pub host_ports: Vec<u16>,
+}
+
+/// The [`HostAccess`] of a Pod whose containers (init first) are `all`.
+fn host_access(spec: &PodSpec, all: &[&Container]) -> HostAccess {
+    let namespaces = [
+        ("hostNetwork", spec.host_network),
+        ("hostPID", spec.host_pid),
+        ("hostIPC", spec.host_ipc),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on == Some(true))
+    .map(|(field, _)| field)
+    .collect();
+    let n_init = spec.init_containers.as_ref().map_or(0, Vec::len);
+    let ephemeral = |name: &str| {
+        spec.ephemeral_containers
+            .iter()
+            .flatten()
+            .any(|e| e.name == name)
+    };
+    let containers = all
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let sc = c.security_context.as_ref();
+            let privileged = sc.and_then(|s| s.privileged) == Some(true);
+            let extra_capabilities: Vec<String> = sc
+                .and_then(|s| s.capabilities.as_ref())
+                .and_then(|caps| caps.add.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|name| !DEFAULT_CAPABILITIES.contains(&capability_name(name).as_str()))
+                .cloned()
+                .collect();
+            let host_ports: Vec<u16> = c
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| u16::try_from(p.host_port?).ok().filter(|&h| h != 0))
+                .collect();
+            if !privileged && extra_capabilities.is_empty() && host_ports.is_empty() {
+                return None;
+            }
+            let kind = if i < n_init {
+                "init container"
+            } else if ephemeral(&c.name) {
+                "ephemeral container"
+            } else {
+                "container"
+            };
+            Some(ContainerAccess {
+                name: c.name.clone(),
+                kind,
+                privileged,
+                extra_capabilities,
+                host_ports,
+            })
+        })
+        .collect();
+    HostAccess {
+        namespaces,
+        containers,
+    }
+}
+
+/// Refuses what `p` asks of the host that the node policy does not give:
+/// host namespaces, privileged containers and added capabilities without
+/// [`Policy::allow_privileged`], and any `hostPort` vkd listens on. Only the
+/// containers `p` still holds count (an ephemeral container is resolved alone).
+pub fn check_host_access(policy: &Policy, p: &Pending) -> Result<(), SpecError> {
+    let node = &p.spec.node;
+    let refused = "the node policy has privileged=refused";
+    if !policy.allow_privileged
+        && let Some(field) = p.host_access.namespaces.first()
+    {
+        return Err(spec_error(
+            "HostNamespacesNotAllowed",
+            format!(
+                "spec.{field} is true: node {node} runs no Pod in the host's network, PID or \
+                 IPC namespace ({refused})"
+            ),
+        ));
+    }
+    let held = |name: &str| {
+        p.spec
+            .init_containers
+            .iter()
+            .chain(&p.spec.containers)
+            .any(|c| c.name == name)
+    };
+    for c in p.host_access.containers.iter().filter(|c| held(&c.name)) {
+        let who = format!("{} {}", c.kind, c.name);
+        if !policy.allow_privileged && c.privileged {
+            return Err(spec_error(
+                "PrivilegedNotAllowed",
+                format!(
+                    "{who}: securityContext.privileged is true: node {node} runs no privileged \
+                     container ({refused})"
+                ),
+            ));
+        }
+        if !policy.allow_privileged && !c.extra_capabilities.is_empty() {
+            return Err(spec_error(
+                "CapabilitiesNotAllowed",
+                format!(
+                    "{who}: securityContext.capabilities.add has {}: node {node} adds no \
+                     capability beyond the container runtime's default set ({refused})",
+                    c.extra_capabilities.join(", ")
+                ),
+            ));
+        }
+        for port in &c.host_ports {
+            if let Some(user) = policy.node_ports.get(port) {
+                return Err(spec_error(
+                    "HostPortNotAllowed",
+                    format!(
+                        "{who}: hostPort {port} is the port of {user} on node {node}; \
+                         no Pod is given a port the node itself uses"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What resolving found.
@@ -120,6 +307,8 @@ pub struct Pending {
     pub reads_allocatable: bool,
     /// `enableServiceLinks` (default true).
     pub service_links: bool,
+    /// What the Pod asks of the host, for [`check_host_access`].
+    pub host_access: HostAccess,
 }
 
 /// The node's allocatable cpu and memory, which an unset limit reads as.
@@ -248,6 +437,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             .collect(),
         reads_allocatable: reads_allocatable(spec),
         service_links: spec.enable_service_links.unwrap_or(true),
+        host_access: host_access(spec, &all),
     })
 }
 
@@ -523,7 +713,22 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
+        security: security_context(c.security_context.as_ref()),
+        target_container: None,
     })
+}
+
+/// The privilege fields of a container's securityContext.
+fn security_context(
+    sc: Option<&k8s_openapi::api::core::v1::SecurityContext>,
+) -> vkd_provider::SecurityContext {
+    let caps = sc.and_then(|s| s.capabilities.as_ref());
+    vkd_provider::SecurityContext {
+        allow_privilege_escalation: sc.and_then(|s| s.allow_privilege_escalation),
+        drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
+        add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
+        privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
+    }
 }
 
 fn port_of(
@@ -860,6 +1065,7 @@ impl Resolver<'_> {
             )
             .into());
         }
+        check_host_access(policy, p)?;
         let mut fetched = Fetched::default();
         let mut spec = p.spec.clone();
         let fields = self.fields(p);
@@ -1935,6 +2141,205 @@ mod tests {
                 "env": [{"name": "R", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu"}}}]}]}
         }));
         assert!(!pending(&p, "vk").unwrap().reads_allocatable);
+    }
+
+    /// A Pod `spec` in namespace `app`, pending on node `vk`.
+    fn pending_spec(spec: serde_json::Value) -> Pending {
+        pending(
+            &pod(json!({"metadata": {"name": "p", "namespace": "app", "uid": "u1"}, "spec": spec})),
+            "vk",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn host_namespaces_privileged_and_capabilities_need_the_policy() {
+        let policy = Policy::default();
+        assert!(!policy.allow_privileged, "off by default");
+        let c = json!({"name": "c", "image": "x"});
+        let refused = |spec: serde_json::Value| check_host_access(&policy, &pending_spec(spec));
+        // Nothing asked: nothing refused.
+        assert_eq!(refused(json!({"containers": [c]})), Ok(()));
+        for field in ["hostNetwork", "hostPID", "hostIPC"] {
+            let e = refused(json!({field: true, "containers": [c]})).unwrap_err();
+            assert_eq!(e.reason, "HostNamespacesNotAllowed", "{field}");
+            assert!(e.message.contains(&format!("spec.{field} is true")), "{e}");
+            assert!(e.message.contains("privileged=refused"), "{e}");
+            // false is what the default says.
+            assert_eq!(refused(json!({field: false, "containers": [c]})), Ok(()));
+        }
+        let privileged = |name: &str| json!({"name": name, "image": "x", "securityContext": {"privileged": true}});
+        for (spec, who) in [
+            (json!({"containers": [c, privileged("p")]}), "container p"),
+            (
+                json!({"initContainers": [privileged("i")], "containers": [c]}),
+                "init container i",
+            ),
+            (
+                json!({"initContainers": [{"name": "s", "image": "x", "restartPolicy": "Always",
+                    "securityContext": {"privileged": true}}], "containers": [c]}),
+                "init container s",
+            ),
+        ] {
+            let e = refused(spec).unwrap_err();
+            assert_eq!(e.reason, "PrivilegedNotAllowed");
+            assert!(
+                e.message
+                    .starts_with(&format!("{who}: securityContext.privileged is true")),
+                "{e}"
+            );
+        }
+        let caps = |add: serde_json::Value| {
+            json!({"containers": [{"name": "c", "image": "x",
+                "securityContext": {"capabilities": {"add": add, "drop": ["ALL"]}}}]})
+        };
+        // The runtime's default set, as runtimes read names: any case, CAP_ or not.
+        assert_eq!(
+            refused(caps(json!([
+                "NET_BIND_SERVICE",
+                "cap_chown",
+                "Kill",
+                "CAP_SYS_CHROOT"
+            ]))),
+            Ok(())
+        );
+        for (add, named) in [
+            (json!(["SYS_ADMIN"]), "SYS_ADMIN"),
+            (
+                json!(["chown", "cap_net_admin", "SYS_PTRACE"]),
+                "cap_net_admin, SYS_PTRACE",
+            ),
+            (json!(["ALL"]), "ALL"),
+            (json!(["CAP_"]), "CAP_"),
+        ] {
+            let e = refused(caps(add)).unwrap_err();
+            assert_eq!(e.reason, "CapabilitiesNotAllowed");
+            assert!(
+                e.message.starts_with(&format!(
+                    "container c: securityContext.capabilities.add has {named}:"
+                )),
+                "{e}"
+            );
+        }
+        // With the policy, all of it runs.
+        let allowed = Policy {
+            allow_privileged: true,
+            ..Policy::default()
+        };
+        let spec = json!({"hostNetwork": true, "hostPID": true, "hostIPC": true,
+            "initContainers": [privileged("i")],
+            "containers": [{"name": "c", "image": "x", "securityContext":
+                {"privileged": true, "capabilities": {"add": ["SYS_ADMIN"]}}}]});
+        assert_eq!(check_host_access(&allowed, &pending_spec(spec)), Ok(()));
+    }
+
+    #[test]
+    fn the_nodes_own_ports_are_never_a_pods_host_port() {
+        let policy = Policy {
+            // Not even with every other door open.
+            allow_privileged: true,
+            node_ports: BTreeMap::from([
+                (10250, "vkd's kubelet API (--kubelet-port)".to_owned()),
+                (10256, "vkd's admin server (--admin-port)".to_owned()),
+            ]),
+            ..Policy::default()
+        };
+        let with_port = |port: u16, protocol: &str| {
+            pending_spec(
+                json!({"containers": [{"name": "web", "image": "x", "ports": [
+                {"containerPort": 8080, "hostPort": 8080},
+                {"containerPort": 9000, "hostPort": port, "protocol": protocol}]}]}),
+            )
+        };
+        assert_eq!(check_host_access(&policy, &with_port(9000, "TCP")), Ok(()));
+        for (port, user) in [(10250, "--kubelet-port"), (10256, "--admin-port")] {
+            for protocol in ["TCP", "UDP"] {
+                let e = check_host_access(&policy, &with_port(port, protocol)).unwrap_err();
+                assert_eq!(e.reason, "HostPortNotAllowed");
+                assert!(
+                    e.message
+                        .starts_with(&format!("container web: hostPort {port} is ")),
+                    "{e}"
+                );
+                assert!(
+                    e.message.contains(user) && e.message.contains("node vk"),
+                    "{e}"
+                );
+            }
+        }
+        // hostNetwork: the API server sets hostPort to containerPort.
+        let e = check_host_access(
+            &policy,
+            &pending_spec(
+                json!({"hostNetwork": true, "initContainers": [{"name": "i", "image": "x",
+                "ports": [{"containerPort": 10250, "hostPort": 10250}]}],
+                "containers": [{"name": "c", "image": "x"}]}),
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, "HostPortNotAllowed");
+        assert!(
+            e.message.starts_with("init container i: hostPort 10250"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_node_shows_the_privileged_policy() {
+        assert_eq!(
+            Policy::default().to_string(),
+            "namespaces=all secrets=allowed configmaps=allowed hostpath=refused privileged=refused"
+        );
+        let p = Policy {
+            allow_privileged: true,
+            ..Policy::default()
+        };
+        assert!(p.to_string().ends_with(" privileged=allowed"), "{p}");
+    }
+
+    /// The refusals end a resolve as the other policy refusals do: the Pod fails.
+    #[tokio::test]
+    async fn resolve_refuses_what_the_policy_does_not_give() {
+        let (client, _log) = crate::testing::fake_api(|_| crate::testing::status(404, "NotFound"));
+        let policy = Policy {
+            node_ports: BTreeMap::from([(10250, "vkd's kubelet API (--kubelet-port)".into())]),
+            ..Policy::default()
+        };
+        let resolver = |policy| Resolver {
+            client: &client,
+            policy,
+            host_ip: "192.0.2.1",
+            volumes: false,
+            services: None,
+            allocatable: None,
+        };
+        for (spec, reason) in [
+            (
+                json!({"hostPID": true, "containers": [{"name": "c", "image": "x"}]}),
+                "HostNamespacesNotAllowed",
+            ),
+            (
+                json!({"containers": [{"name": "c", "image": "x",
+                    "ports": [{"containerPort": 80, "hostPort": 10250}]}]}),
+                "HostPortNotAllowed",
+            ),
+        ] {
+            match resolver(&policy).resolve(&pending_spec(spec)).await {
+                Err(ResolveError::Spec(e)) => assert_eq!(e.reason, reason),
+                other => panic!("{other:?}"),
+            }
+        }
+        let allowed = Policy {
+            allow_privileged: true,
+            ..Policy::default()
+        };
+        let spec = json!({"hostPID": true, "containers": [{"name": "c", "image": "x"}]});
+        assert!(
+            resolver(&allowed)
+                .resolve(&pending_spec(spec))
+                .await
+                .is_ok()
+        );
     }
 
     /// A whole resolve against a fake API server: service variables, the
