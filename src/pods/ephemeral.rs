@@ -524,12 +524,17 @@ mod tests {
     fn privileged_ephemeral_containers_need_the_policy() {
         let mut dbg = debugger();
         dbg["securityContext"] = json!({"privileged": true});
-        let p = pending(&pod(json!([dbg, {"name": "plain", "image": "busybox"}])), "vk", &["debugger"])
-            .unwrap();
+        let p = pending(
+            &pod(json!([dbg, {"name": "plain", "image": "busybox"}])),
+            "vk",
+            &["debugger"],
+        )
+        .unwrap();
         let e = spec::check_host_access(&spec::Policy::default(), &p).unwrap_err();
         assert_eq!(e.reason, "PrivilegedNotAllowed");
         assert!(
-            e.message.starts_with("ephemeral container debugger: securityContext.privileged"),
+            e.message
+                .starts_with("ephemeral container debugger: securityContext.privileged"),
             "{e}"
         );
         let allowed = spec::Policy {
@@ -537,9 +542,16 @@ mod tests {
             ..spec::Policy::default()
         };
         assert_eq!(spec::check_host_access(&allowed, &p), Ok(()));
-        let p = pending(&pod(json!([dbg, {"name": "plain", "image": "busybox"}])), "vk", &["plain"])
-            .unwrap();
-        assert_eq!(spec::check_host_access(&spec::Policy::default(), &p), Ok(()));
+        let p = pending(
+            &pod(json!([dbg, {"name": "plain", "image": "busybox"}])),
+            "vk",
+            &["plain"],
+        )
+        .unwrap();
+        assert_eq!(
+            spec::check_host_access(&spec::Policy::default(), &p),
+            Ok(())
+        );
     }
 
     /// A new entry gets a spec of its own, built as the Pod's containers are

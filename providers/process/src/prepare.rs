@@ -573,7 +573,8 @@ fn suid_allowed(source: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(source).is_ok_and(|m| {
         let (setuid, setgid) = (m.mode() & 0o4000 != 0, m.mode() & 0o2000 != 0);
-        !(setuid && m.uid() == 0) && !(setgid && m.gid() == 0)
+        let gives_root = (setuid && m.uid() == 0) || (setgid && m.gid() == 0);
+        !gives_root
     })
 }
 

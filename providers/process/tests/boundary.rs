@@ -322,7 +322,10 @@ async fn kubectl_debug_stays_in_its_pod() {
     p.start_ephemeral(&fence(), uid, &debugger).await.unwrap();
     let state = wait_for("the debugger to start", async || {
         let i = p.get(uid).await.unwrap()?;
-        let c = i.ephemeral_containers.into_iter().find(|c| c.name == "debugger")?;
+        let c = i
+            .ephemeral_containers
+            .into_iter()
+            .find(|c| c.name == "debugger")?;
         (!matches!(c.state, vkd_provider::ContainerState::Waiting { .. })).then_some(c.state)
     })
     .await;

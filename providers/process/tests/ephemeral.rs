@@ -228,7 +228,11 @@ async fn an_ephemeral_container_stops_when_the_pods_containers_end() {
     };
     // With namespaces the program is its PID namespace's init, which ignores
     // a SIGTERM it has no handler for: the grace period ends in SIGKILL.
-    let signal = if p.isolation_mode() == "namespaces" { 9 } else { 15 };
+    let signal = if p.isolation_mode() == "namespaces" {
+        9
+    } else {
+        15
+    };
     assert_eq!(t.exit_code, 128 + signal, "{t:?}");
     assert_eq!(processes("sleep 3018"), 0);
     // Nothing starts in a Pod that has ended.

@@ -129,22 +129,22 @@ impl Shim {
             .target_container
             .as_deref()
             .map(|t| self.sandbox.held_namespaces(t));
-        let isolation = match plan.as_deref().filter(|_| self.spec.isolated) {
-            Some(plan) => Some(match (&target, pause) {
-                (Some(target), _) => crate::launch::Isolation::Target {
-                    plan,
-                    held: &held,
-                    target,
-                },
-                (None, Some(pause)) => crate::launch::Isolation::Shared {
-                    plan,
-                    held: &held,
-                    pause,
-                },
-                (None, None) => crate::launch::Isolation::New { plan, held: &held },
-            }),
-            None => None,
-        };
+        let isolation =
+            plan.as_deref()
+                .filter(|_| self.spec.isolated)
+                .map(|plan| match (&target, pause) {
+                    (Some(target), _) => crate::launch::Isolation::Target {
+                        plan,
+                        held: &held,
+                        target,
+                    },
+                    (None, Some(pause)) => crate::launch::Isolation::Shared {
+                        plan,
+                        held: &held,
+                        pause,
+                    },
+                    (None, None) => crate::launch::Isolation::New { plan, held: &held },
+                });
         let mut child = self
             .command(launch, &launch.argv, spec, cgroup, isolation)
             .and_then(|mut cmd| {
