@@ -127,6 +127,7 @@ fn network(dir: &Path) -> Option<(NetworkConfig, String)> {
         NetworkConfig {
             cni_config: conf,
             cni_bin_dir: bin,
+            plugin_timeout_seconds: None,
         },
         bridge,
     ))

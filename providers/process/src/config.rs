@@ -20,13 +20,66 @@
 //! network:                      # a network namespace and IP per Pod, through CNI (needs namespaces)
 //!   cniConfig: /etc/vkd/cni/pods.conflist   # a CNI network configuration list (JSON)
 //!   cniBinDir: /opt/cni/bin     # its plugins, and `loopback`
+//!   pluginTimeoutSeconds: 60    # how long one plugin run (ADD or DEL) may take
 //! ```
+//!
+//! The config file and the files it names that vkd reads (`cniConfig`) must
+//! be regular files of at most [`MAX_FILE_BYTES`]: see [`read_regular`].
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The most vkd reads of the config file or of a file it names: far above
+/// any real config, and a bound on what a wrong path (a log, a device) costs.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads the file at `path`, which must be a regular file of at most `limit`
+/// bytes. It is opened without blocking (a FIFO would otherwise wait for a
+/// writer, and vkd with it) and checked on the opened handle, so what is read
+/// is what was checked; a device such as `/dev/zero` is refused, never read
+/// until memory runs out. Links are followed: configs are often links (a
+/// ConfigMap's files, /etc/alternatives).
+pub fn read_regular(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = f.metadata()?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        let kind = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "not a plain file"
+        };
+        return Err(invalid(format!("not a regular file ({kind})")));
+    }
+    let too_big = || invalid(format!("larger than the {limit} bytes allowed"));
+    if meta.len() > limit {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    // One byte past the bound: a file that grew since fstat is caught too.
+    f.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -116,6 +169,20 @@ pub struct NetworkConfig {
     pub cni_config: PathBuf,
     /// Where the plugins it names are, with `loopback`.
     pub cni_bin_dir: PathBuf,
+    /// How long one plugin run may take before it is killed and the Pod's
+    /// create (or deletion) fails with that; default 60.
+    #[serde(default)]
+    pub plugin_timeout_seconds: Option<u64>,
+}
+
+/// The longest `pluginTimeoutSeconds`: an hour is already no bound at all.
+const MAX_PLUGIN_TIMEOUT: u64 = 3600;
+
+impl NetworkConfig {
+    /// How long one plugin run may take.
+    pub fn plugin_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.plugin_timeout_seconds.unwrap_or(60))
+    }
 }
 
 /// `isolation` in the config.
@@ -173,11 +240,11 @@ pub enum ConfigError {
 
 impl ProcessConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_regular(path, MAX_FILE_BYTES).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        let cfg: Self = serde_yaml_ng::from_str(&text).map_err(|e| ConfigError::Invalid {
+        let cfg: Self = serde_yaml_ng::from_slice(&text).map_err(|e| ConfigError::Invalid {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
@@ -232,6 +299,13 @@ impl ProcessConfig {
         if !matches!(cfg.cgroup_parent.as_str(), "auto" | "none") {
             crate::cgroup::validate(Path::new(&cfg.cgroup_parent))
                 .map_err(|e| invalid(format!("cgroupParent: {e}")))?;
+        }
+        if let Some(n) = &cfg.network
+            && !(1..=MAX_PLUGIN_TIMEOUT).contains(&n.plugin_timeout_seconds.unwrap_or(60))
+        {
+            return Err(invalid(format!(
+                "network.pluginTimeoutSeconds must be between 1 and {MAX_PLUGIN_TIMEOUT}"
+            )));
         }
         if cfg.max_pods == 0 {
             return Err(ConfigError::Invalid {
@@ -360,6 +434,82 @@ mod tests {
         );
         std::fs::write(&p, "podPidsLimit: 0\n").unwrap();
         assert_eq!(ProcessConfig::load(&p).unwrap().pids_limit(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Runs `f` on a thread of its own: a read that hangs (a FIFO with no
+    /// writer) fails the test instead of stalling it.
+    fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the read hung")
+    }
+
+    /// A FIFO, a device and an oversized file are refused at once, naming the
+    /// file and what it is; a link to a config is followed.
+    #[test]
+    fn the_config_must_be_a_regular_file_of_bounded_size() {
+        let dir = std::env::temp_dir().join(format!("vkd-pcfg4-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.yaml");
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e = within(move || ProcessConfig::load(&fifo).unwrap_err().to_string());
+        assert!(e.contains("fifo.yaml") && e.contains("FIFO"), "{e}");
+        let e = within(|| {
+            ProcessConfig::load(Path::new("/dev/zero"))
+                .unwrap_err()
+                .to_string()
+        });
+        assert!(
+            e.contains("/dev/zero") && e.contains("character device"),
+            "{e}"
+        );
+        let big = dir.join("big.yaml");
+        let mut text = "maxPods: 5\n".to_owned();
+        text.push_str(&"#".repeat(MAX_FILE_BYTES as usize));
+        std::fs::write(&big, text).unwrap();
+        let e = ProcessConfig::load(&big).unwrap_err().to_string();
+        assert!(e.contains("big.yaml") && e.contains("larger than"), "{e}");
+        let good = dir.join("good.yaml");
+        std::fs::write(&good, "maxPods: 5\n").unwrap();
+        let link = dir.join("link.yaml");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert_eq!(ProcessConfig::load(&link).unwrap().max_pods, 5);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_plugin_timeout_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("vkd-pcfg5-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        let with = |t: &str| {
+            let text = format!("network: {{cniConfig: /x.conflist, cniBinDir: /opt/cni/bin{t}}}\n");
+            std::fs::write(&p, text).unwrap();
+            ProcessConfig::load(&p)
+        };
+        let n = with("").unwrap().network.unwrap();
+        assert_eq!(n.plugin_timeout(), std::time::Duration::from_secs(60));
+        let n = with(", pluginTimeoutSeconds: 5").unwrap().network.unwrap();
+        assert_eq!(n.plugin_timeout(), std::time::Duration::from_secs(5));
+        for bad in ["0", "3601"] {
+            let e = with(&format!(", pluginTimeoutSeconds: {bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("network.pluginTimeoutSeconds"), "{bad}: {e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

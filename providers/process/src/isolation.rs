@@ -57,6 +57,58 @@ pub struct MountPlan {
     /// mount namespace: the other Pods' network namespaces.
     #[serde(default)]
     pub detach: Vec<PathBuf>,
+    /// A user namespace of its own, mapping only these ids (each to
+    /// itself), made once the tree is built; `None` where the kernel allows
+    /// none. No other id, root's least, exists in it: a setuid-root program
+    /// gives nothing, and files of unmapped owners read as nobody's.
+    #[serde(default)]
+    pub user_namespace: Option<IdentityMap>,
+}
+
+/// The ids a container's user namespace maps, each to the same id outside.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityMap {
+    /// The run-as user, and the owners of the setuid programs the image's
+    /// `files` keep (so they work as without a user namespace).
+    pub uids: Vec<u32>,
+    /// The run-as group, the Pod's fsGroup, and the groups of the image's
+    /// setgid programs.
+    pub gids: Vec<u32>,
+}
+
+impl IdentityMap {
+    fn lines(ids: impl IntoIterator<Item = u32>) -> String {
+        let mut ids: Vec<u32> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter().map(|id| format!("{id} {id} 1\n")).collect()
+    }
+
+    /// Writes the maps of process `pid`, which has just made the namespace
+    /// (by a process with CAP_SETUID and CAP_SETGID outside it: the launcher
+    /// as root).
+    pub fn write(&self, pid: i32) -> Result<()> {
+        if self.uids.contains(&0) || self.gids.contains(&0) {
+            return Err(IsolationError::Invalid(
+                "a container's user namespace never maps root".into(),
+            ));
+        }
+        for (file, text) in [
+            ("uid_map", Self::lines(self.uids.iter().copied())),
+            ("gid_map", Self::lines(self.gids.iter().copied())),
+        ] {
+            let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+            std::fs::write(&path, text).map_err(err("writing", &path))?;
+        }
+        Ok(())
+    }
+}
+
+/// Gives the calling process (single-threaded, pivoted into its root) a
+/// user namespace of its own; its maps are written from outside
+/// ([`IdentityMap::write`]).
+pub fn new_user_namespace() -> Result<()> {
+    unshare(rustix::thread::UnshareFlags::NEWUSER)
 }
 
 /// One bind mount: `source` on the host at `target` in the container.
@@ -248,7 +300,7 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
 }
 
 /// The namespaces vkd holds for each container, by their /proc names.
-const HELD: [&str; 4] = ["net", "uts", "mnt", "pid"];
+const HELD: [&str; 5] = ["net", "uts", "mnt", "pid", "user"];
 
 /// Holds the namespaces of process `pid` (a container's first process, its
 /// namespaces complete, before the Pod's program runs) in `dir`: a bind
@@ -278,6 +330,9 @@ pub fn hold(dir: &Path, pid: i32) -> Result<()> {
             .open(&file)
             .map_err(err("making", &file))?;
         rustix::mount::mount_bind(ns_path(pid, name), &file).map_err(errno("holding", &file))?;
+        // Mount namespaces made from now on get no copy of it.
+        rustix::mount::mount_change(&file, MountPropagationFlags::PRIVATE)
+            .map_err(errno("holding", &file))?;
     }
     Ok(())
 }
@@ -352,6 +407,7 @@ pub fn join_held(dir: &Path) -> Result<()> {
     let net = open_held(dir, "net")?;
     let uts = open_held(dir, "uts")?;
     let mnt = open_held(dir, "mnt")?;
+    let user = open_held(dir, "user")?;
     for (f, kind, name) in [
         (&net, Ns::Network, "net"),
         (&uts, Ns::HostNameAndNISDomainName, "uts"),
@@ -359,6 +415,16 @@ pub fn join_held(dir: &Path) -> Result<()> {
     ] {
         rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(f), Some(kind))
             .map_err(errno("entering the namespace", &dir.join(name)))?;
+    }
+    // Last: once in it, nothing outside may be entered. A container without
+    // one holds the host's, which is entered already.
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/self/ns/user")
+        .map_err(err("reading", Path::new("/proc/self/ns/user")))?;
+    let held = user.metadata().map_err(err("reading", &dir.join("user")))?;
+    if (own.dev(), own.ino()) != (held.dev(), held.ino()) {
+        rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(&user), Some(Ns::User))
+            .map_err(errno("entering the namespace", &dir.join("user")))?;
     }
     Ok(())
 }
@@ -593,6 +659,24 @@ pub fn available(launcher: &Path) -> bool {
             .is_ok_and(|s| s.success())
 }
 
+/// Whether the kernel lets the launcher give containers user namespaces
+/// (some hosts disable them: `user.max_user_namespaces=0`).
+pub fn user_namespaces_available(launcher: &Path) -> bool {
+    std::process::Command::new(launcher)
+        .args(["process-launch", "--check-user-namespaces"])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The check behind [`user_namespaces_available`], in the launcher.
+pub fn check_user() -> bool {
+    unshare(rustix::thread::UnshareFlags::NEWUSER).is_ok()
+}
+
 /// The check behind [`available`], in the launcher.
 pub fn check() -> bool {
     unshare(
@@ -624,7 +708,6 @@ mod tests {
         }
         let base = std::env::temp_dir().join(format!("vkd-held-{}", std::process::id()));
         std::fs::create_dir_all(&base).unwrap();
-        crate::network::keep_apart(&base).unwrap();
         let held = base.join("pod").join("main");
         // A process in a mount namespace of its own, as a container's program.
         let mut child = std::process::Command::new("unshare")
@@ -651,7 +734,6 @@ mod tests {
         assert!(is_nsfs(&held.join("mnt")));
         release_held(&base.join("pod")).unwrap();
         assert!(!base.join("pod").exists());
-        let _ = rustix::mount::unmount(&base, UnmountFlags::DETACH);
         let _ = std::fs::remove_dir_all(&base);
     }
 

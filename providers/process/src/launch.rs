@@ -406,11 +406,20 @@ fn supervise(args: &[String], r: &Request) -> i32 {
             }
         };
         if let Some((dir, sync)) = hold {
+            let users = r
+                .sandbox
+                .as_deref()
+                .map(read_plan)
+                .transpose()
+                .map(|p| p.and_then(|p| p.user_namespace));
             let held = sync.await_ready().and_then(|()| {
                 let pid = child
                     .id()
                     .and_then(|p| i32::try_from(p).ok())
                     .ok_or("the container's first process is gone")?;
+                if let Some(map) = users? {
+                    map.write(pid).map_err(|e| e.to_string())?;
+                }
                 crate::isolation::hold(dir, pid).map_err(|e| e.to_string())
             });
             let go = sync.release(held.is_ok());
@@ -542,6 +551,9 @@ pub fn main(args: &[String]) -> i32 {
     if args == ["--check-namespaces"] {
         return if crate::isolation::check() { 0 } else { 1 };
     }
+    if args == ["--check-user-namespaces"] {
+        return if crate::isolation::check_user() { 0 } else { 1 };
+    }
     let r = match parse(args) {
         Ok(r) => r,
         Err(e) => {
@@ -596,7 +608,13 @@ pub fn main(args: &[String]) -> i32 {
     }
     let isolated = if let Some(plan) = &r.sandbox {
         read_plan(plan)
-            .and_then(|p| crate::isolation::enter_new(&p).map_err(|e| e.to_string()))
+            .and_then(|p| {
+                crate::isolation::enter_new(&p).map_err(|e| e.to_string())?;
+                match &p.user_namespace {
+                    Some(_) => crate::isolation::new_user_namespace().map_err(|e| e.to_string()),
+                    None => Ok(()),
+                }
+            })
             .and_then(|()| r.sync.map_or(Ok(()), Sync::child_ready))
     } else if let Some(held) = r.held.as_deref().filter(|_| r.enter.is_some()) {
         crate::isolation::join_held(Path::new(held)).map_err(|e| e.to_string())

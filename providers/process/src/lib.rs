@@ -14,10 +14,13 @@
 
 mod attach;
 pub mod cgroup;
+mod claim;
 pub mod config;
 mod disk;
 mod ephemeral;
 mod exec;
+pub mod hardening;
+pub mod hostport;
 pub mod isolation;
 pub mod launch;
 mod lifecycle;
@@ -80,6 +83,9 @@ struct Inner {
     disk: disk::Measurements,
     /// Containers get namespaces of their own (`isolation`).
     isolated: bool,
+    /// With namespaces, each container also gets a user namespace that maps
+    /// only the run-as ids (where the kernel allows user namespaces).
+    user_namespaces: bool,
     /// Pods get network namespaces of their own (`network`).
     network: Option<network::Network>,
 }
@@ -273,6 +279,13 @@ impl Provider for ProcessProvider {
             &self.sandbox(&spec.pod.uid).root(),
             self.inner.isolated,
         ) {
+            return Ok(Admission::Rejected { reason, message });
+        }
+        // Checked again at create, which is what holds the port.
+        let wanted = spec.clone();
+        if let Err(ProviderError::Invalid { reason, message }) =
+            self.blocking(move |p| p.check_host_ports(&wanted)).await
+        {
             return Ok(Admission::Rejected { reason, message });
         }
         let (cpu_total, mem_total) = self.totals();

@@ -1,8 +1,16 @@
 //! A Pod's life in the provider: create (its sandbox, network and shim), read,
 //! delete (stop the shim, kill what is left, release the network), and what a
 //! restart of vkd finds and recovers.
+//!
+//! The node's fence lock is held only for the quick steps that decide and
+//! record; CNI ADD and DEL run outside it, each Pod's under a [`Claim`] on its
+//! sandbox, so a plugin that hangs stalls its own Pod, never the node's other
+//! creates and deletions. A create records the network (`network.json`) and
+//! claims the sandbox under the lock, runs ADD without it, and makes the
+//! instance under the lock again, unless the Pod was deleted meanwhile (its
+//! stop file), in which case it gives the network back itself.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rustix::process::Signal;
@@ -10,8 +18,26 @@ use vkd_provider::{
     Fence, Instance, InstanceEvent, InstancePhase, InstanceSpec, ProviderError, Result,
 };
 
+use crate::claim::{self, Claim};
 use crate::sandbox::{InstanceRecord, Sandbox, ShimSpec};
-use crate::{ProcessProvider, cgroup, io_err, isolation, network, procfs, sandbox};
+use crate::{ProcessProvider, cgroup, hostport, io_err, isolation, network, procfs, sandbox};
+
+/// What the first fenced step of a create found.
+enum Begun {
+    /// The Pod's instance, made by an earlier create.
+    Exists(Box<Instance>),
+    Claimed(Box<Claimed>),
+}
+
+/// A create between its two fenced steps: the sandbox it claimed, a
+/// leftover of an earlier attempt moved aside (to discard before ADD), and
+/// the network recorded for it.
+struct Claimed {
+    sb: Sandbox,
+    _claim: Claim,
+    grave: Option<(PathBuf, Claim)>,
+    network: Option<network::Attachment>,
+}
 
 impl ProcessProvider {
     /// Leftovers of a create that died half way: sandboxes still being built are
@@ -23,7 +49,8 @@ impl ProcessProvider {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let sb = Sandbox::new(e.path());
-            // A removal or a create that died half way.
+            // A removal or a create that died half way (unless another vkd on
+            // this state is at it: `discard` leaves what is claimed).
             if name.starts_with('.') || !sb.instance().exists() {
                 if let Err(e) = self.discard(&sb.dir) {
                     eprintln!("process provider: {name}: {e}");
@@ -39,15 +66,35 @@ impl ProcessProvider {
         }
     }
 
+    /// Claims `name` (a Pod UID or a sandbox's directory name); `None` when a
+    /// create or removal holds it.
+    fn claim(&self, name: &str) -> Result<Option<Claim>> {
+        let dir = self.inner.dir.join(claim::DIR);
+        Claim::try_take(&dir, name).map_err(io_err(&dir))
+    }
+
     /// Removes a sandbox nothing runs in (a create that failed or died half
-    /// way), giving back its network first.
+    /// way), giving back its network first; leaves one that a create or
+    /// removal in progress holds to that.
     pub(super) fn discard(&self, dir: &Path) -> Result<()> {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        match self.claim(&name)? {
+            Some(_claim) => self.discard_claimed(dir),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::discard`] of a sandbox the caller has claimed.
+    fn discard_claimed(&self, dir: &Path) -> Result<()> {
         network::release(dir).map_err(|e| {
             ProviderError::transient(format!("releasing the network of {}: {e}", dir.display()))
         })?;
         isolation::unmount_under(dir).map_err(|e| {
             ProviderError::transient(format!("unmounting under {}: {e}", dir.display()))
         })?;
+        let held = crate::sandbox::Sandbox::new(dir.to_owned()).held_root();
+        isolation::release_held(&held)
+            .map_err(|e| ProviderError::transient(format!("releasing {}: {e}", held.display())))?;
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -55,26 +102,67 @@ impl ProcessProvider {
         }
     }
 
-    /// With `network`, and unless the Pod uses the host's: makes the Pod's
-    /// network namespace and runs CNI ADD, recorded first so that DEL can
-    /// follow whatever happens next; returns the Pod's IP.
-    pub(super) fn attach_network(
+    /// Refuses a Pod whose `hostPort` the node already uses: a host service
+    /// listens on it, or another Pod holds it ([`hostport`]). Only with a Pod
+    /// network, where a `hostPort` is a DNAT that would take that traffic.
+    pub(super) fn check_host_ports(&self, spec: &InstanceSpec) -> Result<()> {
+        if self.inner.network.is_none() || spec.host_network || spec.host_ports.is_empty() {
+            return Ok(());
+        }
+        let listeners =
+            hostport::host_listeners().map_err(|e| ProviderError::transient(e.to_string()))?;
+        let pods = self.recorded_host_ports(&spec.pod.uid);
+        hostport::check(&spec.host_ports, &listeners, &pods)
+            .map_err(|e| ProviderError::invalid(hostport::HOST_PORT_IN_USE, e.to_string()))
+    }
+
+    /// The `hostPort`s the node's other Pods hold, from their recorded networks.
+    fn recorded_host_ports(&self, except: &str) -> Vec<(String, Vec<vkd_provider::HostPort>)> {
+        let Ok(entries) = std::fs::read_dir(self.pods_dir()) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                !name.starts_with('.') && name != except
+            })
+            .filter_map(|e| network::attachment_of(&e.path()).ok().flatten())
+            .filter(|a| !a.host_ports().is_empty())
+            .map(|a| (a.pod_uid().to_owned(), a.host_ports().to_vec()))
+            .collect()
+    }
+
+    /// With `network`, and unless the Pod uses the host's: records what the
+    /// Pod's network will be, before any of it exists, so that DEL can follow
+    /// whatever happens next.
+    fn record_network(
         &self,
         sb: &Sandbox,
         spec: &InstanceSpec,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<network::Attachment>> {
         let Some(net) = self.inner.network.as_ref().filter(|_| !spec.host_network) else {
             return Ok(None);
         };
-        let mut a = net.attachment(&spec.pod, &spec.host_ports);
-        let path = network::record_path(&sb.dir);
-        network::record(&sb.dir, &a).map_err(io_err(&path))?;
+        let a = net.attachment(&spec.pod, &spec.host_ports);
+        network::record(&sb.dir, &a).map_err(io_err(&network::record_path(&sb.dir)))?;
+        Ok(Some(a))
+    }
+
+    /// Makes the Pod's network namespace and runs CNI ADD; returns the Pod's
+    /// IP. A failure is the Pod's (`NetworkSetupFailed`, naming the plugin and
+    /// what it said), as the kubelet reports a sandbox it could not create.
+    fn add_network(&self, sb: &Sandbox, mut a: network::Attachment) -> Result<String> {
         let ip = a.add().map_err(|e| {
-            ProviderError::transient(format!("setting up the network of {}: {e}", spec.pod))
+            ProviderError::invalid(
+                network::NETWORK_SETUP_FAILED,
+                format!("setting up the Pod's network: {e}"),
+            )
         })?;
         a.ip = Some(ip.clone());
-        network::record(&sb.dir, &a).map_err(io_err(&path))?;
-        Ok(Some(ip))
+        network::record(&sb.dir, &a).map_err(io_err(&network::record_path(&sb.dir)))?;
+        Ok(ip)
     }
 
     pub(super) fn spawn_shim(&self, sb: &Sandbox) -> std::io::Result<()> {
@@ -103,8 +191,19 @@ impl ProcessProvider {
         Ok(())
     }
 
-    /// Kills what a dead shim left behind (checked by identity) and removes the sandbox.
+    /// Kills what a dead shim left behind (checked by identity) and removes the
+    /// sandbox. Called without the fence lock (DEL may take its plugins' whole
+    /// bound), under the sandbox's claim: one a create holds is left to it (it
+    /// finds the stop request and gives the network back itself), one another
+    /// removal holds to that removal.
     pub(super) fn remove(&self, sb: &Sandbox) -> Result<()> {
+        let name = sb.dir.file_name().unwrap_or_default().to_string_lossy();
+        let Some(_claim) = self.claim(&name)? else {
+            return Ok(());
+        };
+        if !sb.dir.exists() {
+            return Ok(());
+        }
         self.kill_leftovers(sb);
         // Whatever the Pod started, however it detached, ends with it: in the
         // cgroup the shim made (recorded in spec.json), else where the config says.
@@ -127,6 +226,10 @@ impl ProcessProvider {
         // tmpfs volumes, which a removal would otherwise empty and then fail on.
         isolation::unmount_under(&sb.dir).map_err(|e| {
             ProviderError::transient(format!("unmounting the volumes of Pod {pod_uid}: {e}"))
+        })?;
+        // The containers' namespaces, which nothing runs in any more.
+        isolation::release_held(&sb.held_root()).map_err(|e| {
+            ProviderError::transient(format!("releasing the namespaces of Pod {pod_uid}: {e}"))
         })?;
         // Rename first, so a half-removed sandbox is never taken for a live one.
         let uid = sb
@@ -175,10 +278,44 @@ impl ProcessProvider {
     }
 
     pub(super) fn create_blocking(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        let c = match self.begin_create(fence, spec)? {
+            Begun::Exists(instance) => return Ok(*instance),
+            Begun::Claimed(claimed) => claimed,
+        };
+        // Outside the fence lock: a leftover's DEL, then ADD.
+        let networked = (|| -> Result<Option<String>> {
+            if let Some((grave, _)) = &c.grave {
+                self.discard_claimed(grave)?;
+                // Held under the Pod's UID, not under the grave's name.
+                isolation::release_held(&c.sb.held_root()).map_err(|e| {
+                    ProviderError::transient(format!(
+                        "releasing the namespaces of {}: {e}",
+                        spec.pod
+                    ))
+                })?;
+            }
+            c.network
+                .clone()
+                .map(|a| self.add_network(&c.sb, a))
+                .transpose()
+        })();
+        let made = networked.and_then(|ip| self.finish_create(fence, &c.sb, spec, ip));
+        if made.is_err() {
+            // Nothing runs yet: gone (its network given back), so a retried
+            // create starts afresh.
+            let _ = self.discard_claimed(&c.sb.dir);
+        }
+        made
+    }
+
+    /// The first fenced step of a create: the instance when there is one
+    /// already, else the claimed sandbox, checked and with its network
+    /// recorded.
+    fn begin_create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Begun> {
         let _fenced = self.check_fence(fence)?;
         let uid = &spec.pod.uid;
         if let Some((sb, rec, st)) = self.read(uid)? {
-            return Ok(self.instance_of(&sb, rec, st));
+            return Ok(Begun::Exists(Box::new(self.instance_of(&sb, rec, st))));
         }
         if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
             return Err(ProviderError::invalid(
@@ -189,67 +326,104 @@ impl ProcessProvider {
         let sb = self.sandbox(uid);
         // Checked before anything is made: a spec that cannot run leaves nothing.
         self.launches(spec, &sb.root(), self.inner.isolated)?;
-        // A directory without instance.json is a create that died half way: start over.
-        if sb.dir.exists() {
-            self.discard(&sb.dir)?;
-        }
-        std::fs::create_dir(&sb.dir).map_err(io_err(&sb.dir))?;
-        let built = (|| -> Result<InstanceRecord> {
-            let pod_ip = self.attach_network(&sb, spec)?;
-            let spec: &InstanceSpec = &with_pod_ip(spec, pod_ip.as_deref());
-            let launches = self.launches(spec, &sb.root(), self.inner.isolated)?;
-            self.materialize(&sb, spec, &launches, pod_ip.as_deref())?;
-            for l in &launches {
-                sb.ensure_env_file(l)
-                    .map_err(io_err(&sb.env_file(&l.name)))?;
-            }
-            let shim_spec = ShimSpec {
-                spec: spec.clone(),
-                containers: launches.clone(),
-                run_as: Some(self.inner.run_as),
-                log_max_bytes: self.inner.config.log_max_bytes,
-                cgroup: self.inner.cgroup.clone(),
-                pids_limit: self.inner.config.pids_limit(),
-                pids_rlimit: self.inner.config.pids_rlimit(),
-                isolated: self.inner.isolated,
-                pod_ip: pod_ip.clone(),
+        self.check_host_ports(spec)?;
+        let Some(claim) = self.claim(uid)? else {
+            return Err(ProviderError::transient(format!(
+                "Pod {} is being created or removed already",
+                spec.pod
+            )));
+        };
+        // A directory without instance.json is a create that died half way:
+        // moved aside, to be discarded before ADD, and the Pod starts over.
+        let grave = if sb.dir.exists() {
+            let name = format!(".gone-{uid}-{}", uuid::Uuid::new_v4().simple());
+            let grave = self.pods_dir().join(&name);
+            let Some(held) = self.claim(&name)? else {
+                return Err(ProviderError::transient(format!("{name} is claimed")));
             };
-            sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
-            let rec = InstanceRecord {
-                id: format!("proc-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
-                owner: spec.pod.clone(),
-                node: spec.node.clone(),
-                epoch: fence.epoch,
-                host: self.inner.host.clone(),
-                created_at: SystemTime::now(),
-                cpu_millis: spec.resources.cpu_millis,
-                memory_bytes: spec.resources.memory_bytes,
-                ip: pod_ip,
-            };
-            // Written last: its presence is what makes the sandbox an instance.
-            sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;
-            Ok(rec)
-        })();
-        let rec = match built {
-            Ok(r) => r,
+            std::fs::rename(&sb.dir, &grave).map_err(io_err(&sb.dir))?;
+            Some((grave, held))
+        } else {
+            None
+        };
+        let made = std::fs::create_dir(&sb.dir)
+            .map_err(io_err(&sb.dir))
+            .and_then(|()| self.record_network(&sb, spec));
+        let network = match made {
+            Ok(n) => n,
             Err(e) => {
-                let _ = self.discard(&sb.dir);
+                // Nothing was set up for this attempt: as it was.
+                let _ = std::fs::remove_dir_all(&sb.dir);
+                if let Some((grave, _)) = &grave {
+                    let _ = std::fs::rename(grave, &sb.dir);
+                }
                 return Err(e);
             }
         };
-        if let Err(e) = self.spawn_shim(&sb) {
-            // Nothing runs yet: gone, so a retried create starts afresh.
-            let _ = self.discard(&sb.dir);
+        Ok(Begun::Claimed(Box::new(Claimed {
+            sb,
+            _claim: claim,
+            grave,
+            network,
+        })))
+    }
+
+    /// The last fenced step of a create: the sandbox becomes the instance and
+    /// its shim starts, unless the Pod was deleted (or the node fenced) while
+    /// its network was set up.
+    fn finish_create(
+        &self,
+        fence: &Fence,
+        sb: &Sandbox,
+        spec: &InstanceSpec,
+        pod_ip: Option<String>,
+    ) -> Result<Instance> {
+        let _fenced = self.check_fence(fence)?;
+        if sb.stop_requested().is_some() {
             return Err(ProviderError::transient(format!(
-                "starting the shim for {}: {e}",
+                "Pod {} was deleted while its network was set up",
                 spec.pod
             )));
         }
-        let _ = self
-            .inner
-            .events
-            .send(InstanceEvent::Changed { uid: uid.clone() });
-        Ok(self.instance_of(&sb, rec, None))
+        let spec: &InstanceSpec = &with_pod_ip(spec, pod_ip.as_deref());
+        let launches = self.launches(spec, &sb.root(), self.inner.isolated)?;
+        self.materialize(sb, spec, &launches, pod_ip.as_deref())?;
+        for l in &launches {
+            sb.ensure_env_file(l)
+                .map_err(io_err(&sb.env_file(&l.name)))?;
+        }
+        let shim_spec = ShimSpec {
+            spec: spec.clone(),
+            containers: launches.clone(),
+            run_as: Some(self.inner.run_as),
+            log_max_bytes: self.inner.config.log_max_bytes,
+            cgroup: self.inner.cgroup.clone(),
+            pids_limit: self.inner.config.pids_limit(),
+            pids_rlimit: self.inner.config.pids_rlimit(),
+            isolated: self.inner.isolated,
+            pod_ip: pod_ip.clone(),
+        };
+        sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
+        let rec = InstanceRecord {
+            id: format!("proc-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+            owner: spec.pod.clone(),
+            node: spec.node.clone(),
+            epoch: fence.epoch,
+            host: self.inner.host.clone(),
+            created_at: SystemTime::now(),
+            cpu_millis: spec.resources.cpu_millis,
+            memory_bytes: spec.resources.memory_bytes,
+            ip: pod_ip,
+        };
+        // Written last: its presence is what makes the sandbox an instance.
+        sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;
+        self.spawn_shim(sb).map_err(|e| {
+            ProviderError::transient(format!("starting the shim for {}: {e}", spec.pod))
+        })?;
+        let _ = self.inner.events.send(InstanceEvent::Changed {
+            uid: spec.pod.uid.clone(),
+        });
+        Ok(self.instance_of(sb, rec, None))
     }
 
     /// Reads the instance, with no side effect: a dead shim's leftovers are
@@ -271,7 +445,7 @@ impl ProcessProvider {
     }
 
     pub(super) fn delete_blocking(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
-        let _fenced = self.check_fence(fence)?;
+        let fenced = self.check_fence(fence)?;
         if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
             return Ok(());
         }
@@ -285,13 +459,13 @@ impl ProcessProvider {
             sandbox::write_atomic(&sb.stop(), grace.as_secs().to_string().as_bytes(), 0o644)
                 .map_err(io_err(&sb.stop()))?;
         }
-        match sb.shim_process() {
-            Some(p) if p.alive() => {
-                p.signal(Signal::TERM);
-                Ok(())
-            }
-            _ => self.remove(&sb),
+        if let Some(p) = sb.shim_process().filter(|p| p.alive()) {
+            p.signal(Signal::TERM);
+            return Ok(());
         }
+        // Removed outside the fence lock: DEL may take its plugins' whole bound.
+        drop(fenced);
+        self.remove(&sb)
     }
 
     /// Every instance of `node`. A sandbox whose records cannot be read is left

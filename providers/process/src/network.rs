@@ -13,6 +13,11 @@
 //! runs DEL and the namespace is unmounted, so the IPAM plugin gets its IP
 //! back. What was set up is recorded (`network.json`) before the first plugin
 //! runs, so a crash at any point leaves something DEL can be run from.
+//!
+//! Plugins are programs that can hang (a stuck IPAM lock, a dead DHCP
+//! server): each run is bounded (`pluginTimeoutSeconds`), in a process group
+//! of its own that is killed whole on expiry, and no plugin ever runs under
+//! the node's fence lock, so a stuck one stalls only its own Pod.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -21,16 +26,23 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+/// The reason a Pod gets when its network could not be set up (the
+/// kubelet's `FailedCreatePodSandBox`, for a runtime's CNI failure).
+pub const NETWORK_SETUP_FAILED: &str = "NetworkSetupFailed";
 /// The name of the Pod's interface in its namespace.
 pub const INTERFACE: &str = "eth0";
-/// How long one plugin may run.
+/// How long one plugin may run, where a record says nothing (one from
+/// before `pluginTimeoutSeconds`).
 const PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most of a plugin's error output a message carries: it ends up in the
+/// Pod's status and an Event, which must stay small.
+const MESSAGE_MAX: usize = 1024;
 /// What the plugins find on PATH (portmap and bridge run iptables).
 const PLUGIN_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {
-    #[error("network config {path}: {message}")]
+    #[error("network.cniConfig {path}: {message}")]
     Config { path: PathBuf, message: String },
     #[error("the Pod's network namespace {path}: {source}")]
     Namespace {
@@ -55,6 +67,8 @@ pub struct Network {
     bin_dir: PathBuf,
     /// Where the Pods' namespaces are kept: `<state>/netns`.
     netns_dir: PathBuf,
+    /// How long one plugin run may take.
+    timeout: Duration,
 }
 
 impl Network {
@@ -66,7 +80,8 @@ impl Network {
             path: path.clone(),
             message,
         };
-        let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let text = crate::config::read_regular(path, crate::config::MAX_FILE_BYTES)
+            .map_err(|e| bad(e.to_string()))?;
         let list: Value =
             serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
         for key in ["cniVersion", "name"] {
@@ -115,6 +130,7 @@ impl Network {
             list,
             bin_dir: config.cni_bin_dir.clone(),
             netns_dir,
+            timeout: config.plugin_timeout(),
         })
     }
 
@@ -149,6 +165,7 @@ impl Network {
             ),
             port_mappings: host_ports.to_vec(),
             ip: None,
+            timeout_secs: self.timeout.as_secs(),
         }
     }
 }
@@ -166,9 +183,26 @@ pub struct Attachment {
     /// The Pod's IP, once ADD gave one.
     #[serde(default)]
     pub ip: Option<String>,
+    /// How long one plugin run may take (`pluginTimeoutSeconds`).
+    #[serde(default = "default_timeout_secs")]
+    timeout_secs: u64,
+}
+
+fn default_timeout_secs() -> u64 {
+    PLUGIN_TIMEOUT.as_secs()
 }
 
 impl Attachment {
+    /// The `hostPort`s the Pod asked for.
+    pub fn host_ports(&self) -> &[vkd_provider::HostPort] {
+        &self.port_mappings
+    }
+
+    /// The Pod's UID (the CNI container ID).
+    pub fn pod_uid(&self) -> &str {
+        &self.container_id
+    }
+
     /// Makes the namespace and runs ADD; returns the Pod's IP.
     pub fn add(&self) -> Result<String> {
         make_netns(&self.netns)?;
@@ -188,7 +222,7 @@ impl Attachment {
         pod_ip(&result).ok_or_else(|| NetworkError::Plugin {
             plugin: self.plugin_type(self.plugin_count().saturating_sub(1)),
             command: "ADD",
-            message: format!("the result names no IP: {result}"),
+            message: format!("the result names no IP: {}", bounded(&result.to_string())),
         })
     }
 
@@ -268,53 +302,31 @@ impl Attachment {
         } else {
             self.netns.display().to_string()
         };
-        let mut child = std::process::Command::new(self.bin_dir.join(plugin))
-            .env_clear()
+        let mut cmd = std::process::Command::new(self.bin_dir.join(plugin));
+        cmd.env_clear()
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", &self.container_id)
             .env("CNI_NETNS", netns)
             .env("CNI_IFNAME", ifname)
             .env("CNI_ARGS", &self.args)
             .env("CNI_PATH", &self.bin_dir)
-            .env("PATH", PLUGIN_PATH)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(e.to_string()))?;
+            .env("PATH", PLUGIN_PATH);
         let input = serde_json::to_vec(conf).map_err(|e| fail(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&input).map_err(|e| fail(e.to_string()))?;
-        }
-        // Read on threads: a plugin that fills a pipe must not stall the wait.
-        let read = |r: Option<Box<dyn Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(r) = r {
-                    let _ = r.take(1 << 20).read_to_end(&mut buf);
-                }
-                buf
-            })
-        };
-        let out = read(child.stdout.take().map(|s| Box::new(s) as _));
-        let err = read(child.stderr.take().map(|s| Box::new(s) as _));
-        let deadline = Instant::now() + PLUGIN_TIMEOUT;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(st)) => break st,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Ok(None) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(fail(format!("did not finish in {PLUGIN_TIMEOUT:?}")));
-                }
-                Err(e) => return Err(fail(e.to_string())),
+        let timeout = Duration::from_secs(self.timeout_secs.max(1));
+        let run = run_bounded(cmd, input, timeout).map_err(|e| fail(e.to_string()))?;
+        let (status, stdout, stderr) = match run {
+            Run::Exited {
+                status,
+                stdout,
+                stderr,
+            } => (status, stdout, stderr),
+            Run::TimedOut => {
+                return Err(fail(format!(
+                    "did not finish in {}s (pluginTimeoutSeconds); killed",
+                    timeout.as_secs()
+                )));
             }
         };
-        let stdout = out.join().unwrap_or_default();
-        let stderr = err.join().unwrap_or_default();
         if !status.success() {
             // A failing plugin prints {"code", "msg", "details"} on stdout.
             let why = serde_json::from_slice::<Value>(&stdout)
@@ -328,16 +340,123 @@ impl Attachment {
                 })
                 .unwrap_or_else(|| {
                     String::from_utf8_lossy(if stderr.is_empty() { &stdout } else { &stderr })
-                        .trim()
-                        .to_owned()
+                        .into_owned()
                 });
-            return Err(fail(format!("{status}: {why}")));
+            return Err(fail(format!("{status}: {}", bounded(&why))));
         }
         if command != "ADD" || stdout.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
         }
         serde_json::from_slice(&stdout).map_err(|e| fail(format!("its result is not JSON: {e}")))
     }
+}
+
+/// How a bounded plugin run ended.
+#[derive(Debug)]
+enum Run {
+    Exited {
+        status: std::process::ExitStatus,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+    },
+    /// It ran past the bound: its process group was killed.
+    TimedOut,
+}
+
+/// Runs `cmd` with `input` on its stdin, in a process group of its own, for
+/// `timeout` at most: on expiry the whole group (the plugin and whatever it
+/// started) is killed. The pipes are fed and drained on threads of their own,
+/// so a plugin that neither reads its input nor stops writing cannot stall
+/// the wait, and output left open by something the plugin started in the
+/// background is given up on at the deadline. At most 1 MiB of each stream
+/// is kept.
+fn run_bounded(
+    mut cmd: std::process::Command,
+    input: Vec<u8>,
+    timeout: Duration,
+) -> std::io::Result<Run> {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let deadline = Instant::now() + timeout;
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let group = rustix::process::Pid::from_raw(child.id() as i32);
+    let kill_group = || {
+        if let Some(g) = group {
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        // Ends with the plugin: its exit closes the pipe (EPIPE, not SIGPIPE,
+        // which Rust programs ignore).
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+    }
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(1 << 20).read_to_end(&mut buf);
+            }
+            let _ = tx.send(buf);
+        });
+        rx
+    };
+    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
+    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            kill_group();
+            let _ = child.wait();
+            return Ok(Run::TimedOut);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let collect = |rx: &std::sync::mpsc::Receiver<Vec<u8>>| {
+        let left = deadline.saturating_duration_since(Instant::now());
+        rx.recv_timeout(left).ok()
+    };
+    let (stdout, stderr) = match (collect(&out), collect(&err)) {
+        (Some(o), Some(e)) => (o, e),
+        // Something the plugin left behind holds its output open.
+        _ => {
+            kill_group();
+            return Ok(Run::TimedOut);
+        }
+    };
+    Ok(Run::Exited {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// `text` on one line, cut to [`MESSAGE_MAX`] bytes.
+fn bounded(text: &str) -> String {
+    let line: String = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if line.len() <= MESSAGE_MAX {
+        return line;
+    }
+    let mut end = MESSAGE_MAX;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &line[..end], line.len())
 }
 
 /// Where a sandbox records its Pod's network.
@@ -552,6 +671,7 @@ mod tests {
             args: String::new(),
             port_mappings: ports,
             ip: None,
+            timeout_secs: 60,
         }
     }
 
@@ -594,6 +714,7 @@ mod tests {
                 &crate::config::NetworkConfig {
                     cni_config: conf.clone(),
                     cni_bin_dir: bin.clone(),
+                    plugin_timeout_seconds: None,
                 },
                 &dir,
             )
@@ -607,6 +728,156 @@ mod tests {
         assert!(e.contains("not a plain program name"), "{e}");
         let e = load(r#"{"cniVersion":"1.0.0","name":"p","plugins":[{"type":"bridge"}]}"#);
         assert!(e.contains("loopback is not an executable"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `cniConfig` is read as the config is: a FIFO, a device or an oversized
+    /// file is a config error naming the field, never a hang or a huge read.
+    #[test]
+    fn the_list_must_be_a_regular_file_of_bounded_size() {
+        let dir = std::env::temp_dir().join(format!("vkd-cni-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.conflist");
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let big = dir.join("big.conflist");
+        std::fs::write(&big, " ".repeat(crate::config::MAX_FILE_BYTES as usize + 1)).unwrap();
+        for (path, what) in [
+            (fifo, "FIFO"),
+            (PathBuf::from("/dev/zero"), "character device"),
+            (big, "larger than"),
+        ] {
+            let state = dir.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let config = crate::config::NetworkConfig {
+                    cni_config: p,
+                    cni_bin_dir: "/nonexistent".into(),
+                    plugin_timeout_seconds: None,
+                };
+                let _ = tx.send(Network::load(&config, &state).map(|_| ()));
+            });
+            let e = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("reading the list hung")
+                .unwrap_err();
+            assert!(matches!(e, NetworkError::Config { .. }), "{e}");
+            let e = e.to_string();
+            assert!(
+                e.contains("network.cniConfig") && e.contains(&path.display().to_string()),
+                "{e}"
+            );
+            assert!(e.contains(what), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Writes an executable script, and waits until it can be run: a process
+    /// forked meanwhile by another test may hold it open for writing a moment
+    /// (ETXTBSY).
+    fn script(path: &Path, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for _ in 0..200 {
+            match std::process::Command::new(path)
+                .env("CNI_COMMAND", "VERSION")
+                .output()
+            {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Whether process `pid` is gone (or only a zombie).
+    fn gone(pid: &str) -> bool {
+        (0..200).any(|_| {
+            let ended = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+                st.rsplit_once(") ")
+                    .is_some_and(|(_, r)| r.starts_with('Z'))
+            });
+            if !ended {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            ended
+        })
+    }
+
+    /// A plugin that hangs, or leaves something holding its output open, is
+    /// killed with all it started once its time is up; the wait never
+    /// outlasts the bound.
+    #[test]
+    fn a_hung_plugin_is_killed_with_what_it_started() {
+        let dir = std::env::temp_dir().join(format!("vkd-cni-hang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pids = dir.join("pids");
+        for (name, body) in [
+            // Hangs, with a child of its own.
+            (
+                "hang",
+                "[ \"$CNI_COMMAND\" = VERSION ] && exit 0\nsleep 1000 & echo $! > \"$PIDS\"\nsleep 1000\n",
+            ),
+            // Exits at once, but leaves a child holding its stdout.
+            (
+                "leak",
+                "[ \"$CNI_COMMAND\" = VERSION ] && exit 0\nsleep 1000 & echo $! > \"$PIDS\"\necho '{}'\n",
+            ),
+        ] {
+            let exe = dir.join(name);
+            script(&exe, body);
+            let _ = std::fs::remove_file(&pids);
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.env("PIDS", &pids);
+            let t = Instant::now();
+            let run = run_bounded(cmd, b"{}".to_vec(), Duration::from_millis(500)).unwrap();
+            assert!(matches!(run, Run::TimedOut), "{name}: {run:?}");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{name}: {:?}",
+                t.elapsed()
+            );
+            let child = std::fs::read_to_string(&pids).unwrap();
+            assert!(gone(child.trim()), "{name}: its child {child} outlived it");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A failing plugin's error names it and carries its output, cut short:
+    /// it ends up in the Pod's status.
+    #[test]
+    fn a_plugin_error_names_the_plugin_and_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("vkd-cni-err-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        script(
+            &dir.join("noisy"),
+            "[ \"$CNI_COMMAND\" = VERSION ] && exit 0\ncat >/dev/null\n\
+             printf 'no IP left in range %s ' $(seq 1 20000) >&2\nexit 1\n",
+        );
+        let mut a = attachment(Vec::new());
+        a.bin_dir = dir.clone();
+        let e = a
+            .exec("DEL", &json!({"type": "noisy"}), INTERFACE)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "CNI plugin noisy (DEL): exit status: 1: no IP left in range 1 no IP left in range 2"
+            ),
+            "{e}"
+        );
+        assert!(e.len() < MESSAGE_MAX + 200, "{} bytes", e.len());
+        assert!(!e.contains('\n'));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
 use crate::{
-    Inner, ProcessConfig, ProcessProvider, cgroup, config, disk, hostname, isolation, network,
-    watch,
+    Inner, ProcessConfig, ProcessProvider, cgroup, claim, config, disk, hostname, isolation,
+    network, watch,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +118,7 @@ impl ProcessProvider {
         if !shim_exe.is_file() {
             return Err(OpenError::Shim(shim_exe));
         }
-        for sub in ["pods", "fences"] {
+        for sub in ["pods", "fences", claim::DIR] {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(|source| OpenError::State {
                 path: p.clone(),
@@ -145,6 +145,15 @@ impl ProcessProvider {
             config::IsolationMode::Namespaces if isolation::available(&shim_exe) => true,
             config::IsolationMode::Namespaces => return Err(OpenError::NoNamespaces),
         };
+        let user_namespaces = isolated && isolation::user_namespaces_available(&shim_exe);
+        if isolated {
+            // Where containers' namespaces are held (root's alone).
+            let held = dir.join("ns");
+            make_private_dir(&held).map_err(|source| OpenError::State {
+                path: held.clone(),
+                source,
+            })?;
+        }
         let network = match &config.network {
             Some(_) if !isolated => return Err(OpenError::NetworkNeedsNamespaces),
             Some(n) => Some(network::Network::load(n, dir)?),
@@ -169,6 +178,7 @@ impl ProcessProvider {
                 cpu_samples: Mutex::default(),
                 disk: disk::Measurements::default(),
                 isolated,
+                user_namespaces,
                 network,
             }),
         };
@@ -177,6 +187,12 @@ impl ProcessProvider {
 
     /// How Pods are isolated here: `namespaces` (each container in mount, PID
     /// and UTS namespaces of its own) or `host` (host processes).
+    /// Whether containers get user namespaces of their own (with namespaces,
+    /// where the kernel allows them).
+    pub fn user_namespaces(&self) -> bool {
+        self.inner.user_namespaces
+    }
+
     pub fn isolation_mode(&self) -> &'static str {
         if self.inner.isolated {
             "namespaces"
@@ -232,6 +248,7 @@ pub(super) fn secure_state(dir: &Path) -> Result<(), OpenError> {
         Some(dir),
         Some(&dir.join("pods")),
         Some(&dir.join("fences")),
+        Some(&dir.join(claim::DIR)),
     ];
     for p in ours.into_iter().flatten() {
         let m = std::fs::metadata(p).map_err(state_err(p))?;
@@ -278,4 +295,11 @@ pub(super) fn blocker(path: &Path, uid: u32, gid: u32) -> Option<(PathBuf, u32)>
         }
     }
     None
+}
+
+/// Makes `dir` (and its parents), mode 0700.
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }

@@ -420,6 +420,26 @@ impl ProcessProvider {
         to: &Path,
     ) -> std::io::Result<()> {
         let mut plan = mount_plan(self, sb, c, l, &pod_hostname(&spec.pod.name));
+        if self.inner.user_namespaces {
+            let (uid, gid) = self.inner.run_as;
+            let mut map = crate::isolation::IdentityMap {
+                uids: vec![uid],
+                gids: std::iter::once(gid).chain(spec.fs_group).collect(),
+            };
+            // The owners of the image's setuid and setgid programs that keep
+            // their bits: the kernel honours the bits only where both the
+            // file's user and group are mapped.
+            for b in plan.binds.iter().filter(|b| b.allow_suid) {
+                use std::os::unix::fs::MetadataExt;
+                if let Ok(m) = std::fs::metadata(&b.source)
+                    && m.mode() & 0o6000 != 0
+                {
+                    map.uids.push(m.uid());
+                    map.gids.push(m.gid());
+                }
+            }
+            plan.user_namespace = Some(map);
+        }
         if let Some(net) = &self.inner.network {
             // No container holds another Pod's network namespace alive.
             plan.detach.push(net.netns_dir().to_owned());
@@ -524,6 +544,7 @@ fn mount_plan(
         working_dir: Some(l.cwd.clone()),
         netns: None,
         detach: Vec::new(),
+        user_namespace: None,
     }
 }
 

@@ -85,6 +85,7 @@ impl TestNet {
         cfg.network = Some(vkd_process::config::NetworkConfig {
             cni_config: conf,
             cni_bin_dir: cni_bin(),
+            plugin_timeout_seconds: None,
         });
         let p = ProcessProvider::open(cfg, &self.dir.join("state"), shim_exe()).unwrap();
         if p.isolation_mode() != "namespaces" {
@@ -122,10 +123,10 @@ impl Drop for TestNet {
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();
-        let _ = rustix::mount::unmount(
-            self.dir.join("state/netns"),
-            rustix::mount::UnmountFlags::DETACH,
-        );
+        for mount in ["state/netns", "state/ns"] {
+            let _ =
+                rustix::mount::unmount(self.dir.join(mount), rustix::mount::UnmountFlags::DETACH);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -357,4 +358,274 @@ async fn a_create_that_died_half_way_gives_its_ip_back_and_host_network_pods_get
     assert_eq!(i.ip, None);
     assert!(net.reserved().is_empty());
     remove(&p, "u-net-host").await;
+}
+
+/// A network of stand-in CNI plugins, for what the real ones cannot be made
+/// to do on cue: `fake` hangs on ADD for a Pod named `pod-u-hang*`, fails for
+/// `pod-u-fail*` (a CNI error) and `pod-u-noisy*` (pages of stderr), and
+/// otherwise gives every Pod 10.99.0.2; it records each call in `calls`.
+struct FakeNet {
+    dir: PathBuf,
+}
+
+impl FakeNet {
+    fn new() -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("vkd-fakenet-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        Self { dir }
+    }
+
+    /// The provider on this network (plugins bounded to `timeout` seconds),
+    /// when the host gives containers namespaces; else `None` (the test says
+    /// so and passes).
+    fn provider(&self, timeout: u64) -> Option<ProcessProvider> {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("not root: no network namespaces to check");
+            return None;
+        }
+        let calls = self.dir.join("calls");
+        let prelude = format!(
+            "case \"$CNI_COMMAND\" in VERSION) exit 0;; esac\n\
+             cat >/dev/null\n\
+             echo \"$(basename \"$0\") $CNI_COMMAND $CNI_CONTAINERID\" >> {}\n",
+            calls.display()
+        );
+        script(
+            &self.dir.join("bin/loopback"),
+            &format!("{prelude}echo '{{}}'\n"),
+        );
+        script(
+            &self.dir.join("bin/fake"),
+            &format!(
+                "{prelude}[ \"$CNI_COMMAND\" = DEL ] && exit 0\n\
+                 case \"$CNI_ARGS\" in\n\
+                 *K8S_POD_NAME=pod-u-hang*) exec sleep 1000 ;;\n\
+                 *K8S_POD_NAME=pod-u-fail*)\n\
+                 \x20 echo 'partial output' >&2\n\
+                 \x20 echo '{{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no addresses left\",\"details\":\"range 10.99.0.0/30 is full\"}}'\n\
+                 \x20 exit 1 ;;\n\
+                 *K8S_POD_NAME=pod-u-noisy*) seq 1 100000 >&2; exit 2 ;;\n\
+                 esac\n\
+                 echo '{{\"cniVersion\":\"1.0.0\",\"ips\":[{{\"address\":\"10.99.0.2/24\"}}]}}'\n"
+            ),
+        );
+        let conf = self.dir.join("pods.conflist");
+        std::fs::write(
+            &conf,
+            r#"{"cniVersion":"1.0.0","name":"vkd-fake","plugins":[{"type":"fake"}]}"#,
+        )
+        .unwrap();
+        let mut cfg = config();
+        cfg.network = Some(vkd_process::config::NetworkConfig {
+            cni_config: conf,
+            cni_bin_dir: self.dir.join("bin"),
+            plugin_timeout_seconds: Some(timeout),
+        });
+        let p = ProcessProvider::open(cfg, &self.dir.join("state"), shim_exe()).unwrap();
+        if p.isolation_mode() != "namespaces" {
+            eprintln!("no namespaces here: nothing to check");
+            return None;
+        }
+        Some(p)
+    }
+
+    /// The plugin calls so far: `<plugin> <command> <pod uid>` each.
+    fn calls(&self) -> String {
+        std::fs::read_to_string(self.dir.join("calls")).unwrap_or_default()
+    }
+
+    fn sandbox(&self, uid: &str) -> PathBuf {
+        self.dir.join("state/pods").join(uid)
+    }
+
+    fn netns_files(&self) -> usize {
+        std::fs::read_dir(self.dir.join("state/netns")).map_or(0, |d| d.count())
+    }
+}
+
+impl Drop for FakeNet {
+    fn drop(&mut self) {
+        for mount in ["state/netns", "state/ns"] {
+            let _ =
+                rustix::mount::unmount(self.dir.join(mount), rustix::mount::UnmountFlags::DETACH);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Writes an executable script, and waits until it can be run: a process
+/// forked meanwhile by another test may hold it open for writing a moment
+/// (ETXTBSY).
+fn script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for _ in 0..200 {
+        match std::process::Command::new(path)
+            .env("CNI_COMMAND", "VERSION")
+            .output()
+        {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return,
+        }
+    }
+}
+
+/// The reason and message of a create that the provider refused for the Pod.
+fn refusal(r: vkd_provider::Result<vkd_provider::Instance>) -> (String, String) {
+    match r {
+        Err(vkd_provider::ProviderError::Invalid { reason, message }) => (reason, message),
+        other => panic!("not refused for the Pod: {other:?}"),
+    }
+}
+
+/// While one Pod's ADD hangs, other Pods are created and deleted at once
+/// (no plugin runs under the node's fence lock), and so is the hung Pod's
+/// own deletion; the hung plugin is killed at its bound and that Pod's
+/// create fails saying so, leaving nothing behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_plugin_stalls_only_its_own_pod() {
+    const BOUND: u64 = 20;
+    let net = FakeNet::new();
+    let Some(p) = net.provider(BOUND) else { return };
+    p.create(&fence(), &spec("u-done", &[])).await.unwrap();
+    running(&p, "u-done").await;
+    let began = std::time::Instant::now();
+    let hung = {
+        let p = p.clone();
+        tokio::spawn(async move { p.create(&fence(), &spec("u-hang", &[])).await })
+    };
+    wait_for("the plugin to hang", async || {
+        net.calls().contains("fake ADD u-hang").then_some(())
+    })
+    .await;
+    let b = p.create(&fence(), &spec("u-other", &[])).await.unwrap();
+    assert_eq!(b.ip.as_deref(), Some("10.99.0.2"));
+    remove(&p, "u-done").await;
+    // The hung Pod's own deletion: answered now, finished by its create.
+    p.delete(&fence(), "u-hang", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(p.get("u-hang").await.unwrap().is_none());
+    assert!(
+        !hung.is_finished(),
+        "the hung create ended before the others were done ({:?})",
+        began.elapsed()
+    );
+    let (reason, message) = refusal(hung.await.unwrap());
+    assert_eq!(reason, "NetworkSetupFailed");
+    assert!(
+        message.contains("CNI plugin fake (ADD)") && message.contains(&format!("{BOUND}s")),
+        "{message}"
+    );
+    assert!(began.elapsed() >= Duration::from_secs(BOUND));
+    assert!(!net.sandbox("u-hang").exists());
+    assert!(net.calls().contains("fake DEL u-hang"), "{}", net.calls());
+    remove(&p, "u-other").await;
+    assert_eq!(net.netns_files(), 0);
+}
+
+/// A failed ADD is the Pod's failure, with a reason and the plugin's own
+/// words, cut to a bounded size; what was set up is given back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_add_reaches_the_pod_with_the_plugins_words() {
+    let net = FakeNet::new();
+    let Some(p) = net.provider(60) else { return };
+    let (reason, message) = refusal(p.create(&fence(), &spec("u-fail", &[])).await);
+    assert_eq!(reason, "NetworkSetupFailed");
+    assert!(
+        message.contains("CNI plugin fake (ADD)")
+            && message.contains("no addresses left: range 10.99.0.0/30 is full"),
+        "{message}"
+    );
+    assert!(!net.sandbox("u-fail").exists());
+    assert!(net.calls().contains("fake DEL u-fail"), "{}", net.calls());
+    let (reason, message) = refusal(p.create(&fence(), &spec("u-noisy", &[])).await);
+    assert_eq!(reason, "NetworkSetupFailed");
+    assert!(message.contains("exit status: 2: 1 2 3"), "{message}");
+    assert!(message.len() < 1500, "{} bytes", message.len());
+    assert_eq!(net.netns_files(), 0);
+}
+
+/// A hostPort a host service listens on is refused before any plugin runs,
+/// at admission and at create; a free one works, and is then refused to a
+/// second Pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_port_the_node_uses_is_refused_before_add() {
+    let net = FakeNet::new();
+    let Some(p) = net.provider(60) else { return };
+    let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let used = service.local_addr().unwrap().port();
+    let with_port = |uid: &str, port: u16| {
+        let mut s = spec(uid, &[]);
+        s.host_ports = vec![vkd_provider::HostPort {
+            container_port: 8080,
+            host_port: port,
+            protocol: "TCP".into(),
+            host_ip: None,
+        }];
+        s
+    };
+    let s = with_port("u-hp", used);
+    match p.admit(&s).await.unwrap() {
+        vkd_provider::Admission::Rejected { reason, .. } => assert_eq!(reason, "HostPortInUse"),
+        other => panic!("{other:?}"),
+    }
+    let (reason, message) = refusal(p.create(&fence(), &s).await);
+    assert_eq!(reason, "HostPortInUse");
+    assert!(
+        message.contains(&format!("hostPort {used}/TCP"))
+            && message.contains(&format!("127.0.0.1:{used}")),
+        "{message}"
+    );
+    assert!(!net.calls().contains("u-hp"), "{}", net.calls());
+    assert!(!net.sandbox("u-hp").exists());
+    let free = {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    p.create(&fence(), &with_port("u-hp-free", free))
+        .await
+        .unwrap();
+    let (reason, message) = refusal(p.create(&fence(), &with_port("u-hp-twice", free)).await);
+    assert_eq!(reason, "HostPortInUse");
+    assert!(message.contains("Pod u-hp-free holds it"), "{message}");
+    remove(&p, "u-hp-free").await;
+    drop(service);
+}
+
+/// A sandbox that a create left half made (no instance.json) is given back
+/// (DEL) before the next create of that Pod runs ADD, outside the fence lock.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_half_made_sandbox_is_given_back_before_the_next_add() {
+    let net = FakeNet::new();
+    let Some(p) = net.provider(60) else { return };
+    let left = net.sandbox("u-left");
+    std::fs::create_dir_all(&left).unwrap();
+    let record = serde_json::json!({
+        "list": {"cniVersion": "1.0.0", "name": "vkd-fake", "plugins": [{"type": "fake"}]},
+        "bin_dir": net.dir.join("bin"),
+        "netns": net.dir.join("state/netns/u-left"),
+        "container_id": "u-left",
+        "args": "IgnoreUnknown=1;K8S_POD_NAMESPACE=conformance;K8S_POD_NAME=pod-u-left",
+        "port_mappings": [],
+    });
+    std::fs::write(left.join("network.json"), record.to_string()).unwrap();
+    p.create(&fence(), &spec("u-left", &[])).await.unwrap();
+    let calls = net.calls();
+    let del = calls.find("fake DEL u-left").expect(&calls);
+    let add = calls.find("fake ADD u-left").expect(&calls);
+    assert!(del < add, "{calls}");
+    let pods: Vec<String> = std::fs::read_dir(net.dir.join("state/pods"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(pods, vec!["u-left".to_owned()]);
+    running(&p, "u-left").await;
+    remove(&p, "u-left").await;
+    assert_eq!(net.netns_files(), 0);
 }
