@@ -26,6 +26,9 @@ const DOWN_NODE_IP: &str = "127.0.0.2";
 /// The downstream sim vkd in per-host mode: two hosts with 4 GPUs each.
 const DOWN_GPU: &str = "vk-down-gpu";
 const NS: &str = "offload";
+/// The identity `manifests/downstream` gives vkd downstream: the only one
+/// its admission policy lets set vkd's labels.
+const VKD_SA: &str = "system:serviceaccount:vkd-system:vkd-downstream";
 
 struct Chain {
     down: Cluster,
@@ -69,6 +72,18 @@ fn main() -> ExitCode {
         (
             "the_articles_deployment_runs_downstream_as_written_and_leaves_nothing",
             articles_deployment,
+        ),
+        (
+            "a_downstream_decoy_is_refused_by_admission_and_ignored_by_vkd",
+            decoy,
+        ),
+        (
+            "upstream_namespace_system_runs_in_a_namespace_of_its_own_under_pod_security",
+            system_namespace,
+        ),
+        (
+            "a_volume_too_large_for_a_secret_fails_the_pod_saying_so",
+            volume_too_large,
         ),
     ]);
     // Stop the downstream cluster and both daemons.
@@ -139,6 +154,10 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
             "vkd.io/e2e=offload",
             "--gc-interval",
             "5s",
+            // So a privileged Pod reaches the downstream cluster, whose own
+            // Pod Security is what this suite shows refusing it.
+            "--allow-privileged",
+            "true",
         ],
     )?;
     wait_ready(up, UP_NODE)?;
@@ -535,8 +554,9 @@ fn capacity_and_fence(up: &Cluster) -> Result<()> {
             .parse()
             .context("the fence's epoch")?;
         ensure!(epoch >= 1, "epoch {epoch}");
-        // A create from an older epoch, as a stale replica would send it, is
-        // refused by the downstream API server itself.
+        // A create from an older epoch, as a stale replica would send it
+        // (with vkd's identity: only it may set vkd's labels), is refused by
+        // the downstream API server itself.
         let stale = format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: vkd-stale\n  namespace: default\n  labels: {{vkd.io/owner-node: {UP_NODE}, vkd.io/owner-uid: stale, vkd.io/epoch: '{}'}}\nspec:\n  containers: [{{name: main, image: busybox}}]\n",
             epoch - 1
@@ -544,7 +564,10 @@ fn capacity_and_fence(up: &Cluster) -> Result<()> {
         let refused = wait_for(
             "the fence to be enforced",
             Duration::from_secs(30),
-            || match down.kubectl_stdin(&["create", "-f", "-"], Some(&stale)) {
+            || match down.kubectl_stdin(
+                &[&format!("--as={VKD_SA}"), "create", "-f", "-"],
+                Some(&stale),
+            ) {
                 Ok(_) => {
                     down.kubectl(&[
                         "delete",
@@ -1179,6 +1202,313 @@ fn articles_deployment(up: &Cluster) -> Result<()> {
                 Ok(left.is_empty().then_some(()))
             },
         )?;
+        Ok(())
+    })
+}
+
+/// A downstream Pod with vkd's labels, name and owner annotations for
+/// upstream Pod `uid`, and a far higher epoch than vkd's: a decoy.
+fn decoy_pod(ns: &str, name: &str, uid: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ns}
+  labels: {{vkd.io/owner-uid: {uid}, vkd.io/owner-node: {UP_NODE}, vkd.io/epoch: '9999999999'}}
+  annotations: {{vkd.io/owner-namespace: {NS}, vkd.io/owner-name: victim}}
+spec:
+  nodeName: {DOWN_NODE}
+  tolerations: [{{operator: Exists}}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "echo i-am-the-decoy; sleep 3600"]
+    env: [{{name: MARK, value: decoy}}]
+"#
+    )
+}
+
+fn decoy(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        up.apply(&pod(
+            "victim",
+            r#"  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "echo i-am-the-real-one; sleep 3600"]
+    env: [{name: MARK, value: real}]"#,
+        ))?;
+        let p = wait_running(up, "victim")?;
+        let uid = str_at(&p, "metadata.uid").to_owned();
+        let (down_ns, name) = (format!("vkd-{NS}"), format!("vkd-{uid}"));
+        let real = down.kubectl_json(&["get", "pod", &name, "-n", &down_ns])?;
+        let real_uid = str_at(&real, "metadata.uid").to_owned();
+        // A downstream tenant who may create Pods in her own namespace, and
+        // nothing else.
+        down.namespace("tenant-a")?;
+        down.apply(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: tenant, namespace: tenant-a}\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: pods, namespace: tenant-a}\n\
+             rules: [{apiGroups: [''], resources: [pods], verbs: [create]}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: pods, namespace: tenant-a}\n\
+             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: pods}\n\
+             subjects: [{kind: ServiceAccount, name: tenant, namespace: tenant-a}]\n",
+        )?;
+        let as_tenant = "--as=system:serviceaccount:tenant-a:tenant";
+        let planted = decoy_pod("tenant-a", &name, &uid);
+        // (a) The downstream API server refuses her the decoy...
+        let refused = match down.kubectl_stdin(&[as_tenant, "create", "-f", "-"], Some(&planted)) {
+            Ok(out) => anyhow::bail!("the tenant planted a decoy: {out}"),
+            Err(e) => format!("{e:#}"),
+        };
+        ensure!(
+            refused.contains("vkd-owner-labels"),
+            "refused for another reason: {refused}"
+        );
+        eprintln!("the tenant's decoy refused downstream: {refused}");
+        // ... though she may create Pods there (a server-side dry run goes
+        // through the same admission and makes nothing).
+        let plain: String = planted
+            .lines()
+            .filter(|l| !l.contains("vkd.io/"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        down.kubectl_stdin(
+            &[as_tenant, "create", "--dry-run=server", "-f", "-"],
+            Some(&plain),
+        )?;
+        // (b) Planted anyway, by the admin with vkd's own identity (the
+        // policy bypassed): in the tenant's namespace, and beside the real
+        // Pod under another name.
+        let beside = decoy_pod(&down_ns, "decoy", &uid);
+        down.kubectl_stdin(
+            &[&format!("--as={VKD_SA}"), "create", "-f", "-"],
+            Some(&format!("{planted}---\n{beside}")),
+        )?;
+        // Nobody else may change vkd's labels on it, the admin included.
+        let relabel = down.kubectl(&[
+            "label",
+            "pod",
+            &name,
+            "-n",
+            "tenant-a",
+            "vkd.io/owner-uid=someone-else",
+            "--overwrite",
+        ]);
+        ensure!(
+            relabel
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains("vkd-owner-labels")),
+            "the admin relabelled a Pod: {relabel:?}"
+        );
+        let still_there = |ns: &str, n: &str| -> Result<()> {
+            let p = down.kubectl_json(&["get", "pod", n, "-n", ns])?;
+            ensure!(
+                at(&p, "metadata.deletionTimestamp").is_null(),
+                "vkd deleted {ns}/{n}"
+            );
+            Ok(())
+        };
+        // Over several collection passes (every 5 s), vkd deletes nothing:
+        // neither its own Pod as a "duplicate" of the decoy's epoch, nor the
+        // decoys, which are not its own.
+        std::thread::sleep(Duration::from_secs(12));
+        let now = down.kubectl_json(&["get", "pod", &name, "-n", &down_ns])?;
+        ensure!(
+            str_at(&now, "metadata.uid") == real_uid
+                && at(&now, "metadata.deletionTimestamp").is_null(),
+            "the victim's downstream Pod was replaced or deleted: {now}"
+        );
+        still_there("tenant-a", &name)?;
+        still_there(&down_ns, "decoy")?;
+        let victim = up.kubectl_json(&["get", "pod", "victim", "-n", NS])?;
+        ensure!(running_and_ready(&victim), "{}", at(&victim, "status"));
+        // Logs and exec reach the real Pod, never a decoy.
+        let logs = up.kubectl(&["logs", "victim", "-n", NS])?;
+        ensure!(
+            logs.contains("i-am-the-real-one") && !logs.contains("decoy"),
+            "logs: {logs:?}"
+        );
+        let (code, out) = exec(
+            up,
+            &[
+                "exec",
+                "victim",
+                "-n",
+                NS,
+                "--",
+                "sh",
+                "-c",
+                "echo mark=$MARK",
+            ],
+            "",
+        )?;
+        ensure!(
+            code == 0 && out.trim() == "mark=real",
+            "exec gave {code} {out:?}"
+        );
+        eprintln!(
+            "decoys planted with vkd's labels and epoch 9999999999: ignored; the real Pod kept, logs and exec reach it"
+        );
+        // Deleting the victim upstream deletes its own Pod, and the decoys
+        // outlive it: they are not orphans of vkd's.
+        delete_and_wait(up, "pod", "victim")?;
+        let left = owned(down, "pods", &down_ns, &uid)?;
+        ensure!(
+            items(&left)
+                .iter()
+                .all(|p| str_at(p, "metadata.uid") != real_uid),
+            "the victim's downstream Pod outlived it: {left}"
+        );
+        std::thread::sleep(Duration::from_secs(6));
+        still_there("tenant-a", &name)?;
+        still_there(&down_ns, "decoy")?;
+        for (ns, n) in [("tenant-a", name.as_str()), (down_ns.as_str(), "decoy")] {
+            down.kubectl(&["delete", "pod", n, "-n", ns, "--wait=true", "--timeout=60s"])?;
+        }
+        Ok(())
+    })
+}
+
+fn system_namespace(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        let down = &ch.down;
+        // `system` would map to vkd-system, vkd's own namespace downstream.
+        up.namespace("system")?;
+        let in_system = |name: &str, body: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: system}}\nspec:\n  \
+                 nodeSelector: {{vkd.io/e2e: offload}}\n  \
+                 tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n{body}"
+            )
+        };
+        up.apply(&in_system(
+            "root",
+            "  hostPID: true\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, '60']\n    securityContext: {privileged: true}\n",
+        ))?;
+        let p = wait_for("root to fail", Duration::from_secs(60), || {
+            let p = up.kubectl_json(&["get", "pod", "root", "-n", "system"])?;
+            Ok((at(&p, "status.phase") == "Failed").then_some(p))
+        })?;
+        let message = str_at(&p, "status.message");
+        ensure!(
+            at(&p, "status.reason") == "DownstreamForbidden"
+                && message.contains("PodSecurity")
+                && message.contains("hostPID"),
+            "{}",
+            at(&p, "status")
+        );
+        eprintln!("a privileged hostPID Pod of upstream namespace system: {message}");
+        // Nothing of vkd's in vkd's own namespace, which refuses such a Pod
+        // by itself.
+        let own =
+            down.kubectl_json(&["get", "pods", "-n", "vkd-system", "-l", "vkd.io/owner-uid"])?;
+        ensure!(items(&own).is_empty(), "vkd's Pods in vkd-system: {own}");
+        let direct = down.kubectl_stdin(
+            &["create", "--dry-run=server", "-f", "-"],
+            Some(
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: root, namespace: vkd-system}\n\
+                 spec:\n  hostPID: true\n  containers: [{name: main, image: busybox}]\n",
+            ),
+        );
+        ensure!(
+            direct
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains("violates PodSecurity")),
+            "a hostPID Pod admitted in vkd-system: {direct:?}"
+        );
+        // Upstream `system` has a namespace of its own, made by vkd, with
+        // Pod Security enforced, where an ordinary Pod runs.
+        up.apply(&in_system(
+            "plain",
+            "  containers:\n  - {name: main, image: busybox, command: [sleep, '3600']}\n",
+        ))?;
+        let plain = wait_for("plain Running", Duration::from_secs(90), || {
+            let p = up.kubectl_json(&["get", "pod", "plain", "-n", "system"])?;
+            Ok(running_and_ready(&p).then_some(p))
+        })?;
+        let made = down.kubectl_json(&[
+            "get",
+            "namespaces",
+            "-l",
+            "vkd.io/upstream-namespace=system",
+        ])?;
+        let made = items(&made);
+        ensure!(made.len() == 1, "{made:?}");
+        let ns = str_at(&made[0], "metadata.name").to_owned();
+        let labels = at(&made[0], "metadata.labels");
+        ensure!(
+            ns != "vkd-system"
+                && ns.starts_with("vkd-system-")
+                && labels["vkd.io/managed"] == "true"
+                && labels["pod-security.kubernetes.io/enforce"] == "baseline",
+            "{}",
+            made[0]
+        );
+        let id = at(&plain, "metadata.annotations")["vkd.io/instance-id"]
+            .as_str()
+            .unwrap_or_default();
+        ensure!(id.starts_with(&format!("down/{ns}/")), "instance id {id:?}");
+        eprintln!("upstream namespace system runs downstream in {ns}");
+        for name in ["root", "plain"] {
+            up.kubectl(&[
+                "delete",
+                "pod",
+                name,
+                "-n",
+                "system",
+                "--wait=true",
+                "--timeout=90s",
+            ])?;
+        }
+        Ok(())
+    })
+}
+
+fn volume_too_large(up: &Cluster) -> Result<()> {
+    chain(up, |_| {
+        // Two ConfigMaps of 600 KiB: each fits its own object, together they
+        // are past the 1 MiB a downstream Secret holds. (`create`, not
+        // `apply`: apply would copy them into an annotation.)
+        for part in ["part-a", "part-b"] {
+            up.kubectl_stdin(
+                &["create", "-f", "-"],
+                Some(&format!(
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {part}, namespace: {NS}}}\ndata: {{blob: {}}}\n",
+                    "x".repeat(600 * 1024)
+                )),
+            )?;
+        }
+        up.apply(&pod(
+            "bulky",
+            r#"  containers:
+  - name: main
+    image: busybox
+    command: [sleep, '3600']
+    volumeMounts: [{name: models, mountPath: /models}]
+  volumes:
+  - name: models
+    projected:
+      sources:
+      - configMap: {name: part-a, items: [{key: blob, path: a}]}
+      - configMap: {name: part-b, items: [{key: blob, path: b}]}"#,
+        ))?;
+        let p = wait_failed(up, "bulky")?;
+        let message = str_at(&p, "status.message");
+        ensure!(
+            at(&p, "status.reason") == "VolumeTooLarge"
+                && message.contains("\"models\"")
+                && message.contains("1228800 bytes"),
+            "{}",
+            at(&p, "status")
+        );
+        eprintln!("a 1.2 MiB volume: {message}");
+        delete_and_wait(up, "pod", "bulky")?;
+        for part in ["part-a", "part-b"] {
+            up.kubectl(&["delete", "configmap", part, "-n", NS])?;
+        }
         Ok(())
     })
 }

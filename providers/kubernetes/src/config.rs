@@ -173,8 +173,19 @@ impl KubernetesConfig {
         if cfg.kubeconfig.as_os_str().is_empty() {
             return Err(invalid("kubeconfig", "is empty".into()));
         }
-        // The prefix starts a namespace name, with at least one character after it.
-        let probe = format!("{}a", cfg.namespace_prefix);
+        // The prefix starts a namespace name, with at least one character
+        // after it. Empty, upstream `kube-system` would run in the downstream
+        // `kube-system`; and `kube-` names are the cluster's own.
+        let prefix = cfg.namespace_prefix.as_str();
+        if prefix.is_empty() || prefix.starts_with("kube-") || "kube-".starts_with(prefix) {
+            return Err(invalid(
+                "namespacePrefix",
+                format!(
+                    "{prefix:?} must not be empty, and no namespace it starts may begin with \"kube-\" (the cluster's own)"
+                ),
+            ));
+        }
+        let probe = format!("{prefix}a");
         if !is_dns_label(&probe) || cfg.namespace_prefix.len() > 20 {
             return Err(invalid(
                 "namespacePrefix",
@@ -233,6 +244,14 @@ impl KubernetesConfig {
         }
         Ok(cfg)
     }
+
+    /// How upstream namespaces map to downstream ones.
+    pub fn mapping(&self) -> crate::naming::Mapping {
+        crate::naming::Mapping {
+            prefix: self.namespace_prefix.clone(),
+            fence_namespace: self.fence_namespace.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -261,6 +280,13 @@ mod tests {
         for (text, field) in [
             ("kubeconfig: ''", "kubeconfig"),
             ("kubeconfig: /k\nnamespacePrefix: Bad_", "namespacePrefix"),
+            ("kubeconfig: /k\nnamespacePrefix: ''", "namespacePrefix"),
+            ("kubeconfig: /k\nnamespacePrefix: kube-", "namespacePrefix"),
+            (
+                "kubeconfig: /k\nnamespacePrefix: kube-vkd-",
+                "namespacePrefix",
+            ),
+            ("kubeconfig: /k\nnamespacePrefix: kube", "namespacePrefix"),
             ("kubeconfig: /k\ngpuResource: gpu", "gpuResource"),
             ("kubeconfig: /k\npodSecurity: lax", "podSecurity"),
             ("kubeconfig: /k\noutageGrace: soon", "outageGrace"),

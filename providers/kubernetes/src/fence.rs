@@ -8,7 +8,8 @@
 //! node (or an update that changes its `vkd.io/epoch` label) with an older
 //! epoch is denied by the API server itself: a stale replica that wakes up
 //! after a failover is refused whatever it believes. vkd needs no right to
-//! change admission policy, only to read that it is in place.
+//! change admission policy, only to read that it (and the policy reserving
+//! vkd's labels, `ownership`) is in place.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,9 @@ use vkd_provider::ProviderError;
 
 /// The policy and its binding (both named so), from `manifests/downstream`.
 pub const POLICY: &str = "vkd-epoch-fence";
+/// The policy (and binding) that keeps vkd's labels vkd's
+/// (`manifests/downstream/owner-labels.yaml`, see `ownership`).
+pub const OWNER_LABELS_POLICY: &str = "vkd-owner-labels";
 /// The label that makes a ConfigMap a fence.
 pub const FENCE_LABEL: &str = "vkd.io/fence";
 /// Marks a denial by the fence, so it is told from other refusals.
@@ -37,25 +41,29 @@ fn api_error(what: &str, e: &kube::Error) -> ProviderError {
     ProviderError::transient(format!("downstream: {what}: {e}"))
 }
 
-/// Checks that the fence policy and binding are in place downstream: without
-/// them a stale replica's creates would not be refused there.
+/// Checks that vkd's admission policies and bindings are in place
+/// downstream: without the fence a stale replica's creates would not be
+/// refused there, and without the owner-labels policy anyone could give a
+/// Pod vkd's labels.
 pub async fn check_installed(client: &Client) -> Result<(), ProviderError> {
-    let missing = |what: &str, e: &kube::Error| {
+    let missing = |what: &str, name: &str, e: &kube::Error| {
         ProviderError::transient(format!(
-            "downstream: the fence {what} {POLICY} is not readable ({e}); apply \
+            "downstream: the admission {what} {name} is not readable ({e}); apply \
              manifests/downstream to the downstream cluster"
         ))
     };
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    policies
-        .get(POLICY)
-        .await
-        .map_err(|e| missing("policy", &e))?;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    bindings
-        .get(POLICY)
-        .await
-        .map_err(|e| missing("binding", &e))?;
+    for name in [POLICY, OWNER_LABELS_POLICY] {
+        policies
+            .get(name)
+            .await
+            .map_err(|e| missing("policy", name, &e))?;
+        bindings
+            .get(name)
+            .await
+            .map_err(|e| missing("binding", name, &e))?;
+    }
     Ok(())
 }
 

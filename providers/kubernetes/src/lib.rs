@@ -4,7 +4,10 @@
 //! - Capacity: one host slice per downstream Node that counts as a host,
 //!   kept current by watches of the Nodes and of every Pod (`capacity`).
 //! - Create: one Pod per upstream UID, named from it (`naming`), so a repeated
-//!   create meets the first one; the spec as the user wrote it (`translate`).
+//!   create meets the first one; the spec as the user wrote it (`translate`),
+//!   in a namespace vkd made for the upstream one, with Pod Security enforced.
+//! - Ownership: only Pods vkd made are believed (`ownership`); anything else
+//!   with vkd's labels is ignored, never deleted, never streamed to.
 //! - Fencing: the downstream API server refuses a stale epoch (`fence`).
 //! - Status, logs, exec, attach, port-forward: from the downstream API server
 //!   (`status`, `streams`).
@@ -14,12 +17,13 @@ pub mod config;
 mod describe;
 pub mod fence;
 pub mod naming;
+pub mod ownership;
 pub mod stats;
 pub mod status;
 mod streams;
 pub mod translate;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -43,6 +47,7 @@ use vkd_provider::{
 };
 
 pub use config::{ConfigError, KubernetesConfig};
+use ownership::{Claims, NotOurs};
 
 /// How long a call waits for the first listing of the downstream cluster.
 const FIRST_SYNC: Duration = Duration::from_secs(20);
@@ -54,15 +59,61 @@ struct Downstream {
     client: Client,
     nodes: Store<Node>,
     pods: Store<Pod>,
+    /// Namespaces labelled as vkd's (`vkd.io/managed=true`).
+    namespaces: Store<Namespace>,
+    judge: Judge,
     /// The last error of either watch, for the error of a call that waits
     /// for them (a bad hostSelector, missing RBAC, an unreachable server).
     watch_error: Arc<Mutex<Option<String>>>,
 }
 
-/// Where each upstream UID's downstream Pod lives (its namespace): every
-/// Pod vkd made that the watch lists or `create` returned; removed when the
-/// watch sees it deleted, so it holds only live Pods.
-type Homes = Arc<Mutex<HashMap<String, String>>>;
+/// Where each upstream UID's downstream Pod lives: every Pod that passes
+/// the ownership check as the watch lists it or `create` returned it; removed
+/// when the watch sees it deleted, so it holds only live Pods.
+type SharedClaims = Arc<Mutex<Claims>>;
+
+/// Downstream namespace -> the upstream namespace vkd made it for, for the
+/// namespaces this process made or checked (the watch may not show them yet).
+type Verified = Arc<Mutex<HashMap<String, String>>>;
+
+/// Decides whether a downstream Pod is one vkd made (`ownership`), from the
+/// namespaces the watch shows and those this process made.
+#[derive(Clone)]
+struct Judge {
+    mapping: naming::Mapping,
+    namespaces: Store<Namespace>,
+    verified: Verified,
+}
+
+impl Judge {
+    /// What vkd knows of downstream namespace `ns` (see `ownership::namespace_upstream`).
+    fn recorded(&self, ns: &str) -> std::result::Result<Option<String>, NotOurs> {
+        if let Some(n) = self.namespaces.get(&ObjectRef::new(ns)) {
+            return ownership::namespace_upstream(&n, &self.mapping).map(|u| u.map(str::to_owned));
+        }
+        // Made by this process; the watch has not shown it yet.
+        lock(&self.verified)
+            .get(ns)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| NotOurs::Unmanaged(ns.to_owned()))
+    }
+
+    fn check<'a>(&self, pod: &'a Pod) -> std::result::Result<ownership::Claim<'a>, NotOurs> {
+        ownership::check_pod(pod, &self.mapping, |ns| self.recorded(ns))
+    }
+
+    /// Whether `pod` is vkd's: made where and as vkd makes its Pods, and the
+    /// one recorded for its upstream UID.
+    fn believe(&self, claims: &Claims, pod: &Pod) -> std::result::Result<(), NotOurs> {
+        let claim = self.check(pod)?;
+        claims.is_home(
+            claim.uid,
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+        )
+    }
+}
 
 pub struct KubernetesProvider {
     config: KubernetesConfig,
@@ -70,9 +121,9 @@ pub struct KubernetesProvider {
     cluster: String,
     downstream: OnceCell<Downstream>,
     events: broadcast::Sender<InstanceEvent>,
-    homes: Homes,
-    /// Downstream namespaces known to exist.
-    namespaces: Mutex<HashSet<String>>,
+    claims: SharedClaims,
+    /// Downstream namespaces known to exist and to be vkd's.
+    verified: Verified,
     namespace_create: tokio::sync::Mutex<()>,
     /// UIDs whose downstream Pod vkd itself asked to delete: any other
     /// deletion is someone else's, and the upstream Pod fails saying so.
@@ -107,6 +158,31 @@ fn not_found(e: &kube::Error) -> bool {
 
 fn conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// An answer that says the request itself is refused, and will be again:
+/// not a passing state (a conflict, too many requests, a gone namespace).
+fn refused(code: u16) -> bool {
+    (400..500).contains(&code) && !matches!(code, 404 | 408 | 409 | 429)
+}
+
+/// Several downstream Pods claim `uid` and vkd has no record of which it
+/// made: it acts on none (retried; the cluster's admin removes the other).
+fn contested(uid: &str, why: &NotOurs) -> ProviderError {
+    ProviderError::transient(format!(
+        "downstream: upstream Pod {uid}: {why} (Pods with vkd's labels that vkd did not make; \
+         remove them downstream)"
+    ))
+}
+
+fn namespace_conflict(namespace: &str, held: &str, upstream: &str) -> ProviderError {
+    ProviderError::invalid(
+        "NamespaceConflict",
+        format!(
+            "the downstream namespace {namespace} holds upstream namespace {held}'s Pods; \
+             vkd does not put upstream namespace {upstream}'s there"
+        ),
+    )
 }
 
 /// A UID vkd will put in a label selector: what the API server generates.
@@ -175,8 +251,8 @@ impl KubernetesProvider {
             cluster,
             downstream: OnceCell::new(),
             events,
-            homes: Arc::default(),
-            namespaces: Mutex::default(),
+            claims: Arc::default(),
+            verified: Arc::default(),
             namespace_create: tokio::sync::Mutex::default(),
             deleting: Mutex::default(),
             unreachable_since: Mutex::default(),
@@ -231,6 +307,32 @@ impl KubernetesProvider {
                 }
             }
         });
+        // The namespaces vkd made: where its Pods may be.
+        let (namespaces, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(
+                Api::<Namespace>::all(client.clone()),
+                watcher::Config::default().labels(&format!("{}=true", naming::MANAGED)),
+            )
+            .modify(|n: &mut Namespace| slim(&mut n.metadata)),
+        )
+        .default_backoff();
+        let ns_error = Arc::clone(&watch_error);
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                if let Err(e) = ev {
+                    warn!(error = %e, "downstream Namespace watch");
+                    *lock(&ns_error) = Some(format!("Namespace watch: {e}"));
+                }
+            }
+        });
+        let judge = Judge {
+            mapping: self.config.mapping(),
+            namespaces: namespaces.clone(),
+            verified: Arc::clone(&self.verified),
+        };
         // Every Pod: capacity counts other tenants' Pods too.
         let (pods, writer) = reflector::store();
         let stream = reflector::reflector(
@@ -239,9 +341,16 @@ impl KubernetesProvider {
                 .modify(|p: &mut Pod| slim(&mut p.metadata)),
         )
         .default_backoff();
-        let (events, homes) = (self.events.clone(), Arc::clone(&self.homes));
+        let (events, claims) = (self.events.clone(), Arc::clone(&self.claims));
         let pod_error = Arc::clone(&watch_error);
+        let (pod_judge, ns_ready) = (judge.clone(), namespaces.clone());
         tokio::spawn(async move {
+            // Pods are judged by their namespaces: list those first.
+            ns_ready.wait_until_ready().await.ok();
+            // Pods with vkd's labels that are not vkd's, reported once each.
+            let mut foreign: HashSet<String> = HashSet::new();
+            // vkd's Pods in the listing under way (a relist reports no deletions).
+            let mut listed: HashSet<(String, String, String)> = HashSet::new();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 let (pod, gone) = match ev {
@@ -249,30 +358,62 @@ impl KubernetesProvider {
                     Ok(watcher::Event::Apply(p)) => (p, Some(false)),
                     Ok(watcher::Event::Delete(p)) => (p, Some(true)),
                     Ok(watcher::Event::InitDone) => {
+                        lock(&claims).relisted(&std::mem::take(&mut listed));
                         let _ = events.send(InstanceEvent::Resync);
                         continue;
                     }
-                    Ok(watcher::Event::Init) => continue,
+                    Ok(watcher::Event::Init) => {
+                        listed.clear();
+                        foreign.clear();
+                        continue;
+                    }
                     Err(e) => {
                         warn!(error = %e, "downstream Pod watch");
                         *lock(&pod_error) = Some(format!("Pod watch: {e}"));
                         continue;
                     }
                 };
-                let (Some(uid), Some(ns)) = (owner_uid(&pod), pod.metadata.namespace.as_ref())
-                else {
+                if owner_uid(&pod).is_none() {
                     continue;
-                };
-                if gone == Some(true) {
-                    lock(&homes).remove(uid);
-                } else {
-                    lock(&homes).insert(uid.to_owned(), ns.clone());
                 }
-                // A listing ends with Resync, which covers its Pods.
-                if gone.is_some() {
-                    let _ = events.send(InstanceEvent::Changed {
-                        uid: uid.to_owned(),
-                    });
+                let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+                let ns = pod.metadata.namespace.clone().unwrap_or_default();
+                let claim = pod_judge.check(&pod);
+                let noted = match claim {
+                    Ok(claim) => {
+                        let mut claims = lock(&claims);
+                        if gone == Some(true) {
+                            claims.gone(claim.uid, &ns, &pod_uid);
+                            Ok(claim.uid)
+                        } else {
+                            if gone.is_none() {
+                                listed.insert((claim.uid.to_owned(), ns.clone(), pod_uid.clone()));
+                            }
+                            claims.seen(claim.uid, &ns, &pod_uid).map(|()| claim.uid)
+                        }
+                    }
+                    Err(e) => Err(e),
+                };
+                match noted {
+                    // A listing ends with Resync, which covers its Pods.
+                    Ok(uid) if gone.is_some() => {
+                        let _ = events.send(InstanceEvent::Changed {
+                            uid: uid.to_owned(),
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(_) if gone == Some(true) => {
+                        foreign.remove(&pod_uid);
+                    }
+                    Err(why) => {
+                        if foreign.insert(pod_uid) {
+                            warn!(
+                                pod = %format!("{ns}/{}", pod.metadata.name.as_deref().unwrap_or_default()),
+                                %why,
+                                "a downstream Pod with vkd's labels that vkd did not make: ignored"
+                            );
+                        }
+                    }
                 }
             }
         });
@@ -281,6 +422,8 @@ impl KubernetesProvider {
             client,
             nodes,
             pods,
+            namespaces,
+            judge,
             watch_error,
         }
     }
@@ -290,6 +433,7 @@ impl KubernetesProvider {
         let d = self.downstream().await?;
         let ready = async {
             d.nodes.wait_until_ready().await.ok();
+            d.namespaces.wait_until_ready().await.ok();
             d.pods.wait_until_ready().await.ok();
         };
         tokio::time::timeout(FIRST_SYNC, ready).await.map_err(|_| {
@@ -305,25 +449,50 @@ impl KubernetesProvider {
         Api::namespaced(d.client.clone(), namespace)
     }
 
-    /// The downstream Pod of `uid`: from the watch, or from the API server
+    /// vkd's downstream Pod of `uid`: from the watch, or from the API server
     /// when the watch does not show it (it may lag a create, this replica's
-    /// or, just before a takeover, the last one's).
+    /// or, just before a takeover, the last one's). Only a Pod that passes the
+    /// ownership check is returned (`ownership`); where several claim the UID
+    /// and vkd has no record of making one, none is, and the call fails.
     async fn find(&self, uid: &str) -> Result<Option<Arc<Pod>>> {
         let uid = checked_uid(uid)?;
         let d = self.synced().await?;
-        let home = lock(&self.homes).get(uid).cloned();
-        if let Some(ns) = home {
-            let name = naming::pod_name(uid);
-            if let Some(p) = d.pods.get(&ObjectRef::new(&name).within(&ns)) {
-                return Ok(Some(p));
-            }
-            return match self.pods_api(d, &ns).get_opt(&name).await {
-                Ok(Some(p)) if owner_uid(&p) == Some(uid) => Ok(Some(Arc::new(p))),
-                Ok(_) => {
-                    lock(&self.homes).remove(uid);
+        // A contest is settled below by asking the API server.
+        let home = lock(&self.claims).home(uid).ok().flatten().cloned();
+        let name = naming::pod_name(uid);
+        if let Some(home) = home {
+            let found = match d.pods.get(&ObjectRef::new(&name).within(&home.namespace)) {
+                Some(p) => Some(p),
+                None => self
+                    .pods_api(d, &home.namespace)
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| transient("reading the Pod", e))?
+                    .map(Arc::new),
+            };
+            let Some(p) = found else {
+                lock(&self.claims).gone(uid, &home.namespace, &home.pod_uid);
+                return Ok(None);
+            };
+            let found_uid = p.metadata.uid.as_deref().unwrap_or_default();
+            let believed = d.judge.check(&p).map(|_| ()).and_then(|()| {
+                if found_uid == home.pod_uid {
+                    Ok(())
+                } else {
+                    Err(NotOurs::Uid {
+                        found: found_uid.to_owned(),
+                        recorded: home.pod_uid.clone(),
+                    })
+                }
+            });
+            return match believed {
+                Ok(()) => Ok(Some(p)),
+                // Replaced by a Pod vkd did not make: vkd's is gone, and the
+                // record stays, so the other one is never taken for it.
+                Err(why) => {
+                    warn!(%uid, %why, "the downstream Pod in vkd's place is not vkd's");
                     Ok(None)
                 }
-                Err(e) => Err(transient("reading the Pod", e)),
             };
         }
         // Not one the watch has shown: only the API server can say.
@@ -332,48 +501,144 @@ impl KubernetesProvider {
             .list(&ListParams::default().labels(&format!("{}={uid}", naming::OWNER_UID)))
             .await
             .map_err(|e| transient("listing Pods", e))?;
-        Ok(listed.items.into_iter().next().map(Arc::new))
+        let mut mine = Vec::new();
+        for p in listed.items {
+            match d.judge.check(&p) {
+                Ok(_) => mine.push(p),
+                Err(why) => {
+                    let at = format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    warn!(%uid, pod = %at, %why, "a downstream Pod claims this UID and is not vkd's: ignored");
+                }
+            }
+        }
+        let present: Vec<(String, String)> = mine
+            .iter()
+            .map(|p| {
+                (
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.uid.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let mut claims = lock(&self.claims);
+        let Some(home) = claims
+            .settle(uid, &present)
+            .map_err(|e| contested(uid, &e))?
+        else {
+            return Ok(None);
+        };
+        Ok(mine
+            .into_iter()
+            .find(|p| {
+                p.metadata.namespace.as_deref() == Some(&home.namespace)
+                    && p.metadata.uid.as_deref() == Some(&home.pod_uid)
+            })
+            .map(Arc::new))
     }
 
-    async fn ensure_namespace(&self, d: &Downstream, namespace: &str) -> Result<()> {
-        if lock(&self.namespaces).contains(namespace) {
-            return Ok(());
+    /// Makes sure `namespace` is a downstream namespace vkd made for upstream
+    /// namespace `upstream`: creates it (vkd's labels, Pod Security enforced
+    /// at the configured level), or checks the one there. vkd places no Pod in
+    /// a namespace it did not make, nor in one made for another upstream
+    /// namespace.
+    async fn ensure_namespace(
+        &self,
+        d: &Downstream,
+        namespace: &str,
+        upstream: &str,
+    ) -> Result<()> {
+        let known = || -> Option<Result<()>> {
+            let verified = lock(&self.verified);
+            let held = verified.get(namespace)?;
+            Some(if held == upstream {
+                Ok(())
+            } else {
+                Err(namespace_conflict(namespace, held, upstream))
+            })
+        };
+        if let Some(r) = known() {
+            return r;
         }
         // One create at a time: a burst of Pods in a new namespace makes it once.
         let _one = self.namespace_create.lock().await;
-        if lock(&self.namespaces).contains(namespace) {
-            return Ok(());
+        if let Some(r) = known() {
+            return r;
         }
         let api: Api<Namespace> = Api::all(d.client.clone());
+        let level = self.config.pod_security.clone();
         let ns = Namespace {
             metadata: kube::api::ObjectMeta {
                 name: Some(namespace.to_owned()),
-                labels: Some(
-                    [
-                        ("vkd.io/managed".to_owned(), "true".to_owned()),
-                        (
-                            "pod-security.kubernetes.io/enforce".to_owned(),
-                            self.config.pod_security.clone(),
-                        ),
-                    ]
-                    .into(),
-                ),
+                labels: Some(BTreeMap::from([
+                    (naming::MANAGED.to_owned(), "true".to_owned()),
+                    (naming::UPSTREAM_NAMESPACE.to_owned(), upstream.to_owned()),
+                    (naming::POD_SECURITY.to_owned(), level.clone()),
+                ])),
                 ..Default::default()
             },
             ..Namespace::default()
         };
         match api.create(&PostParams::default(), &ns).await {
             Ok(_) => {}
-            Err(e) if conflict(&e) => {}
+            Err(e) if conflict(&e) => {
+                let existing = api
+                    .get(namespace)
+                    .await
+                    .map_err(|e| transient("reading the namespace", e))?;
+                match ownership::namespace_upstream(&existing, &self.config.mapping()) {
+                    Ok(Some(held)) if held != upstream => {
+                        return Err(namespace_conflict(namespace, held, upstream));
+                    }
+                    Ok(_) => {}
+                    Err(why) => {
+                        return Err(ProviderError::invalid(
+                            "NamespaceNotManaged",
+                            format!(
+                                "the downstream namespace {namespace} exists and vkd did not make it ({why}); \
+                                 vkd places Pods only in namespaces it made: remove it downstream, or give vkd \
+                                 another namespacePrefix"
+                            ),
+                        ));
+                    }
+                }
+                // Made by a vkd that did not record the upstream namespace,
+                // or stripped of its Pod Security label: both put back.
+                let labels = existing.metadata.labels.unwrap_or_default();
+                let mut missing = serde_json::Map::new();
+                if labels.get(naming::UPSTREAM_NAMESPACE).map(String::as_str) != Some(upstream) {
+                    missing.insert(naming::UPSTREAM_NAMESPACE.into(), upstream.into());
+                }
+                if !labels.contains_key(naming::POD_SECURITY) {
+                    missing.insert(naming::POD_SECURITY.into(), level.into());
+                }
+                if !missing.is_empty() {
+                    let patch = serde_json::json!({ "metadata": { "labels": missing } });
+                    api.patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(|e| transient("labelling the namespace", e))?;
+                }
+            }
             Err(e) => return Err(transient("creating the namespace", e)),
         }
-        lock(&self.namespaces).insert(namespace.to_owned());
+        lock(&self.verified).insert(namespace.to_owned(), upstream.to_owned());
         Ok(())
     }
 
     /// Creates the Secrets of `pod`'s volumes, owned by it (so the downstream
-    /// garbage collector removes them with it). Existing ones are kept.
-    async fn create_secrets(&self, d: &Downstream, pod: &Pod, secrets: Vec<Secret>) -> Result<()> {
+    /// garbage collector removes them with it). Existing ones are kept. A
+    /// Secret the API server refuses fails the Pod with the API server's
+    /// words, and its downstream Pod is removed: it would otherwise wait,
+    /// Pending, for a Secret that never comes.
+    async fn create_secrets(
+        &self,
+        d: &Downstream,
+        pod: &Pod,
+        secrets: Vec<translate::VolumeSecret>,
+    ) -> Result<()> {
         let (Some(ns), Some(name), Some(uid)) = (
             pod.metadata.namespace.as_deref(),
             pod.metadata.name.as_deref(),
@@ -384,8 +649,8 @@ impl KubernetesProvider {
             ));
         };
         let api: Api<Secret> = Api::namespaced(d.client.clone(), ns);
-        for mut s in secrets {
-            s.metadata.owner_references = Some(vec![OwnerReference {
+        for translate::VolumeSecret { volume, mut secret } in secrets {
+            secret.metadata.owner_references = Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Pod".into(),
                 name: name.to_owned(),
@@ -393,9 +658,25 @@ impl KubernetesProvider {
                 controller: Some(true),
                 block_owner_deletion: None,
             }]);
-            match api.create(&PostParams::default(), &s).await {
+            let secret_name = secret.metadata.name.clone().unwrap_or_default();
+            match api.create(&PostParams::default(), &secret).await {
                 Ok(_) => {}
                 Err(e) if conflict(&e) => {}
+                Err(kube::Error::Api(s)) if refused(s.code) => {
+                    if let Some(owner) = owner_uid(pod) {
+                        lock(&self.deleting).insert(owner.to_owned());
+                    }
+                    if let Err(e) = self.delete_pod(d, pod, Duration::ZERO).await {
+                        warn!(error = %e, pod = %format!("{ns}/{name}"), "removing a Pod whose volume was refused");
+                    }
+                    return Err(ProviderError::invalid(
+                        "VolumeRefused",
+                        format!(
+                            "the downstream API server refused Secret {secret_name}, which carries volume {volume:?}: {} ({})",
+                            s.message, s.code
+                        ),
+                    ));
+                }
                 Err(e) => return Err(transient("creating a volume Secret", e)),
             }
         }
@@ -548,20 +829,26 @@ impl Provider for KubernetesProvider {
     async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
         let uid = checked_uid(&spec.pod.uid)?;
         let d = self.synced().await?;
-        let namespace = naming::namespace(&self.config.namespace_prefix, &spec.pod.namespace);
+        let namespace = self.config.mapping().namespace(&spec.pod.namespace);
         let translated = translate::downstream_pod(spec, fence, &namespace)?;
-        self.ensure_namespace(d, &namespace).await?;
+        self.ensure_namespace(d, &namespace, &spec.pod.namespace)
+            .await?;
         let api = self.pods_api(d, &namespace);
         let name = naming::pod_name(uid);
         let pod = match api.create(&PostParams::default(), &translated.pod).await {
             Ok(p) => p,
             Err(e) if conflict(&e) => {
-                // Made by an earlier try: the same Pod, if it is this UID's.
+                // Made by an earlier try: the same Pod, if it is this UID's
+                // and where vkd puts it.
                 let p = api
                     .get(&name)
                     .await
                     .map_err(|e| transient("reading the Pod", e))?;
-                if owner_uid(&p) != Some(uid) {
+                let mine = d
+                    .judge
+                    .check(&p)
+                    .is_ok_and(|c| c.uid == uid && c.upstream_namespace == spec.pod.namespace);
+                if !mine {
                     return Err(ProviderError::invalid(
                         "NameConflict",
                         format!("downstream Pod {namespace}/{name} exists and is not this Pod's"),
@@ -575,7 +862,7 @@ impl Provider for KubernetesProvider {
                 }
                 if not_found(&e) {
                     // The namespace went away (someone deleted it): made again next time.
-                    lock(&self.namespaces).remove(&namespace);
+                    lock(&self.verified).remove(&namespace);
                 }
                 if let kube::Error::Api(s) = &e
                     && s.code == 403
@@ -597,7 +884,8 @@ impl Provider for KubernetesProvider {
                 return Err(transient("creating the Pod", e));
             }
         };
-        lock(&self.homes).insert(uid.to_owned(), namespace.clone());
+        let pod_uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        lock(&self.claims).made(uid, &namespace, pod_uid);
         self.create_secrets(d, &pod, translated.secrets).await?;
         self.instance(&pod)
     }
@@ -664,10 +952,15 @@ impl Provider for KubernetesProvider {
             Ok(None) => return Ok(()),
             Err(e) => return Err(transient("reading the Pod", e)),
         };
-        let Some(uid) = owner_uid(&pod) else {
+        // Never another's Pod, whatever labels it carries.
+        let believed = d.judge.believe(&lock(&self.claims), &pod);
+        let (Some(uid), Ok(())) = (owner_uid(&pod), believed.as_ref()) else {
+            let why = believed
+                .err()
+                .map_or_else(String::new, |e| format!(": {e}"));
             return Err(ProviderError::invalid(
                 "UnknownInstance",
-                format!("{id} is not a Pod vkd made"),
+                format!("{id} is not a Pod vkd made{why}"),
             ));
         };
         lock(&self.deleting).insert(uid.to_owned());
@@ -676,12 +969,15 @@ impl Provider for KubernetesProvider {
 
     async fn list(&self, node: &str) -> Result<Vec<Instance>> {
         let d = self.synced().await?;
-        Ok(d.pods
-            .state()
-            .iter()
-            .filter_map(|p| status::instance(&self.cluster, p))
-            .filter(|i| i.node == node)
-            .collect())
+        let pods = d.pods.state();
+        let claims = lock(&self.claims);
+        Ok(own_instances(
+            &self.cluster,
+            &d.judge,
+            &claims,
+            pods.iter().map(|p| &**p),
+            node,
+        ))
     }
 
     fn events(&self) -> BoxStream<'static, InstanceEvent> {
@@ -700,7 +996,7 @@ impl Provider for KubernetesProvider {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<Secret> = Api::namespaced(d.client.clone(), ns);
         // The downstream kubelet then refreshes the files, as for any Secret.
-        for (name, data) in translate::refreshed_secrets(&pod, volumes) {
+        for (name, data) in translate::refreshed_secrets(&pod, volumes)? {
             let patch = serde_json::json!({ "data": data });
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -777,6 +1073,21 @@ impl Provider for KubernetesProvider {
     }
 }
 
+/// The instances of `node` among `pods`: only vkd's own, so another's Pod is
+/// never taken for an orphan or a duplicate to delete.
+fn own_instances<'a>(
+    cluster: &str,
+    judge: &Judge,
+    claims: &Claims,
+    pods: impl Iterator<Item = &'a Pod>,
+    node: &str,
+) -> Vec<Instance> {
+    pods.filter(|p| judge.believe(claims, p).is_ok())
+        .filter_map(|p| status::instance(cluster, p))
+        .filter(|i| i.node == node)
+        .collect()
+}
+
 /// Change notifications from the broadcast; a receiver that fell behind is
 /// told to list everything again.
 fn tokio_stream_of(rx: broadcast::Receiver<InstanceEvent>) -> BoxStream<'static, InstanceEvent> {
@@ -788,4 +1099,98 @@ fn tokio_stream_of(rx: broadcast::Receiver<InstanceEvent>) -> BoxStream<'static,
         }
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+    use serde_json::json;
+
+    fn judge(namespaces: serde_json::Value) -> Judge {
+        let (store, mut writer) = reflector::store();
+        for n in namespaces.as_array().unwrap() {
+            let n: Namespace = serde_json::from_value(n.clone()).unwrap();
+            writer.apply_watcher_event(&watcher::Event::Apply(n));
+        }
+        Judge {
+            mapping: naming::Mapping {
+                prefix: "vkd-".into(),
+                fence_namespace: "vkd-system".into(),
+            },
+            namespaces: store,
+            verified: Arc::default(),
+        }
+    }
+
+    fn pod(name: &str, ns: &str, pod_uid: &str, owner: &str, epoch: u64) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": ns, "uid": pod_uid,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"vkd.io/owner-uid": owner, "vkd.io/owner-node": "vk", "vkd.io/epoch": epoch.to_string()},
+                "annotations": {"vkd.io/owner-namespace": "offload", "vkd.io/owner-name": "victim"}
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_decoy_is_never_an_instance_so_never_a_duplicate_to_delete() {
+        let j = judge(json!([
+            {"metadata": {"name": "vkd-offload", "labels": {"vkd.io/managed": "true", "vkd.io/upstream-namespace": "offload"}}},
+            // A tenant's namespace with the prefix vkd uses, not made by vkd.
+            {"metadata": {"name": "vkd-tenant", "labels": {"team": "t"}}}
+        ]));
+        let real = pod("vkd-victim", "vkd-offload", "real", "victim", 3);
+        let decoys = [
+            // The reported attack: vkd's name, labels and a higher epoch in
+            // the tenant's own namespace.
+            pod("vkd-victim", "tenant-a", "d1", "victim", 9_999_999),
+            pod("vkd-victim", "vkd-tenant", "d2", "victim", 9_999_999),
+            // Beside the real one under another name.
+            pod("decoy", "vkd-offload", "d3", "victim", 9_999_999),
+            // In vkd's own namespace.
+            pod("vkd-victim", "vkd-system", "d4", "victim", 9_999_999),
+        ];
+        let mut claims = Claims::default();
+        claims.made("victim", "vkd-offload", "real");
+        let all: Vec<&Pod> = std::iter::once(&real).chain(decoys.iter()).collect();
+        let listed = own_instances("down", &j, &claims, all.iter().copied(), "vk");
+        let ids: Vec<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["down/vkd-offload/vkd-victim"]);
+        // The same without a record of making it (after a restart).
+        let listed = own_instances("down", &j, &Claims::default(), all.iter().copied(), "vk");
+        assert_eq!(listed.len(), 1);
+        // A Pod in vkd's place with another UID than the one vkd made.
+        let replaced = pod("vkd-victim", "vkd-offload", "other", "victim", 4);
+        assert!(matches!(
+            j.believe(&claims, &replaced),
+            Err(NotOurs::Uid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_namespace_this_process_made_counts_before_the_watch_shows_it() {
+        let j = judge(json!([]));
+        let p = pod("vkd-victim", "vkd-offload", "real", "victim", 1);
+        assert!(j.believe(&Claims::default(), &p).is_err());
+        lock(&j.verified).insert("vkd-offload".into(), "offload".into());
+        assert!(j.believe(&Claims::default(), &p).is_ok());
+        lock(&j.verified).insert("vkd-offload".into(), "elsewhere".into());
+        assert!(matches!(
+            j.believe(&Claims::default(), &p),
+            Err(NotOurs::OtherUpstream { .. })
+        ));
+    }
+
+    #[test]
+    fn only_a_lasting_refusal_fails_a_volume() {
+        for code in [400, 403, 413, 422] {
+            assert!(refused(code), "{code}");
+        }
+        for code in [404, 409, 429, 500, 503] {
+            assert!(!refused(code), "{code}");
+        }
+    }
 }

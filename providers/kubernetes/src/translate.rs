@@ -26,7 +26,39 @@ use crate::naming;
 pub struct Translated {
     pub pod: Pod,
     /// Created after the Pod, owned by it (the downstream kubelet waits for them).
-    pub secrets: Vec<Secret>,
+    pub secrets: Vec<VolumeSecret>,
+}
+
+/// The Secret that carries one volume's files.
+#[derive(Debug)]
+pub struct VolumeSecret {
+    /// The volume's name in the Pod, for errors a person reads.
+    pub volume: String,
+    pub secret: Secret,
+}
+
+/// The most a Secret's data may hold (the API server's limit, the sum of
+/// its values): a volume past it cannot go down, and would leave the Pod
+/// waiting for its Secret forever.
+pub const MAX_SECRET_BYTES: usize = 1024 * 1024;
+
+/// Refuses a volume whose files a Secret cannot hold, naming it and the sizes.
+fn fits_a_secret(volume: &str, sizes: impl Iterator<Item = usize>) -> Result<(), ProviderError> {
+    let (mut files, mut total) = (0usize, 0usize);
+    for size in sizes {
+        files += 1;
+        total = total.saturating_add(size);
+    }
+    if total <= MAX_SECRET_BYTES {
+        return Ok(());
+    }
+    Err(ProviderError::invalid(
+        "VolumeTooLarge",
+        format!(
+            "volume {volume:?} holds {total} bytes in {files} files; the downstream cluster \
+             carries it as a Secret, which holds at most {MAX_SECRET_BYTES} bytes (1 MiB)"
+        ),
+    ))
 }
 
 fn invalid(message: impl Into<String>) -> ProviderError {
@@ -75,7 +107,7 @@ fn with_resolved_env(
 fn volumes(
     spec: &InstanceSpec,
     original: Vec<KubeVolume>,
-) -> Result<(Vec<KubeVolume>, Vec<Secret>), ProviderError> {
+) -> Result<(Vec<KubeVolume>, Vec<VolumeSecret>), ProviderError> {
     let uid = &spec.pod.uid;
     let mut secrets = Vec::new();
     let mut out = Vec::with_capacity(original.len());
@@ -83,6 +115,7 @@ fn volumes(
         let resolved = spec.volumes.iter().find(|r| r.name == v.name);
         match resolved.map(|r| &r.source) {
             Some(VolumeSource::Files { files }) => {
+                fits_a_secret(&v.name, files.iter().map(|f| f.data.len()))?;
                 let name = naming::volume_secret_name(uid, secrets.len());
                 let mut data = BTreeMap::new();
                 let mut items = Vec::with_capacity(files.len());
@@ -96,15 +129,18 @@ fn volumes(
                         ..KeyToPath::default()
                     });
                 }
-                secrets.push(Secret {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        labels: Some(BTreeMap::from([(naming::OWNER_UID.into(), uid.clone())])),
-                        ..ObjectMeta::default()
+                secrets.push(VolumeSecret {
+                    volume: v.name.clone(),
+                    secret: Secret {
+                        metadata: ObjectMeta {
+                            name: Some(name.clone()),
+                            labels: Some(BTreeMap::from([(naming::OWNER_UID.into(), uid.clone())])),
+                            ..ObjectMeta::default()
+                        },
+                        data: Some(data),
+                        type_: Some("Opaque".into()),
+                        ..Secret::default()
                     },
-                    data: Some(data),
-                    type_: Some("Opaque".into()),
-                    ..Secret::default()
                 });
                 out.push(KubeVolume {
                     name: v.name,
@@ -133,15 +169,16 @@ fn volumes(
     Ok((out, secrets))
 }
 
+/// A volume Secret's name and its new data.
+pub type Refreshed = (String, BTreeMap<String, ByteString>);
+
 /// The new content of each volume Secret of `pod` (a downstream Pod vkd
 /// made) from `volumes`, the resolved volumes upstream: per Secret name, its
 /// data. A Pod's volumes cannot change once it exists, so each Secret keeps
 /// the keys its items name, and only their content follows: a file added
 /// upstream later is not carried down, and one removed keeps its last content.
-pub fn refreshed_secrets(
-    pod: &Pod,
-    volumes: &[Volume],
-) -> Vec<(String, BTreeMap<String, ByteString>)> {
+/// Content grown past what a Secret holds is refused (`VolumeTooLarge`).
+pub fn refreshed_secrets(pod: &Pod, volumes: &[Volume]) -> Result<Vec<Refreshed>, ProviderError> {
     let own = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
     let mut out = Vec::new();
     for v in own {
@@ -166,11 +203,12 @@ pub fn refreshed_secrets(
                 Some((item.key.clone(), ByteString(file.data.clone())))
             })
             .collect();
+        fits_a_secret(&v.name, data.values().map(|d| d.0.len()))?;
         if !data.is_empty() {
             out.push((name.clone(), data));
         }
     }
-    out
+    Ok(out)
 }
 
 /// Builds the downstream Pod for `spec` in namespace `namespace`.
@@ -321,7 +359,8 @@ mod tests {
         assert_eq!(p["spec"]["volumes"][0]["secret"]["items"][0]["mode"], 0o640);
         assert!(p["spec"]["volumes"][1]["emptyDir"].is_object());
         assert_eq!(t.secrets.len(), 1);
-        let data = t.secrets[0].data.as_ref().unwrap();
+        assert_eq!(t.secrets[0].volume, "cfg");
+        let data = t.secrets[0].secret.data.as_ref().unwrap();
         assert_eq!(data["f0"].0, b"x=1");
         // Refreshed: the file's new content under the same key; a file that
         // appeared later has no item in the Pod, so it is not carried.
@@ -336,7 +375,7 @@ mod tests {
                 files: vec![file("new.conf", b"n"), file("dir/app.conf", b"x=2")],
             },
         }];
-        let refreshed = refreshed_secrets(&t.pod, &later);
+        let refreshed = refreshed_secrets(&t.pod, &later).unwrap();
         assert_eq!(refreshed.len(), 1);
         assert_eq!(refreshed[0].0, "vkd-u1-v0");
         assert_eq!(
@@ -344,7 +383,57 @@ mod tests {
             BTreeMap::from([("f0".to_owned(), ByteString(b"x=2".to_vec()))])
         );
         // A volume not named, or no longer files, is left alone.
-        assert!(refreshed_secrets(&t.pod, &[]).is_empty());
+        assert!(refreshed_secrets(&t.pod, &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_volume_past_what_a_secret_holds_fails_the_pod_saying_so() {
+        let mut s = spec(json!({
+            "containers": [{"name": "main", "image": "x"}],
+            "volumes": [{"name": "models", "projected": {"sources": []}}]
+        }));
+        s.containers[0].name = "main".into();
+        let file = |path: &str, len: usize| VolumeFile {
+            path: path.into(),
+            data: vec![b'x'; len],
+            mode: 0o644,
+        };
+        let volume = |files| Volume {
+            name: "models".into(),
+            source: VolumeSource::Files { files },
+        };
+        let fence = Fence {
+            node: "vk".into(),
+            epoch: 1,
+        };
+        // Exactly 1 MiB fits.
+        s.volumes = vec![volume(vec![
+            file("a", MAX_SECRET_BYTES / 2),
+            file("b", MAX_SECRET_BYTES / 2),
+        ])];
+        let t = downstream_pod(&s, &fence, "ns").unwrap();
+        // One byte more does not, before anything is made.
+        s.volumes = vec![volume(vec![
+            file("a", MAX_SECRET_BYTES / 2),
+            file("b", MAX_SECRET_BYTES / 2 + 1),
+        ])];
+        let Err(ProviderError::Invalid { reason, message }) = downstream_pod(&s, &fence, "ns")
+        else {
+            panic!("a 1 MiB + 1 volume went down");
+        };
+        assert_eq!(reason, "VolumeTooLarge");
+        assert!(
+            message.contains("\"models\"")
+                && message.contains("1048577 bytes in 2 files")
+                && message.contains("1048576"),
+            "{message}"
+        );
+        // Content that grows past it later is refused too, not sent.
+        let grown = [volume(vec![file("a", MAX_SECRET_BYTES), file("b", 1)])];
+        assert!(matches!(
+            refreshed_secrets(&t.pod, &grown),
+            Err(ProviderError::Invalid { reason, .. }) if reason == "VolumeTooLarge"
+        ));
     }
 
     #[test]
