@@ -284,6 +284,54 @@ async fn an_image_the_backend_cannot_run_waits_as_a_failed_pull() {
     assert!(e.contains(&("Normal", "BackOff")), "{e:?}");
 }
 
+/// A sandbox the backend could not create (a CNI failure) leaves the Pod
+/// Pending and ContainerCreating, with a Warning FailedCreatePodSandBox
+/// naming why, and the start is tried again with a back-off: it never
+/// fails the Pod, as on the kubelet.
+#[tokio::test]
+async fn a_sandbox_the_backend_could_not_create_is_retried_as_the_kubelet_does() {
+    let provider = Arc::new(Scripted::default());
+    *provider.admission.lock().unwrap() = Some(vkd_provider::Admission::Rejected {
+        reason: vkd_provider::SANDBOX_NOT_CREATED.into(),
+        message: "CNI plugin bridge (ADD): no IP addresses available".into(),
+    });
+    let (c, log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "busybox"}]},
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    assert_eq!(
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+        Action::After(Duration::from_secs(10))
+    );
+    c.touch("u1", |r| {
+        r.image_retry_at = Some(SystemTime::UNIX_EPOCH.into())
+    });
+    assert_eq!(
+        c.reconcile("u1", Lane::Any).await.unwrap(),
+        Action::After(Duration::from_secs(20))
+    );
+    for p in patches(&log) {
+        assert_eq!(p["status"]["phase"], "Pending", "{p}");
+        let waiting = &p["status"]["containerStatuses"][0]["state"]["waiting"];
+        assert_eq!(waiting["reason"], "ContainerCreating", "{p}");
+    }
+    // One series (a repeat counts on it, as the kubelet's do).
+    let e = wait_events(&log, 1).await;
+    assert!(
+        !e.is_empty()
+            && e.iter().all(|e| e["type"] == "Warning"
+                && e["reason"] == "FailedCreatePodSandBox"
+                && e["note"]
+                    .as_str()
+                    .unwrap()
+                    .contains("no IP addresses available")),
+        "{e:?}"
+    );
+}
+
 /// Over the Event rate (the kubelet's --event-qps and --event-burst) the
 /// per-Pod `InstanceCreated` is dropped and counted at once, while a Warning
 /// waits for its turn and is sent.

@@ -8,6 +8,9 @@ pub(super) enum Start {
     ConfigError(String),
     /// The backend cannot run an image: waits as after a failed image pull.
     ImagePull(String),
+    /// The backend could not set up what the Pod runs in: waits, as the
+    /// kubelet after `FailedCreatePodSandBox`.
+    Sandbox(String),
     Failed(String, String),
 }
 
@@ -17,6 +20,8 @@ impl Start {
     pub(super) fn failed(reason: String, message: String) -> Self {
         if reason == vkd_provider::IMAGE_NOT_RUNNABLE {
             Self::ImagePull(message)
+        } else if reason == vkd_provider::SANDBOX_NOT_CREATED {
+            Self::Sandbox(message)
         } else {
             Self::Failed(reason, message)
         }

@@ -35,15 +35,7 @@ impl PodController {
             backoff,
         };
         self.write_status(rec, None, &waiting).await?;
-        let failures = rec.image_failures.saturating_add(1);
-        let wait = IMAGE_BACKOFF
-            .saturating_mul(1 << u32::from(failures.min(8) - 1))
-            .min(IMAGE_BACKOFF_MAX);
-        let retry_at = Stamp::from(SystemTime::now() + wait);
-        self.touch(&rec.uid, |r| {
-            r.image_failures = failures;
-            r.image_retry_at = Some(retry_at);
-        });
+        let (failures, wait) = self.back_off_start(rec);
         warn!(%message, failures, "image not runnable; waiting as after a failed pull");
         // The kubelet's pair of Events, once each rather than at every retry.
         match failures {
@@ -64,6 +56,45 @@ impl PodController {
             _ => {}
         }
         Ok(self.deadline_action(&rec.uid, Some(wait)))
+    }
+
+    /// The backend could not set up the Pod's sandbox (its network, say) and
+    /// gave back what it had. As the kubelet, the Pod stays Pending with its
+    /// containers `ContainerCreating`, each failed attempt is a Warning
+    /// `FailedCreatePodSandBox`, and the start is tried again after the same
+    /// back-off as an image's (the record's start back-off).
+    pub(super) async fn sandbox_not_created(
+        &self,
+        rec: &PodRecord,
+        message: String,
+    ) -> Result<Action, ReconcileError> {
+        self.write_status(rec, None, &Waiting::Creating).await?;
+        let (failures, wait) = self.back_off_start(rec);
+        warn!(%message, failures, "the backend could not create the Pod's sandbox; trying again");
+        self.event(
+            rec,
+            EventType::Warning,
+            vkd_provider::SANDBOX_NOT_CREATED,
+            &format!("Failed to create pod sandbox: {message}"),
+            "Create",
+        );
+        Ok(self.deadline_action(&rec.uid, Some(wait)))
+    }
+
+    /// Counts a start that failed and sets when the next may be tried: after
+    /// [`IMAGE_BACKOFF`], doubling to [`IMAGE_BACKOFF_MAX`]. Returns the
+    /// failures in a row and the wait.
+    fn back_off_start(&self, rec: &PodRecord) -> (u8, Duration) {
+        let failures = rec.image_failures.saturating_add(1);
+        let wait = IMAGE_BACKOFF
+            .saturating_mul(1 << u32::from(failures.min(8) - 1))
+            .min(IMAGE_BACKOFF_MAX);
+        let retry_at = Stamp::from(SystemTime::now() + wait);
+        self.touch(&rec.uid, |r| {
+            r.image_failures = failures;
+            r.image_retry_at = Some(retry_at);
+        });
+        (failures, wait)
     }
 
     /// What follows a reconcile that leaves the Pod running or waiting: it is

@@ -715,6 +715,7 @@ impl PodController {
                     return Ok(self.deadline_action(uid, Some(CONFIG_RECHECK)));
                 }
                 Start::ImagePull(message) => return self.image_unavailable(&rec, message).await,
+                Start::Sandbox(message) => return self.sandbox_not_created(&rec, message).await,
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
             },
         };

@@ -171,8 +171,9 @@ pub struct PodRecord {
     pub active_deadline: Option<ActiveDeadline>,
     /// For a Pod whose volumes follow their sources (`None`: it has none).
     pub volume_refresh: Option<Box<super::volume_refresh::VolumeRefresh>>,
-    /// How many starts in a row failed on an image the backend cannot run,
-    /// and when the next may be tried; both reset when an image changes.
+    /// How many starts in a row failed on an image the backend cannot run
+    /// (or on a sandbox it could not create), and when the next may be
+    /// tried; both reset when an image changes.
     pub image_failures: u8,
     pub image_retry_at: Option<Stamp>,
     /// Local ephemeral storage limits, enforced by eviction (`None`: it has none).

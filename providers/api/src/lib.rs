@@ -867,6 +867,13 @@ pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
 /// Pod whose image is then fixed runs.
 pub const IMAGE_NOT_RUNNABLE: &str = "ImageNotRunnable";
 
+/// The reason a provider gives ([`ProviderError::Invalid`]) when it could
+/// not set up what a Pod runs in (its network, say) and has given back what
+/// it had set up: the kubelet's `FailedCreatePodSandBox`. vkd keeps the Pod
+/// Pending (`ContainerCreating`), says why in a Warning Event, and tries the
+/// start again with a back-off, as the kubelet retries a sandbox.
+pub const SANDBOX_NOT_CREATED: &str = "FailedCreatePodSandBox";
+
 /// A backend that runs Pods as instances. Object-safe: vkd holds an `Arc<dyn Provider>`.
 #[async_trait]
 pub trait Provider: Send + Sync + fmt::Debug {

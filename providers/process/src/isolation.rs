@@ -648,22 +648,19 @@ fn restrict(at: &Path, attrs: u64) -> Result<()> {
 /// kernel allows new mount and PID namespaces (checked in a child, as the
 /// caller is threaded).
 pub fn available(launcher: &Path) -> bool {
-    rustix::process::geteuid().is_root()
-        && std::process::Command::new(launcher)
-            .args(["process-launch", "--check-namespaces"])
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+    rustix::process::geteuid().is_root() && launcher_says_yes(launcher, "--check-namespaces")
 }
 
 /// Whether the kernel lets the launcher give containers user namespaces
 /// (some hosts disable them: `user.max_user_namespaces=0`).
 pub fn user_namespaces_available(launcher: &Path) -> bool {
+    launcher_says_yes(launcher, "--check-user-namespaces")
+}
+
+/// Runs one of the launcher's checks in a child of its own.
+fn launcher_says_yes(launcher: &Path, check: &str) -> bool {
     std::process::Command::new(launcher)
-        .args(["process-launch", "--check-user-namespaces"])
+        .args(["process-launch", check])
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

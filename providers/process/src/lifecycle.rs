@@ -151,8 +151,8 @@ impl ProcessProvider {
     }
 
     /// Makes the Pod's network namespace and runs CNI ADD; returns the Pod's
-    /// IP. A failure is the Pod's (`NetworkSetupFailed`, naming the plugin and
-    /// what it said), as the kubelet reports a sandbox it could not create.
+    /// IP. A failure is the Pod's (`FailedCreatePodSandBox`, naming the plugin
+    /// and what it said), as the kubelet reports a sandbox it could not create.
     fn add_network(&self, sb: &Sandbox, mut a: network::Attachment) -> Result<String> {
         let ip = a.add().map_err(|e| {
             ProviderError::invalid(

@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// The reason a Pod gets when its network could not be set up (the
-/// kubelet's `FailedCreatePodSandBox`, for a runtime's CNI failure).
-pub const NETWORK_SETUP_FAILED: &str = "NetworkSetupFailed";
+/// The reason a Pod's start gets when its network could not be set up: the
+/// kubelet's `FailedCreatePodSandBox`, for a runtime's CNI failure, which
+/// vkd retries with a back-off.
+pub const NETWORK_SETUP_FAILED: &str = vkd_provider::SANDBOX_NOT_CREATED;
 /// The name of the Pod's interface in its namespace.
 pub const INTERFACE: &str = "eth0";
 /// How long one plugin may run, where a record says nothing (one from

@@ -516,7 +516,7 @@ async fn a_hung_plugin_stalls_only_its_own_pod() {
         began.elapsed()
     );
     let (reason, message) = refusal(hung.await.unwrap());
-    assert_eq!(reason, "NetworkSetupFailed");
+    assert_eq!(reason, vkd_provider::SANDBOX_NOT_CREATED);
     assert!(
         message.contains("CNI plugin fake (ADD)") && message.contains(&format!("{BOUND}s")),
         "{message}"
@@ -535,7 +535,7 @@ async fn a_failed_add_reaches_the_pod_with_the_plugins_words() {
     let net = FakeNet::new();
     let Some(p) = net.provider(60) else { return };
     let (reason, message) = refusal(p.create(&fence(), &spec("u-fail", &[])).await);
-    assert_eq!(reason, "NetworkSetupFailed");
+    assert_eq!(reason, vkd_provider::SANDBOX_NOT_CREATED);
     assert!(
         message.contains("CNI plugin fake (ADD)")
             && message.contains("no addresses left: range 10.99.0.0/30 is full"),
@@ -544,7 +544,7 @@ async fn a_failed_add_reaches_the_pod_with_the_plugins_words() {
     assert!(!net.sandbox("u-fail").exists());
     assert!(net.calls().contains("fake DEL u-fail"), "{}", net.calls());
     let (reason, message) = refusal(p.create(&fence(), &spec("u-noisy", &[])).await);
-    assert_eq!(reason, "NetworkSetupFailed");
+    assert_eq!(reason, vkd_provider::SANDBOX_NOT_CREATED);
     assert!(message.contains("exit status: 2: 1 2 3"), "{message}");
     assert!(message.len() < 1500, "{} bytes", message.len());
     assert_eq!(net.netns_files(), 0);
