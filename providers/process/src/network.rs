@@ -26,6 +26,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+mod netns;
+
+pub use netns::connect_in;
+use netns::{keep_apart, make_netns, remove_netns};
+
 /// The reason a Pod's start gets when its network could not be set up: the
 /// kubelet's `FailedCreatePodSandBox`, for a runtime's CNI failure, which
 /// vkd retries with a back-off.
@@ -508,138 +513,6 @@ fn pod_ip(result: &Value) -> Option<String> {
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Makes `dir` (root's, 0700) a mount point of its own, with private
-/// propagation, unless it is one already.
-fn keep_apart(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    let dir = std::fs::canonicalize(dir)?;
-    if !is_mount_point(&dir)? {
-        rustix::mount::mount_bind(&dir, &dir)?;
-    }
-    rustix::mount::mount_change(&dir, rustix::mount::MountPropagationFlags::PRIVATE)?;
-    Ok(())
-}
-
-fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
-    let st = rustix::fs::statx(
-        rustix::fs::CWD,
-        dir,
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        rustix::fs::StatxFlags::BASIC_STATS,
-    )?;
-    let mount_root = rustix::fs::StatxAttributes::MOUNT_ROOT;
-    if !st.stx_attributes_mask.contains(mount_root) {
-        return Err(std::io::Error::other(
-            "statx reports no STATX_ATTR_MOUNT_ROOT",
-        ));
-    }
-    Ok(st.stx_attributes.contains(mount_root))
-}
-
-/// Makes a network namespace and keeps it at `path` (a bind mount of the
-/// namespace on an empty file). A namespace already there, from an attempt
-/// that died half way, is kept.
-fn make_netns(path: &Path) -> Result<()> {
-    let err = |source: std::io::Error| NetworkError::Namespace {
-        path: path.to_owned(),
-        source,
-    };
-    if is_netns(path) {
-        return Ok(());
-    }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(err)?;
-    let target = path.to_owned();
-    // A thread of its own enters the new namespace and ends there: no other
-    // thread of this process ever changes its network.
-    std::thread::Builder::new()
-        .name("netns".into())
-        .spawn(move || -> std::io::Result<()> {
-            unshare_net()?;
-            // Per namespace, read by the opener's: what runtimes set for Pods.
-            std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
-            let _ = std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647");
-            rustix::mount::mount_bind("/proc/thread-self/ns/net", &target)?;
-            Ok(())
-        })
-        .map_err(err)?
-        .join()
-        .map_err(|_| err(std::io::Error::other("the namespace thread panicked")))?
-        .map_err(err)
-}
-
-#[allow(unsafe_code)]
-fn unshare_net() -> std::io::Result<()> {
-    // SAFETY: NEWNET only changes the calling thread's network namespace; no
-    // file descriptor table or memory is shared differently afterwards.
-    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
-        .map_err(Into::into)
-}
-
-/// Whether `path` holds a network namespace (an nsfs bind mount).
-fn is_netns(path: &Path) -> bool {
-    const NSFS_MAGIC: i64 = 0x6e73_6673;
-    // f_type's width differs between targets.
-    #[allow(clippy::unnecessary_cast)]
-    rustix::fs::statfs(path).is_ok_and(|s| s.f_type as i64 == NSFS_MAGIC)
-}
-
-/// Unmounts and removes the namespace file at `path`, if there is one.
-fn remove_netns(path: &Path) -> Result<()> {
-    let err = |source: std::io::Error| NetworkError::Namespace {
-        path: path.to_owned(),
-        source,
-    };
-    while is_netns(path) {
-        rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH)
-            .map_err(|e| err(e.into()))?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(err(e)),
-    }
-}
-
-/// Moves the calling thread into the network namespace at `netns` (the
-/// single-threaded launcher, for the whole process).
-pub fn enter(netns: &Path) -> std::io::Result<()> {
-    let f = std::fs::File::open(netns)?;
-    rustix::thread::move_into_link_name_space(
-        std::os::fd::AsFd::as_fd(&f),
-        Some(rustix::thread::LinkNameSpaceType::Network),
-    )?;
-    Ok(())
-}
-
-/// Opens a TCP connection to `port` on the loopback of the network
-/// namespace at `netns`, as a runtime's port-forward does (a thread of its
-/// own enters the namespace and ends there).
-pub fn connect_in(
-    netns: &Path,
-    port: u16,
-    timeout: Duration,
-) -> std::io::Result<std::net::TcpStream> {
-    let netns = netns.to_owned();
-    std::thread::Builder::new()
-        .name("netns-connect".into())
-        .spawn(move || {
-            enter(&netns)?;
-            std::net::TcpStream::connect_timeout(
-                &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-                timeout,
-            )
-        })?
-        .join()
-        .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
 }
 
 #[cfg(test)]
