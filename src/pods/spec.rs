@@ -408,6 +408,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
             share_process_namespace: spec.share_process_namespace.unwrap_or(false),
             host_ports: host_ports(&all)?,
             fs_group: fs_group(spec)?,
+            user_namespace: spec.host_users == Some(false),
         },
         env: all
             .iter()

@@ -54,6 +54,7 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
         share_process_namespace: false,
         host_ports: Vec::new(),
         fs_group: None,
+        user_namespace: false,
     }
 }
 

@@ -354,6 +354,11 @@ pub struct InstanceSpec {
     /// (an emptyDir is setgid to it), as the kubelet applies it.
     #[serde(default)]
     pub fs_group: Option<u32>,
+    /// `spec.hostUsers: false`: the Pod's containers get a user namespace
+    /// of their own, where the backend can give one (a backend that cannot
+    /// refuses the Pod rather than run it with the host's users).
+    #[serde(default)]
+    pub user_namespace: bool,
 }
 
 /// A container port published on the host (`ports[].hostPort`).

@@ -83,8 +83,9 @@ struct Inner {
     disk: disk::Measurements,
     /// Containers get namespaces of their own (`isolation`).
     isolated: bool,
-    /// With namespaces, each container also gets a user namespace that maps
-    /// only the run-as ids (where the kernel allows user namespaces).
+    /// With namespaces, the kernel allows user namespaces: a Pod with
+    /// `hostUsers: false` gets one per container that maps only the run-as
+    /// ids; elsewhere such a Pod is refused.
     user_namespaces: bool,
     /// Pods get network namespaces of their own (`network`).
     network: Option<network::Network>,

@@ -187,8 +187,8 @@ impl ProcessProvider {
 
     /// How Pods are isolated here: `namespaces` (each container in mount, PID
     /// and UTS namespaces of its own) or `host` (host processes).
-    /// Whether containers get user namespaces of their own (with namespaces,
-    /// where the kernel allows them).
+    /// Whether Pods with `hostUsers: false` can run here: with namespaces,
+    /// where the kernel allows user namespaces.
     pub fn user_namespaces(&self) -> bool {
         self.inner.user_namespaces
     }

@@ -21,6 +21,13 @@ impl ProcessProvider {
         root: &Path,
         isolated: bool,
     ) -> Result<Vec<Launch>> {
+        if spec.user_namespace && !self.inner.user_namespaces {
+            return Err(ProviderError::invalid(
+                "UserNamespacesUnsupported",
+                "the Pod asks for hostUsers: false, and this node gives containers no user \
+                 namespaces (it needs isolation: namespaces and a kernel that allows them)",
+            ));
+        }
         let mut out = Vec::new();
         for c in spec.init_containers.iter().chain(&spec.containers) {
             let image = self.inner.config.image(&c.image).ok_or_else(|| {

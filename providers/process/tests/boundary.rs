@@ -175,6 +175,44 @@ async fn a_setuid_program_of_the_image_works_unless_escalation_is_forbidden() {
     let _ = std::fs::remove_dir_all(suid_dir);
 }
 
+/// `hostUsers: false`: the container's user namespace maps only the run-as
+/// ids, so root does not exist in it (root's files read as the overflow id)
+/// and no setuid-root program, even on a mount without nosuid, gives root;
+/// an exec enters it too.
+#[tokio::test(flavor = "multi_thread")]
+async fn host_users_false_gives_a_user_namespace_without_root() {
+    let Some((p, dir)) = isolated() else { return };
+    if !p.user_namespaces() {
+        eprintln!("no user namespaces on this kernel: nothing to check");
+        let _ = std::fs::remove_dir_all(dir);
+        return;
+    }
+    let uid = "u-boundary-userns";
+    let script = "echo map=$(cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ';'); \
+                  echo root-owns=$(stat -c %u /etc/hostname /usr); echo mapped; exec sleep 3711";
+    let mut s = spec(uid, &["sh", "-c", script]);
+    s.user_namespace = true;
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = logged(&p, uid, "main", "mapped").await;
+    assert!(log.contains("map= 65534 65534 1;"), "{log}");
+    let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid").unwrap();
+    assert!(
+        log.contains(&format!(
+            "root-owns={} {}",
+            overflow.trim(),
+            overflow.trim()
+        )),
+        "{log}"
+    );
+    let (code, out) = exec(&p, uid, "main", "cat /proc/self/uid_map; id -u").await;
+    assert_eq!(code, 0, "{out}");
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words, ["65534", "65534", "1", "65534"], "{out}");
+    remove(&p, uid).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The tenant's trick: a user and mount namespace of its own (`unshare
 /// -Urm`), then wait for an exec or an exec probe to enter it from the root
 /// side. The namespace is refused at the source, and exec enters only what

@@ -59,7 +59,7 @@ impl ProcessProvider {
         to: &Path,
     ) -> std::io::Result<()> {
         let mut plan = mount_plan(self, sb, c, l, &pod_hostname(&spec.pod.name));
-        if self.inner.user_namespaces {
+        if spec.user_namespace {
             let (uid, gid) = self.inner.run_as;
             let mut map = crate::isolation::IdentityMap {
                 uids: vec![uid],
