@@ -360,7 +360,7 @@ impl PodController {
                 .targets
                 .iter()
                 .find(|(n, _)| &**n == name)
-                .map(|(_, t)| t.to_string());
+                .map(|(_, t)| t.clone());
             match self
                 .provider
                 .start_ephemeral(&self.fence(), &rec.uid, &spec)

@@ -719,17 +719,19 @@ fn container(c: &Container, volumes: &[&str]) -> Result<ContainerSpec, SpecError
     })
 }
 
-/// The privilege fields of a container's securityContext.
+/// The privilege fields of a container's securityContext; `None` when it
+/// sets none of them.
 fn security_context(
     sc: Option<&k8s_openapi::api::core::v1::SecurityContext>,
-) -> vkd_provider::SecurityContext {
+) -> Option<Box<vkd_provider::SecurityContext>> {
     let caps = sc.and_then(|s| s.capabilities.as_ref());
-    vkd_provider::SecurityContext {
+    let asked = vkd_provider::SecurityContext {
         allow_privilege_escalation: sc.and_then(|s| s.allow_privilege_escalation),
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
         add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
         privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
-    }
+    };
+    (asked != vkd_provider::SecurityContext::default()).then(|| Box::new(asked))
 }
 
 fn port_of(

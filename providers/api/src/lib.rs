@@ -150,13 +150,14 @@ pub struct ContainerSpec {
     #[serde(default)]
     pub pod_ip_env: Vec<String>,
     /// What the container's `securityContext` asks of the process's
-    /// privileges (a backend that runs the container elsewhere passes it on).
+    /// privileges; `None` when it asks nothing (boxed, as the probes: most
+    /// containers have none, and a backend keeps a spec per instance).
     #[serde(default)]
-    pub security: SecurityContext,
+    pub security: Option<Box<SecurityContext>>,
     /// An ephemeral container's `targetContainerName`: the container whose
     /// process namespace it joins (`None` for the Pod's own containers).
     #[serde(default)]
-    pub target_container: Option<String>,
+    pub target_container: Option<Box<str>>,
 }
 
 /// The privilege fields of a container's `securityContext`, as written (the

@@ -214,7 +214,7 @@ impl ProcessProvider {
             // Namespaces of its own, as the Pod's containers have, in the
             // Pod's network; its target's PID namespace is joined by the shim.
             if let Some(target) = &c.target_container
-                && !others.iter().any(|o| &o.name == target)
+                && !others.iter().any(|o| *o.name == **target)
             {
                 return Err(ProviderError::invalid(
                     "InvalidSpec",

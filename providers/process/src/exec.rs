@@ -98,7 +98,7 @@ impl ProcessProvider {
             env_file,
             process: run.process.filter(|_| spec.isolated).map(|p| p.pid),
             held: sb.held_namespaces(container),
-            privileges: crate::hardening::Privileges::of(&container_spec.security),
+            privileges: crate::hardening::Privileges::of(container_spec.security.as_deref()),
         })
     }
 

@@ -88,7 +88,10 @@ impl Privileges {
     /// (`ALL` drops every one) plus `add`; `no_new_privs` when the container
     /// says `allowPrivilegeEscalation: false`. Unknown names change nothing
     /// (the runtime refuses them; here they can only narrow nothing).
-    pub fn of(sc: &SecurityContext) -> Self {
+    /// No securityContext is the runtime's defaults.
+    pub fn of(sc: Option<&SecurityContext>) -> Self {
+        let default = SecurityContext::default();
+        let sc = sc.unwrap_or(&default);
         let named = |names: &[String]| -> (bool, CapabilitySet) {
             let all = names.iter().any(|n| n.trim().eq_ignore_ascii_case("ALL"));
             let set = names
@@ -322,14 +325,14 @@ mod tests {
 
     #[test]
     fn the_runtime_default_less_drop_plus_add() {
-        let none = Privileges::of(&SecurityContext::default());
+        let none = Privileges::of(None);
         assert_eq!(none.bounding, RUNTIME_DEFAULT);
         assert!(!none.no_new_privs);
         assert!(!none.bounding.contains(CapabilitySet::SYS_ADMIN));
-        let all = Privileges::of(&sc(&["ALL"], &[], Some(false)));
+        let all = Privileges::of(Some(&sc(&["ALL"], &[], Some(false))));
         assert_eq!(all.bounding, CapabilitySet::empty());
         assert!(all.no_new_privs);
-        let some = Privileges::of(&sc(&["net_raw", "CAP_KILL"], &["NET_ADMIN"], None));
+        let some = Privileges::of(Some(&sc(&["net_raw", "CAP_KILL"], &["NET_ADMIN"], None)));
         assert!(!some.bounding.contains(CapabilitySet::NET_RAW));
         assert!(!some.bounding.contains(CapabilitySet::KILL));
         assert!(
@@ -337,14 +340,14 @@ mod tests {
                 .contains(CapabilitySet::NET_ADMIN | CapabilitySet::CHOWN)
         );
         // drop ALL, add one: only that one, as runtimes do.
-        let one = Privileges::of(&sc(&["ALL"], &["NET_BIND_SERVICE"], None));
+        let one = Privileges::of(Some(&sc(&["ALL"], &["NET_BIND_SERVICE"], None)));
         assert_eq!(one.bounding, CapabilitySet::NET_BIND_SERVICE);
         assert_eq!(capability("bogus"), None);
     }
 
     #[test]
     fn the_flag_round_trips_and_bad_ones_are_refused() {
-        let p = Privileges::of(&sc(&["ALL"], &["KILL"], Some(false)));
+        let p = Privileges::of(Some(&sc(&["ALL"], &["KILL"], Some(false))));
         assert_eq!(Privileges::from_arg(&p.to_arg()), Some(p));
         for bad in ["", "zz:0", "ff", "ff:2"] {
             assert_eq!(Privileges::from_arg(bad), None, "{bad}");

@@ -649,11 +649,11 @@ mod tests {
                 launcher: 42,
                 held: Path::new("/state/ns/u/c"),
             }),
-            privileges: crate::hardening::Privileges::of(&vkd_provider::SecurityContext {
+            privileges: crate::hardening::Privileges::of(Some(&vkd_provider::SecurityContext {
                 drop_capabilities: vec!["ALL".into()],
                 allow_privilege_escalation: Some(false),
                 ..Default::default()
-            }),
+            })),
             argv: &argv,
         };
         let cmd = la.command(Path::new("/vkd"));

@@ -97,11 +97,11 @@ async fn a_setuid_root_program_of_the_host_gives_nothing_and_the_security_contex
         suid.display()
     );
     let mut s = spec(uid, &["sh", "-c", &script]);
-    s.containers[0].security = SecurityContext {
+    s.containers[0].security = Some(Box::new(SecurityContext {
         allow_privilege_escalation: Some(false),
         drop_capabilities: vec!["ALL".into()],
         ..Default::default()
-    };
+    }));
     p.create(&fence(), &s).await.unwrap();
     running(&p, uid).await;
     let log = logged(&p, uid, "main", "started").await;
@@ -128,7 +128,7 @@ async fn a_setuid_root_program_of_the_host_gives_nothing_and_the_security_contex
     // allowed, and still no root from the host's setuid program (nosuid).
     let uid = "u-boundary-suid-default";
     let mut s = spec(uid, &["sh", "-c", &script]);
-    s.containers[0].security = SecurityContext::default();
+    s.containers[0].security = None;
     p.create(&fence(), &s).await.unwrap();
     running(&p, uid).await;
     let log = logged(&p, uid, "main", "started").await;
@@ -164,7 +164,12 @@ async fn a_setuid_program_of_the_image_works_unless_escalation_is_forbidden() {
             &uid,
             &["sh", "-c", "echo euid=$(/image/id -u); exec sleep 3702"],
         );
-        s.containers[0].security.allow_privilege_escalation = escalation;
+        s.containers[0].security = escalation.map(|e| {
+            Box::new(SecurityContext {
+                allow_privilege_escalation: Some(e),
+                ..Default::default()
+            })
+        });
         p.create(&fence(), &s).await.unwrap();
         running(&p, &uid).await;
         let log = logged(&p, &uid, "main", "euid=").await;

@@ -71,7 +71,7 @@ impl Shim {
             env_file: &env_file,
             cwd: &launch.cwd,
             isolation,
-            privileges: crate::hardening::Privileges::of(&spec.security),
+            privileges: crate::hardening::Privileges::of(spec.security.as_deref()),
             argv,
         };
         // The launcher is this very program, never a path a file names.
