@@ -13,23 +13,12 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::{fence, log_text, provider, remove, running, spec, stream_io, wait_for};
+use common::{fence, isolated, log_text, provider, remove, running, spec, stream_io, wait_for};
 use tokio::io::AsyncReadExt;
 use vkd_process::ProcessProvider;
 use vkd_provider::{
     ContainerSpec, Mount, Provider, SecurityContext, Volume, VolumeFile, VolumeSource,
 };
-
-fn isolated() -> Option<(ProcessProvider, PathBuf)> {
-    let (p, dir) = provider();
-    if p.isolation_mode() == "namespaces" {
-        Some((p, dir))
-    } else {
-        eprintln!("no namespaces here (not root?): nothing to check");
-        let _ = std::fs::remove_dir_all(dir);
-        None
-    }
-}
 
 async fn exec(p: &ProcessProvider, uid: &str, container: &str, script: &str) -> (i32, String) {
     let (w, mut r) = tokio::io::duplex(1 << 16);

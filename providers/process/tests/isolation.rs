@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fence, log_text, provider, remove, running, spec, stream_io, wait_for};
+use common::{fence, isolated, log_text, provider, remove, running, spec, stream_io, wait_for};
 use tokio::io::AsyncReadExt;
 use vkd_provider::{
     ContainerState, InstancePhase, Mount, Provider, RestartPolicy, Volume, VolumeFile, VolumeSource,
@@ -20,19 +20,6 @@ fn processes(pattern: &str) -> usize {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
         .unwrap_or(0)
-}
-
-/// The provider, when this host gives containers namespaces; else `None`
-/// (the test says so and passes: there is nothing to isolate with).
-fn isolated() -> Option<(vkd_process::ProcessProvider, std::path::PathBuf)> {
-    let (p, dir) = provider();
-    if p.isolation_mode() == "namespaces" {
-        Some((p, dir))
-    } else {
-        eprintln!("no namespaces here (not root?): nothing to check");
-        let _ = std::fs::remove_dir_all(dir);
-        None
-    }
 }
 
 fn mount(volume: &str, path: &str, sub_path: Option<&str>, read_only: bool) -> Mount {
