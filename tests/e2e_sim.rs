@@ -41,6 +41,7 @@ fn main() -> ExitCode {
             "node_lease_kill_not_ready_and_restart_adopts",
             kill_and_restart_adopts,
         ),
+        ("the_node_rejects_what_a_kubelet_rejects", kubelet_admission),
         ("bad_input_exits_64_with_the_field", bad_input_exits_64),
         (
             "unhealthy_provider_makes_the_node_not_ready",
@@ -293,6 +294,129 @@ fn gpu_and_unrunnable_pods_fail(c: &Cluster) -> Result<()> {
         at(&instances[0], "gpus").as_array().map(Vec::len) == Some(4),
         "{:?}",
         instances[0]
+    );
+    c.kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
+    Ok(())
+}
+
+/// Pods bound by name, past the scheduler, that a kubelet would refuse:
+/// each fails with the kubelet's reason and "Pod was rejected: ..." and never
+/// reaches the backend; the ones a kubelet takes run. (An untolerated
+/// NoExecute taint is the unit tests': here the taint manager deletes such a
+/// Pod as soon as it is bound.)
+fn kubelet_admission(c: &Cluster) -> Result<()> {
+    let node = "vk-admit";
+    let vkd = Vkd::start(
+        c,
+        node,
+        &["--node-label", "vkd.io/e2e=admit", "--max-pods", "4"],
+    )?;
+    let ns = c.namespace("e2e-admit")?;
+    let pod = |name: &str, extra: &str| {
+        format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  nodeName: {node}
+  {extra}
+  containers:
+  - name: main
+    image: example/main:1
+    ports: [{{containerPort: 80, hostPort: 18080}}]
+"#
+        )
+    };
+    let phase = |name: &str| -> Result<Value> {
+        wait_for(
+            &format!("{name} to run or fail"),
+            Duration::from_secs(60),
+            || {
+                let p = c.kubectl_json(&["get", "pod", name, "-n", &ns])?;
+                Ok(
+                    matches!(at(&p, "status.phase").as_str(), Some("Running" | "Failed"))
+                        .then_some(p),
+                )
+            },
+        )
+    };
+    let rejected = |name: &str, reason: &str, message: &str| -> Result<()> {
+        let p = phase(name)?;
+        ensure!(
+            str_at(&p, "status.phase") == "Failed" && str_at(&p, "status.reason") == reason,
+            "{name}: {}",
+            p["status"]
+        );
+        let want = format!("Pod was rejected: {message}");
+        ensure!(
+            str_at(&p, "status.message") == want,
+            "{name}: message {:?}, want {want:?}",
+            p["status"]["message"]
+        );
+        let events = c.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            &format!("involvedObject.name={name},type=Warning,reason={reason}"),
+        ])?;
+        ensure!(
+            events.contains(message),
+            "{name}: no Warning {reason} Event: {events}"
+        );
+        Ok(())
+    };
+    c.apply(&pod("first", ""))?;
+    ensure!(
+        str_at(&phase("first")?, "status.phase") == "Running",
+        "first did not run"
+    );
+    c.apply(&pod("same-port", ""))?;
+    rejected(
+        "same-port",
+        "NodePorts",
+        "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports",
+    )?;
+    c.apply(&pod("udp", "").replace("hostPort: 18080}", "hostPort: 18080, protocol: UDP}"))?;
+    ensure!(
+        str_at(&phase("udp")?, "status.phase") == "Running",
+        "udp did not run"
+    );
+    c.apply(&pod("elsewhere", "nodeSelector: {vkd.io/e2e: elsewhere}").replace("18080", "18081"))?;
+    rejected(
+        "elsewhere",
+        "NodeAffinity",
+        "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector",
+    )?;
+    // A label added a moment ago counts, as on the kubelet.
+    c.kubectl(&["label", "node", node, "vkd.io/e2e-added=now"])?;
+    c.apply(&pod("added", "nodeSelector: {vkd.io/e2e-added: now}").replace("18080", "18082"))?;
+    ensure!(
+        str_at(&phase("added")?, "status.phase") == "Running",
+        "added did not run"
+    );
+    c.apply(&pod("fourth", "").replace("18080", "18084"))?;
+    ensure!(
+        str_at(&phase("fourth")?, "status.phase") == "Running",
+        "fourth did not run"
+    );
+    c.apply(&pod("fifth", "").replace("18080", "18085"))?;
+    rejected(
+        "fifth",
+        "OutOfpods",
+        "Node didn't have enough resource: pods, requested: 1, used: 4, capacity: 4",
+    )?;
+    let mut owners: Vec<String> = vkd
+        .instances()?
+        .iter()
+        .map(|i| str_at(i, "name").to_owned())
+        .collect();
+    owners.sort();
+    ensure!(
+        owners == ["added", "first", "fourth", "udp"],
+        "only the admitted Pods reach the backend: {owners:?}"
     );
     c.kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
     Ok(())

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use serde::Serialize;
 
 use super::PodAnswer;
+use crate::pods::admission::tolerates;
 
 /// A NoExecute taint on the node and what it means for this Pod.
 #[derive(Clone, Debug, Serialize)]
@@ -56,24 +57,6 @@ pub(super) fn taint_text(t: &Taint) -> String {
             .map(|a| format!(" (added {})", a.0))
             .unwrap_or_default()
     )
-}
-
-/// Whether a toleration tolerates a taint, as the scheduler and the taint
-/// manager match them.
-fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = tol
-        .effect
-        .as_deref()
-        .is_none_or(|e| e.is_empty() || e == taint.effect);
-    let key_ok =
-        tol.key.as_deref().is_none_or(|k| k.is_empty()) || tol.key.as_deref() == Some(&taint.key);
-    let value_ok = match tol.operator.as_deref() {
-        Some("Exists") => true,
-        _ => tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
-    };
-    let empty_key_needs_exists = tol.key.as_deref().is_none_or(|k| k.is_empty())
-        && tol.operator.as_deref() != Some("Exists");
-    effect_ok && key_ok && value_ok && !empty_key_needs_exists
 }
 
 /// Why the Pod did or did not move off its node: the node's Ready condition,

@@ -386,3 +386,80 @@ async fn over_the_event_rate_instance_created_is_shed_and_a_warning_waits() {
     );
     assert_eq!(c.shared.metrics.events_dropped(), 2);
 }
+
+/// Pods bound by name that a kubelet would refuse fail as the kubelet fails
+/// them, and none of them reaches the backend: a host port another Pod holds
+/// (NodePorts), a selector the Node does not satisfy (NodeAffinity), more Pods
+/// than the Node's `pods` (OutOfpods).
+#[tokio::test]
+async fn the_node_rejects_what_a_kubelet_rejects() {
+    let provider = Arc::new(Scripted::default());
+    *provider.admission.lock().unwrap() = Some(vkd_provider::Admission::Queued {
+        reason: "scripted".into(),
+    });
+    let (c, log) = controller(Arc::clone(&provider));
+    let pod = |uid: &str, extra: serde_json::Value| {
+        let mut spec = json!({"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": spec,
+        }))
+        .unwrap();
+        c.upsert(&p);
+    };
+    let port = json!({"containers": [{"name": "main", "image": "x",
+        "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
+    pod("a", port.clone());
+    pod("b", port);
+    pod("c", json!({"nodeSelector": {"zone": "b"}}));
+    pod("d", json!({"nodeSelector": {"zone": "a"}}));
+    pod("e", json!({}));
+    pod("f", json!({}));
+    for uid in ["a", "b", "c", "d", "e", "f"] {
+        c.reconcile(uid, Lane::Any).await.unwrap();
+    }
+    let failed: Vec<(String, String)> = patches(&log)
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Failed")
+        .map(|p| {
+            (
+                p["status"]["reason"].as_str().unwrap().to_owned(),
+                p["status"]["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            (
+                "NodePorts".to_owned(),
+                "Pod was rejected: Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".to_owned()
+            ),
+            (
+                "NodeAffinity".to_owned(),
+                "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector".to_owned()
+            ),
+            (
+                "OutOfpods".to_owned(),
+                "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3".to_owned()
+            ),
+        ]
+    );
+    let e = wait_events(&log, 6).await;
+    let ports = e.iter().find(|e| e["reason"] == "NodePorts").unwrap();
+    assert_eq!(ports["type"], "Warning");
+    assert_eq!(
+        ports["note"],
+        "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
+    );
+    // The admitted three are queued by the backend; the rejected never asked it.
+    let records = c.records();
+    let admitted: Vec<&str> = ["a", "b", "c", "d", "e", "f"]
+        .into_iter()
+        .filter(|u| records[*u].admitted)
+        .collect();
+    assert_eq!(admitted, ["a", "d", "e"]);
+}

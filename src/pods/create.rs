@@ -12,6 +12,8 @@ pub(super) enum Start {
     /// kubelet after `FailedCreatePodSandBox`.
     Sandbox(String),
     Failed(String, String),
+    /// The node refuses it, as a kubelet would (the kubelet's admission).
+    Rejected(super::admission::Rejection),
 }
 
 impl Start {
@@ -58,6 +60,13 @@ impl PodController {
                 "no spec to create the instance from".into(),
             ));
         };
+        if !rec.admitted
+            && let Err(rejection) = self.admit_to_node(rec).await?
+        {
+            let detail = format!("{}: {}", rejection.reason, rejection.message);
+            self.decided(&rec.uid, &rec.key(), "", Decided::Rejected, detail);
+            return Ok(Start::Rejected(rejection));
+        }
         let resolver = self.resolver(pending).await?;
         let spec = match resolver.resolve(pending).await {
             Ok(s) => s,

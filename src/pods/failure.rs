@@ -243,6 +243,28 @@ impl PodController {
         reason: &str,
         message: &str,
     ) -> Result<Action, ReconcileError> {
+        self.fail_saying(rec, reason, message, message).await
+    }
+
+    /// The node refused the Pod: Failed, with the kubelet's "Pod was rejected"
+    /// in its status and the bare message in the Warning Event.
+    pub(super) async fn reject(
+        &self,
+        rec: &PodRecord,
+        rejection: &super::admission::Rejection,
+    ) -> Result<Action, ReconcileError> {
+        let status_message = format!("Pod was rejected: {}", rejection.message);
+        self.fail_saying(rec, &rejection.reason, &status_message, &rejection.message)
+            .await
+    }
+
+    async fn fail_saying(
+        &self,
+        rec: &PodRecord,
+        reason: &str,
+        message: &str,
+        event_message: &str,
+    ) -> Result<Action, ReconcileError> {
         self.admitter.release(&rec.uid);
         let view = status::failed_view(reason, message);
         if view.digest() != rec.observed_digest {
@@ -258,7 +280,7 @@ impl PodController {
             });
             self.patch_status(rec, body).await?;
             self.touch(&rec.uid, |r| r.observe(&view));
-            self.event(rec, EventType::Warning, reason, message, "Admit");
+            self.event(rec, EventType::Warning, reason, event_message, "Admit");
         }
         Ok(Action::Done)
     }

@@ -2,6 +2,7 @@
 //! instance, writes their status, and finalizes their deletion once the backend
 //! confirms the instance is gone.
 
+pub mod admission;
 #[cfg(test)]
 mod controller_tests;
 mod create;
@@ -12,6 +13,7 @@ mod explain;
 mod failure;
 mod finalize;
 mod gc;
+mod node_fit;
 mod partition;
 pub mod queue;
 pub mod record;
@@ -196,6 +198,8 @@ pub struct PodController {
     /// have had any: beside the records, which stay small for the many
     /// Pods whose probes never fail.
     container_events: Mutex<HashMap<String, events::ContainerEvents>>,
+    /// The Node as admission last read it ([`node_fit`]).
+    node_view: Mutex<Option<Arc<admission::NodeView>>>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -255,6 +259,7 @@ impl PodController {
             synced: AtomicBool::new(false),
             started: SystemTime::now(),
             container_events: Mutex::default(),
+            node_view: Mutex::default(),
         })
     }
 
@@ -338,6 +343,7 @@ impl PodController {
             }};
         }
         task!("pod watch", watch);
+        task!("node watch", node_watch);
         task!("provider events", provider_events);
         task!("resync", resync);
         task!("collector", collect);
@@ -717,6 +723,7 @@ impl PodController {
                 Start::ImagePull(message) => return self.image_unavailable(&rec, message).await,
                 Start::Sandbox(message) => return self.sandbox_not_created(&rec, message).await,
                 Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
+                Start::Rejected(r) => return self.reject(&rec, &r).await,
             },
         };
         if instance.epoch < self.settings.epoch && !rec.adoption_noted {

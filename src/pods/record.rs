@@ -185,6 +185,13 @@ pub struct PodRecord {
     /// Every condition `spec.readinessGates` names is True in the Pod's status
     /// (true when it names none): Ready waits for it, as on the kubelet.
     pub readiness_gates_ready: bool,
+    /// The node admitted it (the kubelet's admission, [`super::admission`]);
+    /// a Pod found with its instance was admitted before.
+    pub admitted: bool,
+    /// What it asks of the node, until it is admitted.
+    pub node_fit: Option<Box<super::admission::Requirements>>,
+    /// The host ports it holds on the node (`None`: it holds none).
+    pub host_ports: Option<Box<[super::admission::HostPortUse]>>,
 }
 
 /// `spec.activeDeadlineSeconds`, and the grace period the containers get
@@ -225,6 +232,12 @@ impl PodRecord {
 
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// It counts against the node's pods and host ports: admitted, or running
+    /// from before, and not ended.
+    pub fn holds_node(&self) -> bool {
+        !self.terminal() && (self.admitted || (self.pending.is_none() && self.spec_error.is_none()))
     }
 
     /// The phase the API server holds is terminal: nothing more to do but deletion.
@@ -301,6 +314,9 @@ impl PodRecord {
                     Err(e) => (None, Some(Box::new(e))),
                 }
             };
+        let admitted = previous.is_some_and(|p| p.admitted);
+        let node_fit = (!admitted && pending.is_some())
+            .then(|| super::admission::Requirements::of(meta.labels.as_ref(), spec));
         let containers: Box<[ContainerInfo]> = spec
             .containers
             .iter()
@@ -369,6 +385,9 @@ impl PodRecord {
             ),
             generation: meta.generation.unwrap_or(0),
             readiness_gates_ready: readiness_gates_ready(spec, api_status),
+            node_fit,
+            admitted,
+            host_ports: super::admission::host_ports(spec),
         })
     }
 }

@@ -105,6 +105,7 @@ pub(super) fn controller_with(
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
         ),
         "POST" => (201, req.body.clone()),
+        "GET" if req.path.starts_with("/api/v1/nodes/vk") => (200, node()),
         _ => status(404, "NotFound"),
     });
     let mut settings = Settings {
@@ -134,6 +135,13 @@ pub(super) fn controller_with(
         crate::testing::shared(Arc::default()),
     );
     (c, log)
+}
+
+/// Node `vk` as admission reads it: room for three Pods, one label.
+pub(super) fn node() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "vk", "labels": {"kubernetes.io/os": "linux", "zone": "a"}},
+        "status": {"allocatable": {"pods": "3"}}})
 }
 
 /// The bodies of the status patches, in order.

@@ -1,0 +1,97 @@
+//! The node's admission step: the Node as it is now (watched, so `kubectl
+//! label node` and `kubectl taint node` count from the next Pod on) and the
+//! Pods already admitted, through the kubelet's checks ([`admission`]).
+
+use k8s_openapi::api::core::v1::Node;
+
+use super::admission::{self, InUse, NodeView, Rejection};
+use super::*;
+
+impl PodController {
+    /// Keeps [`Self::node_view`] current from a watch of this node alone.
+    pub(super) async fn node_watch(&self, shutdown: CancellationToken) {
+        let nodes: Api<Node> = Api::all(self.watch_client.clone());
+        let cfg =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.settings.node));
+        let mut stream = watcher(nodes, cfg).default_backoff().boxed();
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = stream.next() => e,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => warn!(error = %e, "node watch failed; retrying"),
+                Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
+                    self.set_node_view(NodeView::of(&n));
+                }
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    fn set_node_view(&self, view: NodeView) -> Arc<NodeView> {
+        let view = Arc::new(view);
+        *self.node_view.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&view));
+        view
+    }
+
+    /// The Node read now, not from the watch (it may lag a label just added).
+    async fn fresh_node_view(&self) -> Result<Arc<NodeView>, ReconcileError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes.get(&self.settings.node).await?;
+        Ok(self.set_node_view(NodeView::of(&node)))
+    }
+
+    /// Admits the Pod to the node as the kubelet does, or says why not. Checks
+    /// and marks under the records' lock, so two Pods asking for one host port
+    /// at once never both get it.
+    pub(super) async fn admit_to_node(
+        &self,
+        rec: &PodRecord,
+    ) -> Result<Result<(), Rejection>, ReconcileError> {
+        let cached = self
+            .node_view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let node = match cached {
+            Some(n) => n,
+            None => self.fresh_node_view().await?,
+        };
+        match self.admit_against(&rec.uid, &node) {
+            // As the kubelet: when only the labels refused it, look at the Node again.
+            Err(r) if r.is_node_affinity() => {
+                let node = self.fresh_node_view().await?;
+                Ok(self.admit_against(&rec.uid, &node))
+            }
+            other => Ok(other),
+        }
+    }
+
+    fn admit_against(&self, uid: &str, node: &NodeView) -> Result<(), Rejection> {
+        let mut records = self.records();
+        let Some(rec) = records.get(uid) else {
+            return Ok(());
+        };
+        if rec.admitted {
+            return Ok(());
+        }
+        let mut in_use = InUse::default();
+        for other in records
+            .values()
+            .filter(|r| *r.uid != *uid && r.holds_node())
+        {
+            in_use.pods += 1;
+            in_use.host_ports.extend(other.host_ports.iter().flatten());
+        }
+        let asks_nothing = admission::Requirements::default();
+        let wanted = rec.node_fit.as_deref().unwrap_or(&asks_nothing);
+        admission::admit(wanted, rec.host_ports.as_deref(), node, &in_use)?;
+        if let Some(rec) = records.get_mut(uid) {
+            rec.admitted = true;
+            rec.node_fit = None;
+        }
+        Ok(())
+    }
+}
