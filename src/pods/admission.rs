@@ -33,8 +33,8 @@ pub struct Requirements {
 }
 
 impl Requirements {
-    pub fn of(labels: Option<&BTreeMap<String, String>>, spec: &PodSpec) -> Box<Self> {
-        Box::new(Self {
+    pub fn of(labels: Option<&BTreeMap<String, String>>, spec: &PodSpec) -> Self {
+        Self {
             os_label: labels
                 .and_then(|l| l.get(OS_LABEL))
                 .map(|v| v.as_str().into()),
@@ -49,7 +49,44 @@ impl Requirements {
                         .clone()
                 }),
             tolerations: spec.tolerations.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What a Pod's record keeps for admission: its requirements until it is
+/// admitted, and the host ports it holds for as long as it runs. `None` in
+/// the record for the many running Pods without host ports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeClaim {
+    pub requirements: Option<Requirements>,
+    pub host_ports: Box<[HostPortUse]>,
+}
+
+impl NodeClaim {
+    /// `awaits_admission`: the requirements are kept too.
+    pub fn of(
+        labels: Option<&BTreeMap<String, String>>,
+        spec: &PodSpec,
+        awaits_admission: bool,
+    ) -> Option<Box<Self>> {
+        let host_ports = host_ports(spec).unwrap_or_default();
+        let requirements = awaits_admission.then(|| Requirements::of(labels, spec));
+        (requirements.is_some() || !host_ports.is_empty()).then(|| {
+            Box::new(Self {
+                requirements,
+                host_ports,
+            })
         })
+    }
+
+    /// Admitted: only the host ports are kept.
+    pub fn admitted(claim: &mut Option<Box<Self>>) {
+        if let Some(c) = claim.as_deref_mut() {
+            c.requirements = None;
+        }
+        if claim.as_ref().is_some_and(|c| c.host_ports.is_empty()) {
+            *claim = None;
+        }
     }
 }
 

@@ -83,14 +83,18 @@ impl PodController {
             .filter(|r| *r.uid != *uid && r.holds_node())
         {
             in_use.pods += 1;
-            in_use.host_ports.extend(other.host_ports.iter().flatten());
+            let held = other.node_claim.as_deref().map(|c| &*c.host_ports);
+            in_use.host_ports.extend(held.into_iter().flatten());
         }
         let asks_nothing = admission::Requirements::default();
-        let wanted = rec.node_fit.as_deref().unwrap_or(&asks_nothing);
-        admission::admit(wanted, rec.host_ports.as_deref(), node, &in_use)?;
+        let claim = rec.node_claim.as_deref();
+        let wanted = claim
+            .and_then(|c| c.requirements.as_ref())
+            .unwrap_or(&asks_nothing);
+        admission::admit(wanted, claim.map(|c| &*c.host_ports), node, &in_use)?;
         if let Some(rec) = records.get_mut(uid) {
             rec.admitted = true;
-            rec.node_fit = None;
+            admission::NodeClaim::admitted(&mut rec.node_claim);
         }
         Ok(())
     }

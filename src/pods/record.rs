@@ -188,10 +188,9 @@ pub struct PodRecord {
     /// The node admitted it (the kubelet's admission, [`super::admission`]);
     /// a Pod found with its instance was admitted before.
     pub admitted: bool,
-    /// What it asks of the node, until it is admitted.
-    pub node_fit: Option<Box<super::admission::Requirements>>,
-    /// The host ports it holds on the node (`None`: it holds none).
-    pub host_ports: Option<Box<[super::admission::HostPortUse]>>,
+    /// What it asks of the node until it is admitted, and the host ports it
+    /// holds (`None`: neither).
+    pub node_claim: Option<Box<super::admission::NodeClaim>>,
 }
 
 /// `spec.activeDeadlineSeconds`, and the grace period the containers get
@@ -315,8 +314,11 @@ impl PodRecord {
                 }
             };
         let admitted = previous.is_some_and(|p| p.admitted);
-        let node_fit = (!admitted && pending.is_some())
-            .then(|| super::admission::Requirements::of(meta.labels.as_ref(), spec));
+        let node_claim = super::admission::NodeClaim::of(
+            meta.labels.as_ref(),
+            spec,
+            !admitted && pending.is_some(),
+        );
         let containers: Box<[ContainerInfo]> = spec
             .containers
             .iter()
@@ -385,9 +387,8 @@ impl PodRecord {
             ),
             generation: meta.generation.unwrap_or(0),
             readiness_gates_ready: readiness_gates_ready(spec, api_status),
-            node_fit,
+            node_claim,
             admitted,
-            host_ports: super::admission::host_ports(spec),
         })
     }
 }
