@@ -366,6 +366,7 @@ async fn act(
                 message: format!("node {name} at epoch {epoch}: {e}"),
             });
         }
+        let node_shared = per_node(shared);
         let pods = pods::PodController::new(
             pods::Settings {
                 node: name.clone(),
@@ -388,7 +389,7 @@ async fn act(
             clients.pods.clone(),
             clients.watch.clone(),
             Arc::clone(provider),
-            shared.clone(),
+            node_shared.clone(),
         );
         let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
             .map_err(kubelet_api::ApiError::from)?;
@@ -421,7 +422,7 @@ async fn act(
             },
             clients.node.clone(),
             Arc::clone(provider),
-            Arc::clone(&shared.last_lease_renewal),
+            Arc::clone(&node_shared.last_lease_renewal),
         );
         let (tx, rx) = watch::channel(false);
         registered.push(rx);
@@ -444,6 +445,35 @@ async fn act(
         "vkd starting"
     );
     tasks.join().await.map_err(Error::from)
+}
+
+/// What one node's controller shares: the daemon's, with a lease clock of
+/// its own, so one node's renewals never hide another's failure from its
+/// partition watch (per-host mode runs many nodes in one process).
+fn per_node(shared: &pods::Shared) -> pods::Shared {
+    pods::Shared {
+        last_lease_renewal: Arc::default(),
+        ..shared.clone()
+    }
+}
+
+#[cfg(test)]
+mod per_node_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    /// Per-host mode: host-a's renewals leave host-b's clock where it was, so
+    /// host-b's partition watch still sees its own lease go unrenewed; what
+    /// the term shares (the partition-fenced Pods, the metrics) stays shared.
+    #[test]
+    fn each_node_keeps_its_own_lease_clock() {
+        let daemon = crate::testing::shared(Arc::default());
+        let (a, b) = (super::per_node(&daemon), super::per_node(&daemon));
+        a.last_lease_renewal.store(1_000, Ordering::Release);
+        assert_eq!(b.last_lease_renewal.load(Ordering::Acquire), 0);
+        assert!(Arc::ptr_eq(&a.partition_fenced, &b.partition_fenced));
+        assert!(Arc::ptr_eq(&a.metrics, &b.metrics));
+    }
 }
 
 #[cfg(test)]

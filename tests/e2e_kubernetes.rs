@@ -85,6 +85,10 @@ fn main() -> ExitCode {
             "a_volume_too_large_for_a_secret_fails_the_pod_saying_so",
             volume_too_large,
         ),
+        (
+            "a_deposed_replica_is_refused_every_downstream_write",
+            deposed_replica,
+        ),
     ]);
     // Stop the downstream cluster and both daemons.
     drop(CHAIN.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -1509,6 +1513,209 @@ fn volume_too_large(up: &Cluster) -> Result<()> {
         for part in ["part-a", "part-b"] {
             up.kubectl(&["delete", "configmap", part, "-n", NS])?;
         }
+        Ok(())
+    })
+}
+
+/// A replica whose term ended (its node's fence downstream was raised by the
+/// replica that took over) tries every write the provider makes: creating a
+/// Pod (with its namespace and volume Secrets), deleting a Pod by its
+/// upstream UID and by its instance id, rewriting a volume Secret. Each is
+/// refused, by vkd against its watch of the fence, and the Secret write also
+/// by the downstream API server; nothing downstream changes.
+fn deposed_replica(up: &Cluster) -> Result<()> {
+    use vkd_provider::{Fence, Provider, ProviderError, Volume, VolumeFile, VolumeSource};
+    chain(up, |ch| {
+        let down = &ch.down;
+        up.kubectl(&[
+            "create",
+            "configmap",
+            "settings",
+            "-n",
+            NS,
+            "--from-literal=mode=live",
+        ])?;
+        up.apply(&pod(
+            "kept",
+            r#"  containers:
+  - name: main
+    image: busybox
+    command: [sleep, '3600']
+    volumeMounts: [{name: settings, mountPath: /settings}]
+  volumes:
+  - name: settings
+    configMap: {name: settings}"#,
+        ))?;
+        let p = wait_running(up, "kept")?;
+        let uid = str_at(&p, "metadata.uid").to_owned();
+        let instance = at(&p, "metadata.annotations")["vkd.io/instance-id"]
+            .as_str()
+            .context("no instance id")?
+            .to_owned();
+        let epoch: u64 = down
+            .kubectl(&[
+                "get",
+                "configmap",
+                &format!("vkd-fence-{UP_NODE}"),
+                "-n",
+                "vkd-system",
+                "-o",
+                "jsonpath={.data.epoch}",
+            ])?
+            .trim()
+            .parse()
+            .context("the fence's epoch")?;
+        let secrets = |ns: &str| owned(down, "secrets", ns, &uid);
+        let pods = down.kubectl_json(&[
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            &format!("vkd.io/owner-uid={uid}"),
+        ])?;
+        let ns = items(&pods)
+            .first()
+            .map(|p| str_at(p, "metadata.namespace").to_owned())
+            .context("no downstream Pod")?;
+        let secret_before = items(&secrets(&ns)?)
+            .first()
+            .cloned()
+            .context("no volume Secret downstream")?;
+
+        // The replica before: same identity downstream, the epoch before.
+        let stale = Fence {
+            node: UP_NODE.into(),
+            epoch: epoch - 1,
+        };
+        let config =
+            vkd_kubernetes::KubernetesConfig::load(&up.dir().join("kubernetes-provider.yaml"))?;
+        let provider = vkd_kubernetes::KubernetesProvider::open(config)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let spec: vkd_provider::InstanceSpec = serde_json::from_value(serde_json::json!({
+            "pod": {"uid": "0badf00d-0000-4000-8000-000000000001", "namespace": NS, "name": "late"},
+            "node": UP_NODE,
+            "containers": [],
+            "resources": vkd_provider::Resources::default(),
+            "restart_policy": "Always",
+            "pod_spec": "{\"containers\": [{\"name\": \"main\", \"image\": \"busybox\"}]}",
+        }))?;
+        let volumes = [Volume {
+            name: "settings".into(),
+            source: VolumeSource::Files {
+                files: vec![VolumeFile {
+                    path: "mode".into(),
+                    data: b"stale".to_vec(),
+                    mode: 0o644,
+                }],
+            },
+        }];
+        let answers = runtime.block_on(async {
+            [
+                ("create", provider.create(&stale, &spec).await.map(|_| ())),
+                (
+                    "delete",
+                    provider.delete(&stale, &uid, Duration::ZERO).await,
+                ),
+                (
+                    "delete_instance",
+                    provider
+                        .delete_instance(&stale, &instance, Duration::ZERO)
+                        .await,
+                ),
+                (
+                    "update_volumes",
+                    provider.update_volumes(&stale, &uid, &volumes).await,
+                ),
+            ]
+        });
+        for (call, answer) in answers {
+            ensure!(
+                matches!(answer, Err(ProviderError::Fenced { current, got, .. }) if current == epoch && got == epoch - 1),
+                "{call} by epoch {} after the takeover at {epoch}: {answer:?}",
+                epoch - 1
+            );
+            eprintln!("stale {call}: refused");
+        }
+        // The API server's own layer: a Secret write that carries the old
+        // epoch is refused, whoever sends it (an update here as the admin, as
+        // vkd's identity may not read Secrets, which kubectl patch does first;
+        // a create as vkd's identity).
+        let name = str_at(&secret_before, "metadata.name").to_owned();
+        let patch = format!(
+            r#"{{"metadata":{{"labels":{{"vkd.io/epoch":"{}"}}}},"data":{{"f0":"c3RhbGU="}}}}"#,
+            epoch - 1
+        );
+        let refused = down.kubectl(&[
+            "patch",
+            "secret",
+            &name,
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+        ensure!(
+            refused
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains("vkd-fence")),
+            "a stale-epoch Secret update was not refused downstream: {refused:?}"
+        );
+        let decoy = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: vkd-stale-secret\n  namespace: {ns}\n  labels: {{vkd.io/owner-node: {UP_NODE}, vkd.io/owner-uid: {uid}, vkd.io/epoch: '{}'}}\ndata: {{f0: c3RhbGU=}}\n",
+            epoch - 1
+        );
+        let refused = down.kubectl_stdin(
+            &[&format!("--as={VKD_SA}"), "create", "-f", "-"],
+            Some(&decoy),
+        );
+        ensure!(
+            refused
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains("vkd-fence")),
+            "a stale-epoch Secret create was not refused downstream: {refused:?}"
+        );
+        // Nothing changed: the Pod runs on, upstream and down, with its data.
+        let p = wait_running(up, "kept")?;
+        ensure!(str_at(&p, "metadata.uid") == uid, "the Pod was replaced");
+        let after = down.kubectl_json(&[
+            "get",
+            "pods",
+            "-n",
+            &ns,
+            "-l",
+            &format!("vkd.io/owner-uid={uid}"),
+        ])?;
+        ensure!(
+            items(&after).len() == 1
+                && at(&items(&after)[0], "metadata.deletionTimestamp").is_null(),
+            "the downstream Pod was touched: {after}"
+        );
+        let secret_after = items(&secrets(&ns)?)
+            .first()
+            .cloned()
+            .context("the Secret is gone")?;
+        ensure!(
+            secret_after["data"] == secret_before["data"],
+            "the volume Secret was rewritten: {} -> {}",
+            secret_before["data"],
+            secret_after["data"]
+        );
+        ensure!(
+            down.kubectl_json(&[
+                "get",
+                "pods",
+                "-A",
+                "-l",
+                "vkd.io/owner-uid=0badf00d-0000-4000-8000-000000000001"
+            ])
+            .map(|l| items(&l).is_empty())?,
+            "the stale create made a Pod"
+        );
+        delete_and_wait(up, "pod", "kept")?;
+        up.kubectl(&["delete", "configmap", "settings", "-n", NS])?;
         Ok(())
     })
 }

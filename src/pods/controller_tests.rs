@@ -463,3 +463,64 @@ async fn the_node_rejects_what_a_kubelet_rejects() {
         .collect();
     assert_eq!(admitted, ["a", "d", "e"]);
 }
+
+/// The term's end stops a reconcile that waits on the backend at once: the
+/// controller does not wait out a slow provider before the next term acts.
+#[tokio::test]
+async fn the_terms_end_stops_a_reconcile_in_flight() {
+    let provider = Arc::new(Scripted {
+        get_hangs: true,
+        ..Scripted::default()
+    });
+    let (c, _log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    let work = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(Arc::clone(&c).run(work.clone()));
+    // Until a worker holds the Pod (in the backend call that never answers).
+    for _ in 0..200 {
+        if c.queue_depth() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    work.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(2), running).await;
+    assert!(
+        stopped.is_ok(),
+        "the controller waited for a backend call after its term ended"
+    );
+}
+
+/// Per-host mode: every node hears every backend event. One for a Pod of
+/// another node queues nothing here (and so wakes no collection pass); one
+/// for this node's Pod queues it.
+#[tokio::test]
+async fn another_nodes_backend_event_costs_nothing() {
+    let provider = Arc::new(Scripted::default());
+    let (c, _log) = controller(Arc::clone(&provider));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    let mut taken = Vec::new();
+    while c.queue_depth() > 0 {
+        taken.push(c.queue.next_in(false).await);
+    }
+    for uid in &taken {
+        c.queue.done(uid);
+    }
+    c.on_provider_event(&vkd_provider::InstanceEvent::Changed {
+        uid: "another-nodes-pod".into(),
+    });
+    assert_eq!(c.queue_depth(), 0);
+    c.on_provider_event(&vkd_provider::InstanceEvent::Changed { uid: "u1".into() });
+    assert_eq!(c.queue_depth(), 1);
+}

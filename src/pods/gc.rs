@@ -17,7 +17,11 @@ impl PodController {
                 () = tokio::time::sleep(self.settings.gc_interval) => {}
             }
             if self.synced() {
-                self.gc_pass().await;
+                // Stopped mid-pass when the term ends: no delete of an ended term.
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    () = self.gc_pass() => {}
+                }
             }
         }
     }

@@ -140,7 +140,8 @@ pub struct Shared {
     /// The leadership term they act in: a backend refusing its epoch ends it,
     /// and when it ends unrenewed they apply the partition policy first.
     pub term: crate::fencing::term::Term,
-    /// Unix milliseconds of the last successful node lease renewal (0: none yet).
+    /// Unix milliseconds of the last successful renewal of this node's lease
+    /// (0: none yet); each node has its own.
     pub last_lease_renewal: Arc<std::sync::atomic::AtomicU64>,
     /// Pod UIDs whose instance the partition policy stopped (kept across
     /// leadership terms, so the Pod later fails with the right reason).
@@ -409,7 +410,10 @@ impl PodController {
                             pods = self.records().len(),
                             "pod watch synced; collecting orphans"
                         );
-                        self.gc_pass().await;
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            () = self.gc_pass() => {}
+                        }
                     }
                 }
             }
@@ -516,9 +520,23 @@ impl PodController {
                     shutdown.cancelled().await;
                     return;
                 }
-                Some(InstanceEvent::Changed { uid }) => self.queue.add(&uid),
-                Some(InstanceEvent::Resync) => self.enqueue_all(),
+                Some(event) => self.on_provider_event(&event),
             }
+        }
+    }
+
+    /// A backend event: its Pod is looked at again. An instance of a Pod this
+    /// node does not hold (another node's, in per-host mode, where every node
+    /// hears every event) costs nothing here; an orphan of this node is the
+    /// collector's, which the Pod's deletion already woke.
+    fn on_provider_event(&self, event: &InstanceEvent) {
+        match event {
+            InstanceEvent::Changed { uid } => {
+                if self.records().contains_key(uid) {
+                    self.queue.add(uid);
+                }
+            }
+            InstanceEvent::Resync => self.enqueue_all(),
         }
     }
 
@@ -553,7 +571,16 @@ impl PodController {
                 .unwrap_or_default();
             let span = info_span!("reconcile", pod_uid = %uid, pod = %pod);
             let started = std::time::Instant::now();
-            let outcome = self.reconcile(&uid, lane).instrument(span.clone()).await;
+            // The term's end stops a reconcile where it is, not after a slow
+            // backend answers: nothing of an ended term may act on.
+            let outcome = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {
+                    span.in_scope(|| debug!("reconcile stopped: the term ended"));
+                    return;
+                }
+                o = self.reconcile(&uid, lane).instrument(span.clone()) => o,
+            };
             let metrics = &self.shared.metrics;
             metrics.reconciled(
                 if outcome.is_ok() { "ok" } else { "error" },

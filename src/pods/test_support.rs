@@ -30,6 +30,8 @@ pub(super) struct Scripted {
     pub admission: Mutex<Option<Admission>>,
     /// What `list` answers (the node's instances, the Pods' own and others).
     pub listed: Mutex<Vec<Instance>>,
+    /// `get` never answers (a backend that hangs).
+    pub get_hangs: bool,
 }
 
 #[async_trait]
@@ -62,6 +64,9 @@ impl Provider for Scripted {
         Err(ProviderError::transient("scripted"))
     }
     async fn get(&self, _uid: &str) -> Result<Option<Instance>> {
+        if self.get_hangs {
+            futures::future::pending::<()>().await;
+        }
         Ok(self.instance.lock().unwrap().clone())
     }
     async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {

@@ -19,8 +19,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
-use vkd_provider::ProviderError;
+use vkd_provider::{Fence, ProviderError};
 
 /// The policy and its binding (both named so), from `manifests/downstream`.
 pub const POLICY: &str = "vkd-epoch-fence";
@@ -31,6 +32,35 @@ pub const OWNER_LABELS_POLICY: &str = "vkd-owner-labels";
 pub const FENCE_LABEL: &str = "vkd.io/fence";
 /// Marks a denial by the fence, so it is told from other refusals.
 pub const DENIAL_MARK: &str = "vkd-fence:";
+
+/// The epoch `node`'s fence holds in `fences` (the watched copy), if any.
+pub fn held(fences: &Store<ConfigMap>, namespace: &str, node: &str) -> Option<u64> {
+    let cm = fences.get(&ObjectRef::new(&fence_name(node)).within(namespace))?;
+    let data = cm.data.as_ref()?;
+    if data.get("node").map(String::as_str) != Some(node) {
+        return None;
+    }
+    data.get("epoch")?.parse().ok()
+}
+
+/// Refuses a write for `fence` when the watched fence of its node is later:
+/// another replica took the node over, and this one's term is over. Checked
+/// before every downstream write, deletes included, which the API server's
+/// policy cannot tell apart (a DELETE carries no epoch).
+pub fn check(
+    fences: &Store<ConfigMap>,
+    namespace: &str,
+    fence: &Fence,
+) -> Result<(), ProviderError> {
+    match held(fences, namespace, &fence.node) {
+        Some(current) if current > fence.epoch => Err(ProviderError::Fenced {
+            node: fence.node.clone(),
+            current,
+            got: fence.epoch,
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// The fence object of `node`.
 pub fn fence_name(node: &str) -> String {
@@ -158,6 +188,37 @@ pub fn denial(node: &str, got: u64, e: &kube::Error) -> Option<ProviderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A replica whose node's fence was raised past its epoch is refused
+    /// every write; its own epoch and later ones pass, and another node's
+    /// fence, or one that names another node, says nothing.
+    #[test]
+    fn the_watched_fence_refuses_an_older_epoch() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let mut other = fence_object("vkd-system", "vk-2", 50);
+        other.metadata.name = Some(fence_name("vk-3"));
+        for cm in [fence_object("vkd-system", "vk", 7), other] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(cm));
+        }
+        let at = |node: &str, epoch| Fence {
+            node: node.into(),
+            epoch,
+        };
+        assert_eq!(held(&store, "vkd-system", "vk"), Some(7));
+        assert!(matches!(
+            check(&store, "vkd-system", &at("vk", 6)),
+            Err(ProviderError::Fenced {
+                current: 7,
+                got: 6,
+                ..
+            })
+        ));
+        assert!(check(&store, "vkd-system", &at("vk", 7)).is_ok());
+        assert!(check(&store, "vkd-system", &at("vk", 8)).is_ok());
+        assert!(check(&store, "vkd-system", &at("vk-2", 1)).is_ok());
+        assert!(check(&store, "vkd-system", &at("vk-3", 1)).is_ok());
+        assert!(check(&store, "elsewhere", &at("vk", 1)).is_ok());
+    }
 
     #[test]
     fn a_denial_carries_the_fences_epoch() {

@@ -8,7 +8,9 @@
 //!   in a namespace vkd made for the upstream one, with Pod Security enforced.
 //! - Ownership: only Pods vkd made are believed (`ownership`); anything else
 //!   with vkd's labels is ignored, never deleted, never streamed to.
-//! - Fencing: the downstream API server refuses a stale epoch (`fence`).
+//! - Fencing: every write is checked against the node's watched fence, and
+//!   the downstream API server refuses a stale epoch's Pod and Secret writes
+//!   (`fence`).
 //! - Status, logs, exec, attach, port-forward: from the downstream API server
 //!   (`status`, `streams`).
 
@@ -211,6 +213,11 @@ impl KubernetesProvider {
         ))
     }
 
+    /// Refuses a write of a replica whose node was taken over (`fence::check`).
+    fn fenced(&self, d: &Downstream, fence: &Fence) -> Result<()> {
+        fence::check(&d.fences, &self.config.fence_namespace, fence)
+    }
+
     async fn running(&self, uid: &str) -> Result<(Api<Pod>, String)> {
         let pod = self
             .find(uid)
@@ -316,6 +323,7 @@ impl Provider for KubernetesProvider {
     async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
         let uid = checked_uid(&spec.pod.uid)?;
         let d = self.synced().await?;
+        self.fenced(d, fence)?;
         let namespace = self.config.mapping().namespace(&spec.pod.namespace);
         let translated = translate::downstream_pod(spec, fence, &namespace)?;
         self.ensure_namespace(d, &namespace, &spec.pod.namespace)
@@ -373,7 +381,8 @@ impl Provider for KubernetesProvider {
         };
         let pod_uid = pod.metadata.uid.as_deref().unwrap_or_default();
         lock(&self.claims).made(uid, &namespace, pod_uid);
-        self.create_secrets(d, &pod, translated.secrets).await?;
+        self.create_secrets(d, fence, &pod, translated.secrets)
+            .await?;
         self.instance(&pod)
     }
 
@@ -402,13 +411,14 @@ impl Provider for KubernetesProvider {
         Ok(Some(instance))
     }
 
-    async fn delete(&self, _fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+    async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
         lock(&self.cpu_totals).remove(uid);
         let Some(pod) = self.find(uid).await? else {
             return Ok(());
         };
-        lock(&self.deleting).insert(uid.to_owned());
         let d = self.synced().await?;
+        self.fenced(d, fence)?;
+        lock(&self.deleting).insert(uid.to_owned());
         self.delete_pod(d, &pod, grace).await
     }
 
@@ -426,7 +436,7 @@ impl Provider for KubernetesProvider {
         Ok(())
     }
 
-    async fn delete_instance(&self, _fence: &Fence, id: &str, grace: Duration) -> Result<()> {
+    async fn delete_instance(&self, fence: &Fence, id: &str, grace: Duration) -> Result<()> {
         let Some((ns, name)) = naming::parse_instance_id(&self.cluster, id) else {
             return Err(ProviderError::invalid(
                 "UnknownInstance",
@@ -434,6 +444,7 @@ impl Provider for KubernetesProvider {
             ));
         };
         let d = self.synced().await?;
+        self.fenced(d, fence)?;
         let pod = match self.pods_api(d, ns).get_opt(name).await {
             Ok(Some(p)) => p,
             Ok(None) => return Ok(()),
@@ -450,6 +461,7 @@ impl Provider for KubernetesProvider {
                 format!("{id} is not a Pod vkd made{why}"),
             ));
         };
+        self.fenced(d, fence)?;
         lock(&self.deleting).insert(uid.to_owned());
         self.delete_pod(d, &pod, grace).await
     }
@@ -472,7 +484,7 @@ impl Provider for KubernetesProvider {
         tokio_stream_of(rx)
     }
 
-    async fn update_volumes(&self, _fence: &Fence, uid: &str, volumes: &[Volume]) -> Result<()> {
+    async fn update_volumes(&self, fence: &Fence, uid: &str, volumes: &[Volume]) -> Result<()> {
         let pod = self
             .find(uid)
             .await?
@@ -480,14 +492,21 @@ impl Provider for KubernetesProvider {
                 uid: uid.to_owned(),
             })?;
         let d = self.synced().await?;
+        self.fenced(d, fence)?;
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<Secret> = Api::namespaced(d.client.clone(), ns);
-        // The downstream kubelet then refreshes the files, as for any Secret.
+        // Each write carries this replica's epoch, which the downstream fence
+        // policy checks; the downstream kubelet then refreshes the files.
+        let labels = translate::secret_labels(uid, fence);
         for (name, data) in translate::refreshed_secrets(&pod, volumes)? {
-            let patch = serde_json::json!({ "data": data });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            let patch = serde_json::json!({ "metadata": { "labels": labels }, "data": data });
+            if let Err(e) = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(|e| transient("updating a volume Secret", e))?;
+            {
+                return Err(fence::denial(&fence.node, fence.epoch, &e)
+                    .unwrap_or_else(|| transient("updating a volume Secret", e)));
+            }
         }
         Ok(())
     }

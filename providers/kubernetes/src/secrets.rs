@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::PostParams;
 use tracing::warn;
-use vkd_provider::{ProviderError, Result};
+use vkd_provider::{Fence, ProviderError, Result};
 
 use crate::watch::Downstream;
 use crate::{KubernetesProvider, conflict, lock, owner_uid, transient, translate};
@@ -28,6 +28,7 @@ impl KubernetesProvider {
     pub(crate) async fn create_secrets(
         &self,
         d: &Downstream,
+        fence: &Fence,
         pod: &Pod,
         secrets: Vec<translate::VolumeSecret>,
     ) -> Result<()> {
@@ -51,7 +52,14 @@ impl KubernetesProvider {
                 block_owner_deletion: None,
             }]);
             let secret_name = secret.metadata.name.clone().unwrap_or_default();
-            match api.create(&PostParams::default(), &secret).await {
+            let created = api.create(&PostParams::default(), &secret).await;
+            if let Err(e) = &created
+                && let Some(fenced) = crate::fence::denial(&fence.node, fence.epoch, e)
+            {
+                // A later replica holds the node: not this Pod's fault.
+                return Err(fenced);
+            }
+            match created {
                 Ok(_) => {}
                 Err(e) if conflict(&e) => {}
                 Err(kube::Error::Api(s)) if refused(s.code) => {

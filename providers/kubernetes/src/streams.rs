@@ -48,9 +48,20 @@ pub(crate) async fn logs(
         timestamps: true,
         ..LogParams::default()
     };
+    // Only what the request's bounds leave comes over the wire. The limit
+    // counts the timestamp before each line too (vkd needs them), up to 32
+    // bytes on a line of one byte, so the downstream limit is 32 times it.
+    let history_params = LogParams {
+        tail_lines: req.tail_lines.and_then(|n| i64::try_from(n).ok()),
+        since_time: req.since.and_then(|t| jiff::Timestamp::try_from(t).ok()),
+        limit_bytes: req
+            .limit_bytes
+            .and_then(|n| i64::try_from(n.saturating_mul(32)).ok()),
+        ..params.clone()
+    };
     let mut history = Vec::new();
     let mut lines = api
-        .log_stream(name, &params)
+        .log_stream(name, &history_params)
         .await
         .map_err(|e| failed("log", e))?
         .lines();

@@ -103,9 +103,20 @@ fn with_resolved_env(
         .collect()
 }
 
+/// A volume Secret's labels: its Pod's owner, and the node and epoch that
+/// wrote it, which the downstream fence policy checks on every write.
+pub fn secret_labels(uid: &str, fence: &Fence) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (naming::OWNER_UID.into(), uid.to_owned()),
+        (naming::OWNER_NODE.into(), fence.node.clone()),
+        (naming::EPOCH.into(), fence.epoch.to_string()),
+    ])
+}
+
 /// The volumes, with file volumes turned into downstream Secrets.
 fn volumes(
     spec: &InstanceSpec,
+    fence: &Fence,
     original: Vec<KubeVolume>,
 ) -> Result<(Vec<KubeVolume>, Vec<VolumeSecret>), ProviderError> {
     let uid = &spec.pod.uid;
@@ -134,7 +145,7 @@ fn volumes(
                     secret: Secret {
                         metadata: ObjectMeta {
                             name: Some(name.clone()),
-                            labels: Some(BTreeMap::from([(naming::OWNER_UID.into(), uid.clone())])),
+                            labels: Some(secret_labels(uid, fence)),
                             ..ObjectMeta::default()
                         },
                         data: Some(data),
@@ -226,7 +237,7 @@ pub fn downstream_pod(
     if let Some(init) = s.init_containers.take() {
         s.init_containers = Some(with_resolved_env(init, &spec.init_containers)?);
     }
-    let (vols, secrets) = volumes(spec, s.volumes.take().unwrap_or_default())?;
+    let (vols, secrets) = volumes(spec, fence, s.volumes.take().unwrap_or_default())?;
     s.volumes = (!vols.is_empty()).then_some(vols);
     // What names upstream objects, or selects upstream nodes.
     s.node_selector = None;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::ListParams;
 use kube::config::KubeConfigOptions;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -32,6 +32,8 @@ pub(crate) struct Downstream {
     /// Namespaces labelled as vkd's (`vkd.io/managed=true`).
     namespaces: Store<Namespace>,
     pub(crate) judge: Judge,
+    /// The nodes' fences (`fence`), as the downstream API server holds them.
+    pub(crate) fences: Store<ConfigMap>,
     /// The last error of either watch, for the error of a call that waits
     /// for them (a bad hostSelector, missing RBAC, an unreachable server).
     watch_error: Arc<Mutex<Option<String>>>,
@@ -171,6 +173,27 @@ impl KubernetesProvider {
                 }
             }
         });
+        // The fences: every write is checked against its node's (`fence::check`).
+        let (fences, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(
+                Api::<ConfigMap>::namespaced(client.clone(), &self.config.fence_namespace),
+                watcher::Config::default().labels(&format!("{}=true", crate::fence::FENCE_LABEL)),
+            )
+            .modify(|c: &mut ConfigMap| slim(&mut c.metadata)),
+        )
+        .default_backoff();
+        let fence_error = Arc::clone(&watch_error);
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                if let Err(e) = ev {
+                    warn!(error = %e, "downstream fence watch");
+                    *lock(&fence_error) = Some(format!("fence watch: {e}"));
+                }
+            }
+        });
         let judge = Judge {
             mapping: self.config.mapping(),
             namespaces: namespaces.clone(),
@@ -267,6 +290,7 @@ impl KubernetesProvider {
             pods,
             namespaces,
             judge,
+            fences,
             watch_error,
         }
     }
@@ -278,6 +302,7 @@ impl KubernetesProvider {
             d.nodes.wait_until_ready().await.ok();
             d.namespaces.wait_until_ready().await.ok();
             d.pods.wait_until_ready().await.ok();
+            d.fences.wait_until_ready().await.ok();
         };
         tokio::time::timeout(FIRST_SYNC, ready).await.map_err(|_| {
             let why = lock(&d.watch_error)
