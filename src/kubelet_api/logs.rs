@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
-use vkd_provider::{LogLine, Logs};
+use vkd_provider::{LogLine, LogRequest, Logs};
 
 /// PodLogOptions as the kubelet reads them from the query string.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -137,6 +137,32 @@ pub fn parse_query(query: &str) -> Result<LogQuery, String> {
     Ok(q)
 }
 
+impl LogQuery {
+    /// The earliest line it shows: the later of sinceSeconds and sinceTime.
+    fn since(&self, now: SystemTime) -> Option<SystemTime> {
+        [
+            // Past the start of time (checked: the number is the client's): no bound.
+            self.since_seconds
+                .and_then(|s| now.checked_sub(Duration::from_secs(s.unsigned_abs()))),
+            self.since_time,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    }
+
+    /// The bounds the provider reads within (it need not read the whole log).
+    pub fn request(&self, now: SystemTime) -> LogRequest {
+        LogRequest {
+            previous: self.previous,
+            follow: self.follow,
+            tail_lines: self.tail_lines.and_then(|n| u64::try_from(n).ok()),
+            since: self.since(now),
+            limit_bytes: self.limit_bytes.and_then(|n| u64::try_from(n).ok()),
+        }
+    }
+}
+
 /// RFC3339NanoFixed, as the kubelet prefixes lines with `timestamps=true`.
 fn timestamp(t: SystemTime) -> String {
     jiff::Timestamp::try_from(t)
@@ -146,15 +172,7 @@ fn timestamp(t: SystemTime) -> String {
 
 /// Applies since, tail, timestamps and limitBytes to the provider's lines.
 pub fn shape(logs: Logs, q: &LogQuery, now: SystemTime) -> BoxStream<'static, Bytes> {
-    let since = [
-        // Past the start of time (checked: the number is the client's): no bound.
-        q.since_seconds
-            .and_then(|s| now.checked_sub(Duration::from_secs(s.unsigned_abs()))),
-        q.since_time,
-    ]
-    .into_iter()
-    .flatten()
-    .max();
+    let since = q.since(now);
     let keep = move |l: &LogLine| since.is_none_or(|s| l.time >= s);
     let mut history: Vec<LogLine> = logs.history.into_iter().filter(keep).collect();
     if let Some(n) = q.tail_lines {
@@ -201,6 +219,27 @@ pub fn shape(logs: Logs, q: &LogQuery, now: SystemTime) -> BoxStream<'static, By
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The provider is told the bounds, so it reads only what is shown.
+    #[test]
+    fn the_provider_is_asked_for_only_what_is_shown() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let q = parse_query("tailLines=10&sinceSeconds=60&limitBytes=4096&follow=true").unwrap();
+        assert_eq!(
+            q.request(now),
+            LogRequest {
+                previous: false,
+                follow: true,
+                tail_lines: Some(10),
+                since: Some(now - Duration::from_secs(60)),
+                limit_bytes: Some(4096),
+            }
+        );
+        let later = parse_query("sinceSeconds=60&sinceTime=1970-01-12T13:46:50Z");
+        assert!(later.is_err(), "one of the two, as the kubelet");
+        let plain = parse_query("").unwrap().request(now);
+        assert_eq!(plain, LogRequest::default());
+    }
 
     fn lines(n: u64, t0: SystemTime) -> Logs {
         Logs {

@@ -34,7 +34,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
-use vkd_provider::{LogRequest, ProviderError};
+use vkd_provider::ProviderError;
 
 use crate::pods::PodController;
 use crate::streaming::portforward::{self, Connect};
@@ -297,10 +297,7 @@ impl KubeletApi {
             Ok(u) => u,
             Err(r) => return r,
         };
-        let request = LogRequest {
-            previous: q.previous,
-            follow: q.follow,
-        };
+        let request = q.request(SystemTime::now());
         match self.pods.provider().logs(&uid, container, request).await {
             Ok(lines) => {
                 let body = logs::shape(lines, &q, SystemTime::now())

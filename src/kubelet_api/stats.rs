@@ -2,22 +2,46 @@
 //! The node figures are the sums of its Pods (a virtual node has no host of its own).
 
 use std::fmt::Write as _;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use futures::StreamExt;
 use serde_json::{Value, json};
-use vkd_provider::PodStats;
+use vkd_provider::{PodRef, PodStats, Provider};
 
 use crate::pods::PodController;
 use crate::pods::status::time;
 
+/// How long one scrape waits for its Pods' figures, all together: a Pod
+/// that has not answered by then is left out of this scrape, as the kubelet
+/// leaves out a container its stats provider has no figures for. Under
+/// metrics-server's 10 s request timeout.
+const SCRAPE_DEADLINE: Duration = Duration::from_secs(8);
+/// Pods asked at once.
+const SCRAPE_CONCURRENCY: usize = 32;
+
 async fn collect(pods: &PodController) -> Vec<PodStats> {
-    let mut out = Vec::new();
-    for p in pods.pods() {
-        if let Ok(s) = pods.provider().stats(&p.uid).await {
-            out.push(s);
-        }
-    }
-    out
+    collect_from(pods.provider().as_ref(), pods.pods(), SCRAPE_DEADLINE).await
+}
+
+/// Every Pod's stats, asked concurrently, within one deadline.
+async fn collect_from(
+    provider: &dyn Provider,
+    pods: Vec<PodRef>,
+    deadline: Duration,
+) -> Vec<PodStats> {
+    let until = tokio::time::Instant::now() + deadline;
+    // Unordered, so one Pod that never answers holds no other back.
+    let mut got: Vec<(usize, PodStats)> = futures::stream::iter(pods.into_iter().enumerate())
+        .map(|(i, p)| async move {
+            let answer = tokio::time::timeout_at(until, provider.stats(&p.uid)).await;
+            answer.ok().and_then(Result::ok).map(|s| (i, s))
+        })
+        .buffer_unordered(SCRAPE_CONCURRENCY)
+        .filter_map(std::future::ready)
+        .collect()
+        .await;
+    got.sort_unstable_by_key(|(i, _)| *i);
+    got.into_iter().map(|(_, s)| s).collect()
 }
 
 fn cpu(t: SystemTime, nano_cores: u64, core_ns: u64) -> Value {
@@ -197,4 +221,87 @@ pub async fn resource_metrics(pods: &PodController) -> String {
     let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
     let _ = writeln!(out, "resource_scrape_error 0");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use futures::stream::BoxStream;
+    use vkd_provider::{
+        Admission, Capacity, Fence, Health, Instance, InstanceEvent, InstanceSpec, PodRef,
+        PodStats, Provider, ProviderError, Result,
+    };
+
+    /// Each Pod's figures take a second; the Pod `stuck`'s never come.
+    #[derive(Debug)]
+    struct Slow;
+
+    #[async_trait]
+    impl Provider for Slow {
+        fn name(&self) -> &str {
+            "slow"
+        }
+        async fn health(&self) -> Health {
+            Health::Healthy
+        }
+        async fn capacity(&self) -> Result<Capacity> {
+            Err(ProviderError::transient("unused"))
+        }
+        async fn admit(&self, _: &InstanceSpec) -> Result<Admission> {
+            Err(ProviderError::transient("unused"))
+        }
+        async fn create(&self, _: &Fence, _: &InstanceSpec) -> Result<Instance> {
+            Err(ProviderError::transient("unused"))
+        }
+        async fn get(&self, _: &str) -> Result<Option<Instance>> {
+            Ok(None)
+        }
+        async fn delete(&self, _: &Fence, _: &str, _: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn list(&self, _: &str) -> Result<Vec<Instance>> {
+            Ok(Vec::new())
+        }
+        fn events(&self) -> BoxStream<'static, InstanceEvent> {
+            Box::pin(futures::stream::pending())
+        }
+        async fn stats(&self, uid: &str) -> Result<PodStats> {
+            if uid == "stuck" {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(PodStats {
+                pod: pod(uid),
+                start_time: std::time::SystemTime::UNIX_EPOCH,
+                time: std::time::SystemTime::UNIX_EPOCH,
+                containers: Vec::new(),
+                ephemeral_storage_bytes: None,
+                volumes: Vec::new(),
+            })
+        }
+    }
+
+    fn pod(uid: &str) -> PodRef {
+        PodRef {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+        }
+    }
+
+    /// 100 Pods of a second each answer in seconds, not in 100; a Pod that
+    /// never answers costs the scrape its deadline, not the scrape itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_scrape_asks_pods_at_once_within_one_deadline() {
+        let mut pods: Vec<PodRef> = (0..100).map(|i| pod(&format!("p{i}"))).collect();
+        pods.insert(50, pod("stuck"));
+        let started = tokio::time::Instant::now();
+        let got = super::collect_from(&Slow, pods, Duration::from_secs(8)).await;
+        let took = started.elapsed();
+        assert_eq!(got.len(), 100, "every Pod but the stuck one");
+        assert_eq!(got[50].pod.uid, "p50", "in the Pods' order");
+        assert!(took <= Duration::from_secs(8), "{took:?}");
+    }
 }

@@ -702,6 +702,13 @@ pub struct LogRequest {
     pub previous: bool,
     /// Keep streaming new lines until the container stops.
     pub follow: bool,
+    /// Only the last this many lines of what was written (`tailLines`).
+    pub tail_lines: Option<u64>,
+    /// Only lines written at or after this time (`sinceSeconds`, `sinceTime`).
+    pub since: Option<SystemTime>,
+    /// Only about this many bytes of content, from the start of what the
+    /// other bounds leave (`limitBytes`).
+    pub limit_bytes: Option<u64>,
 }
 
 /// One line of a container's log, with the time it was written.
@@ -713,8 +720,10 @@ pub struct LogLine {
 }
 
 /// What a log read returns: the lines written so far, and with `follow` the lines
-/// still to come (ending when the container stops). vkd applies sinceSeconds,
-/// sinceTime, tailLines, limitBytes and timestamps on top.
+/// still to come (ending when the container stops). A backend reads only what
+/// the request's bounds leave where it can (a tenant's log may be gigabytes);
+/// vkd applies sinceSeconds, sinceTime, tailLines, limitBytes and timestamps
+/// on top, exactly, so a backend may return more than asked, never less.
 pub struct Logs {
     pub history: Vec<LogLine>,
     pub follow: Option<BoxStream<'static, LogLine>>,

@@ -361,7 +361,11 @@ impl Provider for ProcessProvider {
     }
 
     async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
-        self.read_logs(uid, container, request)
+        // File reads, off the async workers.
+        let (this, uid, container) = (self.clone(), uid.to_owned(), container.to_owned());
+        tokio::task::spawn_blocking(move || this.read_logs(&uid, &container, request))
+            .await
+            .map_err(|e| ProviderError::transient(format!("reading the log: {e}")))?
     }
 
     async fn exec(

@@ -137,6 +137,131 @@ pub fn read_file(path: &Path, from: u64) -> std::io::Result<(Vec<LogLine>, u64)>
     Ok((out, offset))
 }
 
+/// What of a log file a read keeps: lines from `since` on, until `limit`
+/// bytes of content are held.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bounds {
+    since: Option<SystemTime>,
+    limit: Option<u64>,
+}
+
+impl Bounds {
+    fn of(request: &LogRequest) -> Self {
+        Self {
+            since: request.since,
+            limit: request.limit_bytes,
+        }
+    }
+
+    fn full(&self, held: &[LogLine]) -> bool {
+        self.limit
+            .is_some_and(|l| held.iter().map(|x| x.bytes.len() as u64).sum::<u64>() >= l)
+    }
+}
+
+/// [`read_file`] within `bounds`: older lines are skipped, and reading stops
+/// once the limit is met (the offset is then where it stopped).
+fn read_bounded(path: &Path, bounds: Bounds, held: &mut Vec<LogLine>) -> std::io::Result<u64> {
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => std::io::BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut content: u64 = held.iter().map(|l| l.bytes.len() as u64).sum();
+    let (mut offset, mut buf) = (0u64, Vec::new());
+    loop {
+        if bounds.limit.is_some_and(|l| content >= l) {
+            return Ok(offset);
+        }
+        buf.clear();
+        let n = f.read_until(b'\n', &mut buf)?;
+        if n == 0 || buf.last() != Some(&b'\n') {
+            return Ok(offset);
+        }
+        offset += n as u64;
+        if let Some(l) = parse_line(&buf)
+            && bounds.since.is_none_or(|s| l.time >= s)
+        {
+            content += l.bytes.len() as u64;
+            held.push(l);
+        }
+    }
+}
+
+/// The lines of `files` (oldest first) that `request` asks for, reading no
+/// more of them than it needs: with a tail, only their ends; with a limit,
+/// only up to it. Returns the offset after the last line read of the last file.
+fn read_within(files: &[PathBuf], request: &LogRequest) -> std::io::Result<(Vec<LogLine>, u64)> {
+    let bounds = Bounds::of(request);
+    let mut offset = 0;
+    let Some(n) = request.tail_lines else {
+        let mut held = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            if bounds.full(&held) {
+                break;
+            }
+            let end = read_bounded(f, bounds, &mut held)?;
+            if i + 1 == files.len() {
+                offset = end;
+            }
+        }
+        return Ok((held, offset));
+    };
+    // The kubelet's order: the tail first, then since and the limit on it.
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    let mut held: Vec<LogLine> = Vec::new();
+    for (i, f) in files.iter().enumerate().rev() {
+        let left = n - held.len();
+        if left == 0 {
+            break;
+        }
+        let (mut older, end) = last_lines(f, left)?;
+        if i + 1 == files.len() {
+            offset = end;
+        }
+        older.append(&mut held);
+        held = older;
+    }
+    held.retain(|l| bounds.since.is_none_or(|s| l.time >= s));
+    Ok((held, offset))
+}
+
+/// The last `n` complete lines of a file, reading back from its end in
+/// blocks (a log of gigabytes costs what its tail does), and the offset
+/// after the last complete line.
+fn last_lines(path: &Path, n: usize) -> std::io::Result<(Vec<LogLine>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    const BLOCK: u64 = 64 * 1024;
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let mut start = f.metadata()?.len();
+    let mut tail = Vec::<u8>::new();
+    let complete = loop {
+        let from = start.saturating_sub(BLOCK);
+        let mut block = vec![0; usize::try_from(start - from).unwrap_or(0)];
+        f.seek(SeekFrom::Start(from))?;
+        f.read_exact(&mut block)?;
+        block.extend_from_slice(&tail);
+        tail = block;
+        start = from;
+        let complete = tail.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let newlines = tail[..complete].iter().filter(|b| **b == b'\n').count();
+        // Past n newlines, the n lines after the first are whole.
+        if start == 0 || newlines > n {
+            break complete;
+        }
+    };
+    let lines: Vec<&[u8]> = tail[..complete].split_inclusive(|b| *b == b'\n').collect();
+    // From a start mid-file, the first piece may be part of a line.
+    let whole = &lines[usize::from(start > 0).min(lines.len())..];
+    let keep = &whole[whole.len().saturating_sub(n)..];
+    let out = keep.iter().filter_map(|l| parse_line(l)).collect();
+    Ok((out, start + complete as u64))
+}
+
 /// The content of the last `lines` lines of the log in `dir`, at most its last
 /// `max_bytes` bytes: what the kubelet makes a failed container's termination
 /// message of. Reads only the end of the files, however large they are.
@@ -209,22 +334,22 @@ impl crate::ProcessProvider {
         }
         let dir = sb.logs(container);
         if request.previous {
-            let (history, _) = read_file(&previous(&dir), 0).map_err(io_err(&dir))?;
-            if history.is_empty() && !previous(&dir).exists() {
+            if !previous(&dir).exists() {
                 return Err(ProviderError::invalid(
                     "NotFound",
                     format!("previous terminated container {container:?} not found"),
                 ));
             }
+            let (history, _) = read_within(&[previous(&dir)], &request).map_err(io_err(&dir))?;
             return Ok(Logs {
                 history,
                 follow: None,
             });
         }
-        let (mut history, _) = read_file(&rotated(&dir), 0).map_err(io_err(&dir))?;
-        let (cur, offset) = read_file(&current(&dir), 0).map_err(io_err(&dir))?;
-        history.extend(cur);
-        let follow = request.follow.then(|| {
+        let (history, offset) =
+            read_within(&[rotated(&dir), current(&dir)], &request).map_err(io_err(&dir))?;
+        // A limit already met needs nothing more.
+        let follow = (request.follow && !Bounds::of(&request).full(&history)).then(|| {
             let state = (
                 sb,
                 container.to_owned(),
@@ -324,6 +449,70 @@ mod tests {
             "a restart keeps the last run as previous.log"
         );
         assert!(!rotated(&dir).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `kubectl logs --tail`, `--since-time` and `--limit-bytes` read only
+    /// what they show: the tail from the files' ends (across the rotation),
+    /// the limit from their start, since after the tail as the kubelet does.
+    #[test]
+    fn a_bounded_read_reads_what_it_shows() {
+        let dir = std::env::temp_dir().join(format!("vkd-logs-{}", uuid::Uuid::new_v4()));
+        // Small files: the 3,000 lines span a rotation and many 64 KiB blocks.
+        let mut w = LogWriter::start_run(&dir, 200_000, false).unwrap();
+        for i in 0..3000 {
+            w.line(
+                "stdout",
+                format!("line {i:04} {}", "x".repeat(60)).as_bytes(),
+                true,
+            )
+            .unwrap();
+        }
+        drop(w);
+        assert!(rotated(&dir).exists());
+        let files = [rotated(&dir), current(&dir)];
+        let text = |lines: &[LogLine]| -> Vec<String> {
+            lines
+                .iter()
+                .map(|l| String::from_utf8_lossy(&l.bytes[..9]).into_owned())
+                .collect()
+        };
+        let (all, end) = read_within(&files, &LogRequest::default()).unwrap();
+        assert_eq!(all.len(), 3000);
+        assert_eq!(end, std::fs::metadata(current(&dir)).unwrap().len());
+        let ask = |r: LogRequest| read_within(&files, &r).unwrap();
+        let (tail, tail_end) = ask(LogRequest {
+            tail_lines: Some(3),
+            ..LogRequest::default()
+        });
+        assert_eq!(text(&tail), ["line 2997", "line 2998", "line 2999"]);
+        assert_eq!(tail_end, end, "follow goes on from the end");
+        // More than the current file holds: the rest comes from the rotated one.
+        let cur = read_file(&current(&dir), 0).unwrap().0.len();
+        let (long, _) = ask(LogRequest {
+            tail_lines: Some(cur as u64 + 2),
+            ..LogRequest::default()
+        });
+        assert_eq!(long.len(), cur + 2);
+        assert_eq!(text(&long)[0], format!("line {:04}", 3000 - cur - 2));
+        let (none, _) = ask(LogRequest {
+            tail_lines: Some(0),
+            ..LogRequest::default()
+        });
+        assert!(none.is_empty());
+        let (head, _) = ask(LogRequest {
+            limit_bytes: Some(100),
+            ..LogRequest::default()
+        });
+        assert_eq!(text(&head), ["line 0000", "line 0001"]);
+        let since = all[2990].time;
+        let (recent, _) = ask(LogRequest {
+            since: Some(since),
+            tail_lines: Some(5),
+            ..LogRequest::default()
+        });
+        assert!(recent.iter().all(|l| l.time >= since));
+        assert_eq!(text(&recent).last().unwrap(), "line 2999");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -67,7 +67,7 @@ async fn runs_logs_restarts_and_stops() {
             "main",
             LogRequest {
                 previous: true,
-                follow: false,
+                ..LogRequest::default()
             },
         )
         .await
