@@ -163,6 +163,10 @@ pub struct RunArgs {
     /// and exec, attach and port-forward streams are never cut.
     #[arg(long, env = "VKD_KUBELET_API_IDLE_TIMEOUT")]
     pub kubelet_api_idle_timeout: Option<String>,
+    /// How long an exec, attach or port-forward stream may move no byte
+    /// either way before it is closed (`4h`, the kubelet's flag and default).
+    #[arg(long, env = "VKD_STREAMING_CONNECTION_IDLE_TIMEOUT")]
+    pub streaming_connection_idle_timeout: Option<String>,
     /// Serving certificate (PEM) of the kubelet API; reloaded when it changes.
     /// Without it, a self-signed certificate for the node name and address is made at start.
     #[arg(long, env = "VKD_TLS_CERT_FILE")]
@@ -323,6 +327,7 @@ struct FileConfig {
     kubelet_api_max_connections_per_peer: Option<usize>,
     kubelet_api_header_timeout: Option<String>,
     kubelet_api_idle_timeout: Option<String>,
+    streaming_connection_idle_timeout: Option<String>,
     tls_cert_file: Option<PathBuf>,
     tls_private_key_file: Option<PathBuf>,
     client_ca_file: Option<PathBuf>,
@@ -723,6 +728,12 @@ impl Config {
                 args.kubelet_api_idle_timeout
                     .or(file.kubelet_api_idle_timeout),
                 crate::kubelet_api::DEFAULT_IDLE_TIMEOUT.as_secs(),
+            )?,
+            stream_idle_timeout: duration(
+                "streaming-connection-idle-timeout",
+                args.streaming_connection_idle_timeout
+                    .or(file.streaming_connection_idle_timeout),
+                crate::kubelet_api::DEFAULT_STREAM_IDLE_TIMEOUT.as_secs(),
             )?,
             ..Default::default()
         };

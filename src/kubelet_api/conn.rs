@@ -76,6 +76,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Time a connection with no request in flight may wait for the next one.
     pub idle_timeout: Duration,
+    /// Time an upgraded stream (exec, attach, port-forward) may move nothing.
+    pub stream_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -86,6 +88,7 @@ impl Default for Limits {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            stream_idle_timeout: super::idle::DEFAULT_STREAM_IDLE_TIMEOUT,
         }
     }
 }
@@ -319,6 +322,8 @@ type Tracker = Arc<watch::Sender<Activity>>;
 struct Tracked<IO> {
     io: IO,
     tracker: Tracker,
+    /// When bytes last moved; stops the stream once upgraded and idle.
+    clock: super::idle::Clock,
     /// Bytes read between requests start a request head (HTTP/1). Over
     /// HTTP/2 they may be pings and settings: only a request counts.
     heads: bool,
@@ -332,8 +337,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(e) = this.clock.poll_stopped(cx) {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.clock.wind();
+        }
         if this.heads && matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.tracker.send_if_modified(|a| {
                 let starts = a.in_flight == 0 && !a.head_started;
@@ -351,7 +362,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        if let Some(e) = this.clock.poll_stopped(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(1..))) {
+            this.clock.wind();
+        }
+        r
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -367,7 +386,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if let Some(e) = this.clock.poll_stopped(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(1..))) {
+            this.clock.wind();
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -492,6 +519,19 @@ async fn expiry(mut activity: watch::Receiver<Activity>, limits: Limits) -> &'st
     }
 }
 
+/// TCP keepalive, as the kubelet's Go server sets it: a peer that vanished
+/// (a node rebooted, a NAT forgot the flow) is found in about a minute
+/// instead of holding a stream until the idle timeout.
+fn keep_alive(tcp: &TcpStream) {
+    let every = Duration::from_secs(15);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(every)
+        .with_interval(every);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive) {
+        debug!(error = %e, "TCP keepalive not set");
+    }
+}
+
 /// Serves one kubelet API connection: the TLS handshake within its limit,
 /// then HTTP/2 if the client chose it in ALPN, else HTTP/1, with the service
 /// `service` makes from the TLS session.
@@ -508,6 +548,7 @@ pub(crate) async fn serve_tls<M, S, Fut>(
     S: Fn(Request<Incoming>) -> Fut + Send + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
+    keep_alive(&tcp);
     let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
@@ -554,6 +595,7 @@ where
     let io = Tracked {
         io,
         tracker: Arc::clone(&tracker),
+        clock: super::idle::Clock::new(),
         heads,
         _slot: slot,
     };
@@ -629,6 +671,7 @@ pub(crate) async fn serve_http<IO, S, Fut>(
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let (io, activity, svc) = tracked(io, slot, true, service);
+    let idle = io.clock.watch();
     // hyper's own header timer runs from the moment a connection waits for a
     // request (so it spans idle time too): a backstop behind `expiry`.
     let conn = hyper::server::conn::http1::Builder::new()
@@ -640,9 +683,14 @@ pub(crate) async fn serve_http<IO, S, Fut>(
         r = conn => if let Err(e) = r {
             debug!(%peer, error = %e, "kubelet API connection ended");
         },
-        why = expiry(activity, limits) => debug!(%peer, "kubelet API connection closed: {why}"),
-        _ = shutdown.cancelled() => {}
+        why = expiry(activity, limits) => return debug!(%peer, "kubelet API connection closed: {why}"),
+        _ = shutdown.cancelled() => return,
     }
+    // Upgraded (exec, attach, port-forward), the stream lives on in its
+    // handler: closed when idle too long, or at shutdown. A connection that
+    // simply ended has dropped its stream, and this returns at once.
+    super::idle::close_when_idle(idle, limits.stream_idle_timeout, shutdown).await;
+    debug!(%peer, "kubelet API stream ended");
 }
 
 #[cfg(test)]
@@ -659,6 +707,7 @@ mod tests {
         handshake_timeout: HANDSHAKE_TIMEOUT,
         header_timeout: Duration::from_millis(400),
         idle_timeout: Duration::from_millis(1200),
+        stream_idle_timeout: Duration::from_secs(3600),
     };
 
     /// `/stream`: ten chunks 250 ms apart; `/upgrade`: a 101, then an echo;
@@ -906,6 +955,45 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(&buf[..n], b"still here");
+    }
+
+    /// `--streaming-connection-idle-timeout`: an upgraded stream that moves
+    /// bytes lives on past it; one that moves nothing for that long is closed.
+    #[tokio::test]
+    async fn an_idle_upgraded_stream_is_closed_at_the_streaming_idle_timeout() {
+        let limits = Limits {
+            stream_idle_timeout: Duration::from_millis(1500),
+            ..SHORT
+        };
+        let (addr, _shutdown) = server(limits).await;
+        let mut up = TcpStream::connect(addr).await.unwrap();
+        up.write_all(
+            b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = up.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 101"), "{:?}", &buf[..n]);
+        // Busy for twice the timeout: served throughout.
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            up.write_all(b"ping").await.unwrap();
+            let n = tokio::time::timeout(Duration::from_secs(5), up.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(&buf[..n], b"ping");
+        }
+        // Then quiet: closed about the timeout later.
+        let start = std::time::Instant::now();
+        let r = closed_within(&mut up, Duration::from_secs(10)).await;
+        assert!(r.is_ok(), "an idle stream still open after {r:?}");
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(1400),
+            "closed after {took:?}, before the timeout"
+        );
     }
 
     #[tokio::test]

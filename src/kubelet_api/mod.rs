@@ -9,6 +9,7 @@
 pub mod auth;
 mod conn;
 mod explain;
+mod idle;
 pub mod logs;
 pub mod stats;
 pub mod tls;
@@ -46,6 +47,7 @@ pub use conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT,
     Limits, default_per_peer,
 };
+pub use idle::DEFAULT_STREAM_IDLE_TIMEOUT;
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
