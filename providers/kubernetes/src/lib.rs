@@ -66,6 +66,12 @@ pub struct KubernetesProvider {
     /// UIDs whose downstream Pod vkd itself asked to delete: any other
     /// deletion is someone else's, and the upstream Pod fails saying so.
     deleting: Mutex<HashSet<String>>,
+    /// Downstream Pod UID -> (its upstream UID, the grace in seconds it was
+    /// deleted with): vkd's finalize asks again every half second until the
+    /// Pod is gone, and the watch may not show the deletion yet; a repeat
+    /// sends nothing unless it shortens the grace (as a kubelet's second
+    /// delete may). Dropped when the watch sees the Pod go.
+    deletes_sent: watch::DeletesSent,
     /// Since when health probes have failed (none: the last one answered).
     unreachable_since: Mutex<Option<(std::time::Instant, jiff::Timestamp)>>,
     /// CPU time summed from the metrics API's rates, per upstream UID
@@ -158,6 +164,7 @@ impl KubernetesProvider {
             verified: Arc::default(),
             namespace_create: tokio::sync::Mutex::default(),
             deleting: Mutex::default(),
+            deletes_sent: Arc::default(),
             unreachable_since: Mutex::default(),
             cpu_totals: Mutex::default(),
         })
@@ -187,6 +194,11 @@ impl KubernetesProvider {
         let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
             return Ok(());
         };
+        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+        let sent = lock(&self.deletes_sent).get(&pod_uid).map(|(_, g)| *g);
+        if sent.is_some_and(|g| g <= grace.as_secs()) {
+            return Ok(());
+        }
         let params = DeleteParams {
             grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX)),
             preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
@@ -196,7 +208,11 @@ impl KubernetesProvider {
             ..DeleteParams::default()
         };
         match self.pods_api(d, ns).delete(name, &params).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                let owner = owner_uid(pod).unwrap_or_default().to_owned();
+                lock(&self.deletes_sent).insert(pod_uid, (owner, grace.as_secs()));
+                Ok(())
+            }
             // Gone already, or a later Pod of the same name (the precondition).
             Err(e) if not_found(&e) || conflict(&e) => Ok(()),
             Err(e) => Err(transient("deleting the Pod", e)),
@@ -276,6 +292,13 @@ impl Provider for KubernetesProvider {
     }
 
     async fn health(&self) -> Health {
+        if let Some(why) = self.downstream.get().and_then(Downstream::stopped) {
+            // Not an outage: the view is stale while the cluster answers.
+            return Health::Unhealthy {
+                reason: "DownstreamWatchStopped".into(),
+                message: why,
+            };
+        }
         let problem = match self.downstream().await {
             Err(e) => Some(e.to_string()),
             Ok(d) => match tokio::time::timeout(PROBE, d.client.apiserver_version()).await {

@@ -34,6 +34,9 @@ pub(crate) struct Downstream {
     pub(crate) judge: Judge,
     /// The nodes' fences (`fence`), as the downstream API server holds them.
     pub(crate) fences: Store<ConfigMap>,
+    /// The watches' tasks: one that ended (a panic; they retry errors for
+    /// ever) leaves its view stale, which every call then says (`stopped`).
+    tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
     /// The last error of either watch, for the error of a call that waits
     /// for them (a bad hostSelector, missing RBAC, an unreachable server).
     watch_error: Arc<Mutex<Option<String>>>,
@@ -43,6 +46,24 @@ pub(crate) struct Downstream {
 /// the ownership check as the watch lists it or `create` returned it; removed
 /// when the watch sees it deleted, so it holds only live Pods.
 pub(crate) type SharedClaims = Arc<Mutex<Claims>>;
+
+impl Downstream {
+    /// Why the view cannot be trusted: a watch whose task ended.
+    pub(crate) fn stopped(&self) -> Option<String> {
+        first_stopped(&self.tasks)
+    }
+}
+
+fn first_stopped(tasks: &[(&'static str, tokio::task::JoinHandle<()>)]) -> Option<String> {
+    let (name, _) = tasks.iter().find(|(_, t)| t.is_finished())?;
+    Some(format!(
+        "downstream: the {name} stopped; what vkd knows of the downstream cluster is stale (restart vkd)"
+    ))
+}
+
+/// Downstream Pod UID -> (upstream UID, grace seconds) of the deletes vkd
+/// sent (see `KubernetesProvider::delete_pod`).
+pub(crate) type DeletesSent = Arc<Mutex<HashMap<String, (String, u64)>>>;
 
 /// Downstream namespace -> the upstream namespace vkd made it for, for the
 /// namespaces this process made or checked (the watch may not show them yet).
@@ -125,6 +146,7 @@ impl KubernetesProvider {
 
     /// Starts the Node and Pod watches; they run as long as the process.
     fn watch(&self, client: Client) -> Downstream {
+        let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
         let mut node_watch = watcher::Config::default();
         if !self.config.host_selector.is_empty() {
             node_watch = node_watch.labels(&self.config.host_selector);
@@ -143,15 +165,18 @@ impl KubernetesProvider {
         )
         .default_backoff();
         let node_error = Arc::clone(&watch_error);
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                if let Err(e) = ev {
-                    warn!(error = %e, "downstream Node watch");
-                    *lock(&node_error) = Some(format!("Node watch: {e}"));
+        tasks.push((
+            "Node watch",
+            tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    if let Err(e) = ev {
+                        warn!(error = %e, "downstream Node watch");
+                        *lock(&node_error) = Some(format!("Node watch: {e}"));
+                    }
                 }
-            }
-        });
+            }),
+        ));
         // The namespaces vkd made: where its Pods may be.
         let (namespaces, writer) = reflector::store();
         let stream = reflector::reflector(
@@ -164,15 +189,18 @@ impl KubernetesProvider {
         )
         .default_backoff();
         let ns_error = Arc::clone(&watch_error);
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                if let Err(e) = ev {
-                    warn!(error = %e, "downstream Namespace watch");
-                    *lock(&ns_error) = Some(format!("Namespace watch: {e}"));
+        tasks.push((
+            "Namespace watch",
+            tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    if let Err(e) = ev {
+                        warn!(error = %e, "downstream Namespace watch");
+                        *lock(&ns_error) = Some(format!("Namespace watch: {e}"));
+                    }
                 }
-            }
-        });
+            }),
+        ));
         // The fences: every write is checked against its node's (`fence::check`).
         let (fences, writer) = reflector::store();
         let stream = reflector::reflector(
@@ -185,15 +213,18 @@ impl KubernetesProvider {
         )
         .default_backoff();
         let fence_error = Arc::clone(&watch_error);
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                if let Err(e) = ev {
-                    warn!(error = %e, "downstream fence watch");
-                    *lock(&fence_error) = Some(format!("fence watch: {e}"));
+        tasks.push((
+            "fence watch",
+            tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    if let Err(e) = ev {
+                        warn!(error = %e, "downstream fence watch");
+                        *lock(&fence_error) = Some(format!("fence watch: {e}"));
+                    }
                 }
-            }
-        });
+            }),
+        ));
         let judge = Judge {
             mapping: self.config.mapping(),
             namespaces: namespaces.clone(),
@@ -208,9 +239,10 @@ impl KubernetesProvider {
         )
         .default_backoff();
         let (events, claims) = (self.events.clone(), Arc::clone(&self.claims));
+        let deletes_sent = Arc::clone(&self.deletes_sent);
         let pod_error = Arc::clone(&watch_error);
         let (pod_judge, ns_ready) = (judge.clone(), namespaces.clone());
-        tokio::spawn(async move {
+        tasks.push(("Pod watch", tokio::spawn(async move {
             // Pods are judged by their namespaces: list those first.
             ns_ready.wait_until_ready().await.ok();
             // Pods with vkd's labels that are not vkd's, reported once each.
@@ -224,6 +256,10 @@ impl KubernetesProvider {
                     Ok(watcher::Event::Apply(p)) => (p, Some(false)),
                     Ok(watcher::Event::Delete(p)) => (p, Some(true)),
                     Ok(watcher::Event::InitDone) => {
+                        // A relist reports no deletions: what it lacks is gone.
+                        let present: HashSet<&str> =
+                            listed.iter().map(|(_, _, pod)| pod.as_str()).collect();
+                        lock(&deletes_sent).retain(|pod, _| present.contains(pod.as_str()));
                         lock(&claims).relisted(&std::mem::take(&mut listed));
                         let _ = events.send(InstanceEvent::Resync);
                         continue;
@@ -243,6 +279,9 @@ impl KubernetesProvider {
                     continue;
                 }
                 let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+                if gone == Some(true) {
+                    lock(&deletes_sent).remove(&pod_uid);
+                }
                 let ns = pod.metadata.namespace.clone().unwrap_or_default();
                 let claim = pod_judge.check(&pod);
                 let noted = match claim {
@@ -282,7 +321,7 @@ impl KubernetesProvider {
                     }
                 }
             }
-        });
+        })));
         info!(cluster = %self.cluster, "watching the downstream cluster");
         Downstream {
             client,
@@ -292,12 +331,16 @@ impl KubernetesProvider {
             judge,
             fences,
             watch_error,
+            tasks,
         }
     }
 
     /// The downstream view, once both watches have listed.
     pub(crate) async fn synced(&self) -> Result<&Downstream> {
         let d = self.downstream().await?;
+        if let Some(why) = d.stopped() {
+            return Err(ProviderError::transient(why));
+        }
         let ready = async {
             d.nodes.wait_until_ready().await.ok();
             d.namespaces.wait_until_ready().await.ok();
@@ -440,6 +483,24 @@ mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
     use serde_json::json;
+
+    /// A watch task that died (a panic) is named, rather than its view
+    /// trusted on; running ones say nothing.
+    #[tokio::test]
+    async fn a_stopped_watch_is_named() {
+        let running = tokio::spawn(std::future::pending::<()>());
+        let dead = tokio::spawn(async { panic!("a bug in the watch") });
+        let tasks = vec![("Node watch", running), ("Pod watch", dead)];
+        for _ in 0..100 {
+            if tasks[1].1.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let why = super::first_stopped(&tasks).unwrap();
+        assert!(why.contains("the Pod watch stopped"), "{why}");
+        assert_eq!(super::first_stopped(&tasks[..1]), None);
+    }
 
     fn judge(namespaces: serde_json::Value) -> Judge {
         let (store, mut writer) = reflector::store();
