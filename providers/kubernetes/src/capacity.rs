@@ -4,7 +4,7 @@
 //! tenants', not only vkd's), and its GPUs from the labels NVIDIA's GPU
 //! Feature Discovery publishes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use vkd_provider::{Gpu, HostSlice, quantity};
@@ -27,6 +27,14 @@ impl Requests {
             cpu_millis: self.cpu_millis.saturating_add(o.cpu_millis),
             memory_bytes: self.memory_bytes.saturating_add(o.memory_bytes),
             gpus: self.gpus.saturating_add(o.gpus),
+        }
+    }
+
+    fn sub(self, o: Self) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.saturating_sub(o.cpu_millis),
+            memory_bytes: self.memory_bytes.saturating_sub(o.memory_bytes),
+            gpus: self.gpus.saturating_sub(o.gpus),
         }
     }
 
@@ -97,6 +105,66 @@ impl Requests {
     }
 }
 
+/// What the non-terminal Pods bound to each Node request, kept from the Pod
+/// watch's events (each Pod once, by UID), so that capacity is read per Node
+/// and not summed again over every Pod of the cluster for each admission.
+#[derive(Debug, Default)]
+pub struct Usage {
+    pods: HashMap<String, (String, Requests)>,
+    nodes: HashMap<String, (Requests, u32)>,
+}
+
+impl Usage {
+    /// The usage of `pods` (every Pod of the cluster), as a relist builds it.
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>, gpu: &str) -> Self {
+        let mut u = Self::default();
+        for p in pods {
+            u.apply(p, gpu);
+        }
+        u
+    }
+
+    /// `pod` as it is now: what it held before is replaced.
+    pub fn apply(&mut self, pod: &Pod, gpu: &str) {
+        self.delete(pod);
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let (Some(uid), Some(node)) = (pod.metadata.uid.as_deref(), node) else {
+            return;
+        };
+        if !holds_resources(pod) {
+            return;
+        }
+        let r = Requests::of_pod(pod, gpu);
+        let e = self.nodes.entry(node.to_owned()).or_default();
+        e.0 = e.0.add(r);
+        e.1 = e.1.saturating_add(1);
+        self.pods.insert(uid.to_owned(), (node.to_owned(), r));
+    }
+
+    /// `pod` is gone: it holds nothing.
+    pub fn delete(&mut self, pod: &Pod) {
+        let Some((node, r)) = pod
+            .metadata
+            .uid
+            .as_deref()
+            .and_then(|uid| self.pods.remove(uid))
+        else {
+            return;
+        };
+        if let Some(e) = self.nodes.get_mut(&node) {
+            e.0 = e.0.sub(r);
+            e.1 = e.1.saturating_sub(1);
+            if e.1 == 0 {
+                self.nodes.remove(&node);
+            }
+        }
+    }
+
+    fn on(&self, node: &str) -> (Requests, u32) {
+        self.nodes.get(node).copied().unwrap_or_default()
+    }
+}
+
 /// A Pod that still holds what it requested on its Node.
 fn holds_resources(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -118,22 +186,14 @@ fn schedulable(node: &Node) -> bool {
     ready && !unschedulable
 }
 
-/// The host slices of `nodes` (already those the selector names), with
-/// `pods` (every Pod of the downstream cluster with a Node) subtracted.
+/// The host slices of `nodes` (already those the selector names), less what
+/// `used` says the Pods bound to each request.
 pub fn host_slices<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
-    pods: impl IntoIterator<Item = &'a Pod>,
+    used: &Usage,
     config: &KubernetesConfig,
 ) -> Vec<HostSlice> {
     let gpu = config.gpu_resource.as_str();
-    let mut used: BTreeMap<&str, (Requests, u32)> = BTreeMap::new();
-    for p in pods.into_iter().filter(|p| holds_resources(p)) {
-        if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            let e = used.entry(node).or_default();
-            e.0 = e.0.add(Requests::of_pod(p, gpu));
-            e.1 = e.1.saturating_add(1);
-        }
-    }
     let mut hosts: Vec<HostSlice> = nodes
         .into_iter()
         .filter(|n| schedulable(n))
@@ -153,7 +213,7 @@ pub fn host_slices<'a>(
             let disk = get("ephemeral-storage")
                 .and_then(|q| quantity::bytes(q).ok())
                 .unwrap_or(0);
-            let (taken, pods_running) = used.get(name.as_str()).copied().unwrap_or_default();
+            let (taken, pods_running) = used.on(&name);
             let labels = n.metadata.labels.clone().unwrap_or_default();
             let label = |key: &str| labels.get(key).map(String::as_str);
             let model = label(&config.gpu_labels.product)
@@ -209,6 +269,53 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
 
+    /// Kept from events, the usage is what summing every Pod again gives:
+    /// a Pod that ends or goes frees what it held, a Pod seen twice counts once.
+    #[test]
+    fn usage_kept_from_events_is_the_sum_of_the_pods() {
+        let pod = |uid: &str, node: &str, cpu: &str, phase: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": uid, "uid": uid},
+                "spec": {"nodeName": node, "containers": [
+                    {"name": "c", "resources": {"requests": {"cpu": cpu, "nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let mut kept = Usage::default();
+        let gpu = "nvidia.com/gpu";
+        for p in [
+            pod("a", "n1", "1", "Running"),
+            pod("b", "n1", "2", "Pending"),
+            pod("c", "n2", "500m", "Running"),
+        ] {
+            kept.apply(&p, gpu);
+        }
+        kept.apply(&pod("b", "n1", "2", "Running"), gpu);
+        kept.apply(&pod("a", "n1", "1", "Succeeded"), gpu);
+        kept.delete(&pod("c", "n2", "500m", "Running"));
+        let now = [
+            pod("a", "n1", "1", "Succeeded"),
+            pod("b", "n1", "2", "Running"),
+        ];
+        let summed = Usage::of(&now, gpu);
+        for node in ["n1", "n2"] {
+            assert_eq!(kept.on(node), summed.on(node), "{node}");
+        }
+        assert_eq!(
+            kept.on("n1"),
+            (
+                Requests {
+                    cpu_millis: 2000,
+                    memory_bytes: 0,
+                    gpus: 1
+                },
+                1
+            )
+        );
+        assert_eq!(kept.on("n2"), (Requests::default(), 0));
+    }
+
     fn config() -> KubernetesConfig {
         KubernetesConfig::parse("kubeconfig: /k", std::path::Path::new("k.yaml")).unwrap()
     }
@@ -230,7 +337,7 @@ mod tests {
 
     fn pod(node: &str, phase: &str, cpu: &str, gpus: u32, init_cpu: &str) -> Pod {
         serde_json::from_value(json!({
-            "metadata": {"name": "p"},
+            "metadata": {"name": "p", "uid": format!("{node}-{phase}-{cpu}-{gpus}-{init_cpu}")},
             "spec": {
                 "nodeName": node,
                 "initContainers": [{"name": "i", "resources": {"requests": {"cpu": init_cpu}}}],
@@ -258,7 +365,7 @@ mod tests {
             pod("a", "Succeeded", "4", 1, "100m"),
             pod("b", "Running", "1", 1, "100m"),
         ];
-        let hosts = host_slices(&nodes, &pods, &config());
+        let hosts = host_slices(&nodes, &Usage::of(&pods, "nvidia.com/gpu"), &config());
         assert_eq!(hosts.len(), 1, "NotReady and cordoned nodes are no hosts");
         let a = &hosts[0];
         assert_eq!(a.name, "a");
@@ -278,7 +385,7 @@ mod tests {
         if let Some(alloc) = big.status.as_mut().and_then(|s| s.allocatable.as_mut()) {
             alloc.insert("pods".into(), Quantity("20k".into()));
         }
-        let hosts = host_slices(&[big], &[], &config());
+        let hosts = host_slices(&[big], &Usage::default(), &config());
         assert_eq!(hosts[0].max_pods, 20_000);
     }
 

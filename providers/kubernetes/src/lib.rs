@@ -221,10 +221,10 @@ impl KubernetesProvider {
 
     async fn hosts(&self) -> Result<Vec<vkd_provider::HostSlice>> {
         let d = self.synced().await?;
-        let (nodes, pods) = (d.nodes.state(), d.pods.state());
+        let nodes = d.nodes.state();
         Ok(capacity::host_slices(
             nodes.iter().map(|n| &**n),
-            pods.iter().map(|p| &**p),
+            &lock(&d.usage),
             &self.config,
         ))
     }

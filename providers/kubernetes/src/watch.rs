@@ -32,6 +32,10 @@ pub(crate) struct Downstream {
     /// Namespaces labelled as vkd's (`vkd.io/managed=true`).
     namespaces: Store<Namespace>,
     pub(crate) judge: Judge,
+    /// What every Pod bound to each Node requests, from the Pod watch.
+    pub(crate) usage: Arc<Mutex<crate::capacity::Usage>>,
+    /// True once `usage` holds a whole listing.
+    usage_listed: tokio::sync::watch::Receiver<bool>,
     /// The nodes' fences (`fence`), as the downstream API server holds them.
     pub(crate) fences: Store<ConfigMap>,
     /// The watches' tasks: one that ended (a panic; they retry errors for
@@ -240,6 +244,9 @@ impl KubernetesProvider {
         .default_backoff();
         let (events, claims) = (self.events.clone(), Arc::clone(&self.claims));
         let deletes_sent = Arc::clone(&self.deletes_sent);
+        let usage: Arc<Mutex<crate::capacity::Usage>> = Arc::default();
+        let (pod_usage, gpu) = (Arc::clone(&usage), self.config.gpu_resource.clone());
+        let (listed_tx, usage_listed) = tokio::sync::watch::channel(false);
         let pod_error = Arc::clone(&watch_error);
         let (pod_judge, ns_ready) = (judge.clone(), namespaces.clone());
         tasks.push(("Pod watch", tokio::spawn(async move {
@@ -249,8 +256,21 @@ impl KubernetesProvider {
             let mut foreign: HashSet<String> = HashSet::new();
             // vkd's Pods in the listing under way (a relist reports no deletions).
             let mut listed: HashSet<(String, String, String)> = HashSet::new();
+            // Every Pod's requests as the listing under way finds them.
+            let mut relisted = crate::capacity::Usage::default();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
+                match &ev {
+                    Ok(watcher::Event::InitApply(p)) => relisted.apply(p, &gpu),
+                    Ok(watcher::Event::Apply(p)) => lock(&pod_usage).apply(p, &gpu),
+                    Ok(watcher::Event::Delete(p)) => lock(&pod_usage).delete(p),
+                    Ok(watcher::Event::InitDone) => {
+                        *lock(&pod_usage) = std::mem::take(&mut relisted);
+                        listed_tx.send_replace(true);
+                    }
+                    Ok(watcher::Event::Init) => relisted = crate::capacity::Usage::default(),
+                    Err(_) => {}
+                }
                 let (pod, gone) = match ev {
                     Ok(watcher::Event::InitApply(p)) => (p, None),
                     Ok(watcher::Event::Apply(p)) => (p, Some(false)),
@@ -329,6 +349,8 @@ impl KubernetesProvider {
             pods,
             namespaces,
             judge,
+            usage,
+            usage_listed,
             fences,
             watch_error,
             tasks,
@@ -346,6 +368,7 @@ impl KubernetesProvider {
             d.namespaces.wait_until_ready().await.ok();
             d.pods.wait_until_ready().await.ok();
             d.fences.wait_until_ready().await.ok();
+            d.usage_listed.clone().wait_for(|listed| *listed).await.ok();
         };
         tokio::time::timeout(FIRST_SYNC, ready).await.map_err(|_| {
             let why = lock(&d.watch_error)
