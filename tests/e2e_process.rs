@@ -12,7 +12,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, condition, wait_for};
 
 mod common;
-use common::{Vkd, running_and_ready, str_at};
+use common::{Vkd, items, running_and_ready, str_at};
 
 fn main() -> ExitCode {
     let code = Suite::new("process", &[]).run(&[
@@ -50,6 +50,10 @@ fn main() -> ExitCode {
         (
             "attach_reaches_stdin_over_websocket_and_spdy_across_a_restart",
             attach,
+        ),
+        (
+            "statefulset_rollout_and_rollback_and_a_job_restarted_in_place",
+            workload_controllers,
         ),
     ]);
     if let Some(Ok(v)) = VKD.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -1711,4 +1715,161 @@ fn attach(c: &Cluster) -> Result<()> {
     })();
     own.reap_processes();
     result
+}
+
+/// What workload controllers read from the node, as over a kubelet: a
+/// StatefulSet's rolling update and its rollback replace each Pod in turn
+/// and end with every replica Ready at the revision asked for; a Job whose
+/// container fails once (`restartPolicy: OnFailure`) is restarted in place,
+/// keeps its emptyDir across the restart, and completes with one Pod.
+fn workload_controllers(c: &Cluster) -> Result<()> {
+    vkd(c)?;
+    let sts = |version: &str| {
+        format!(
+            r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: web, namespace: {NS}}}
+spec:
+  replicas: 2
+  serviceName: web
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      nodeSelector: {{vkd.io/e2e: proc}}
+      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: main
+        image: busybox
+        command: [sh, -c, "echo serving $VERSION; exec sleep 3600"]
+        env: [{{name: VERSION, value: {version}}}]
+        readinessProbe:
+          exec: {{command: [sh, -c, "test $VERSION = {version}"]}}
+          periodSeconds: 1
+"#
+        )
+    };
+    let rolled = |version: &str| -> Result<()> {
+        c.kubectl(&[
+            "rollout",
+            "status",
+            "statefulset/web",
+            "-n",
+            NS,
+            "--timeout=180s",
+        ])?;
+        let set = c.kubectl_json(&["get", "statefulset", "web", "-n", NS])?;
+        let status = at(&set, "status");
+        ensure!(
+            status["readyReplicas"] == 2
+                && status["updatedReplicas"] == 2
+                && status["currentRevision"] == status["updateRevision"],
+            "the StatefulSet did not settle at {version}: {status}"
+        );
+        for pod in ["web-0", "web-1"] {
+            let p = get(c, pod)?;
+            ensure!(running_and_ready(&p), "{pod}: {}", at(&p, "status"));
+            let env = at(&p, "spec.containers")[0]["env"][0]["value"].clone();
+            ensure!(env == version, "{pod} runs {env}, not {version}");
+            ensure!(
+                at(&p, "metadata.labels")["controller-revision-hash"] == status["updateRevision"],
+                "{pod} is not at the update revision"
+            );
+            let log = c.kubectl(&["logs", pod, "-n", NS])?;
+            ensure!(
+                log.contains(&format!("serving {version}")),
+                "{pod}: {log:?}"
+            );
+        }
+        Ok(())
+    };
+    c.apply(&sts("v1"))?;
+    rolled("v1")?;
+    let first = get(c, "web-0")?;
+    c.apply(&sts("v2"))?;
+    rolled("v2")?;
+    ensure!(
+        str_at(&get(c, "web-0")?, "metadata.uid") != str_at(&first, "metadata.uid"),
+        "web-0 was not replaced by the rolling update"
+    );
+    c.kubectl(&["rollout", "undo", "statefulset/web", "-n", NS])?;
+    rolled("v1")?;
+    eprintln!("StatefulSet: v1 -> v2 -> undo -> v1, each replica replaced in turn");
+    c.kubectl(&[
+        "delete",
+        "statefulset",
+        "web",
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+
+    c.apply(&format!(
+        r#"
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: retry, namespace: {NS}}}
+spec:
+  backoffLimit: 3
+  template:
+    spec:
+      nodeSelector: {{vkd.io/e2e: proc}}
+      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+      restartPolicy: OnFailure
+      containers:
+      - name: main
+        image: busybox
+        command: [sh, -c, "if [ -f /scratch/tried ]; then echo second try kept $(cat /scratch/tried); exit 0; fi; echo first > /scratch/tried; echo first try fails; exit 3"]
+        volumeMounts: [{{name: scratch, mountPath: /scratch}}]
+      volumes: [{{name: scratch, emptyDir: {{}}}}]
+"#
+    ))?;
+    c.kubectl(&[
+        "wait",
+        "--for=condition=complete",
+        "job/retry",
+        "-n",
+        NS,
+        "--timeout=120s",
+    ])?;
+    let pods = items(&c.kubectl_json(&["get", "pods", "-n", NS, "-l", "job-name=retry"])?);
+    ensure!(pods.len() == 1, "the Job made {} Pods, not one", pods.len());
+    let p = &pods[0];
+    let cs = container_status(p);
+    ensure!(
+        str_at(p, "status.phase") == "Succeeded" && cs["restartCount"] == 1,
+        "{}",
+        at(p, "status")
+    );
+    ensure!(
+        cs["state"]["terminated"]["exitCode"] == 0
+            && cs["lastState"]["terminated"]["exitCode"] == 3,
+        "{cs}"
+    );
+    let name = str_at(p, "metadata.name").to_owned();
+    let log = c.kubectl(&["logs", &name, "-n", NS])?;
+    ensure!(
+        log.contains("second try kept first"),
+        "the emptyDir was lost: {log:?}"
+    );
+    let job = c.kubectl_json(&["get", "job", "retry", "-n", NS])?;
+    ensure!(
+        at(&job, "status")["succeeded"] == 1 && at(&job, "status")["failed"].is_null(),
+        "{}",
+        at(&job, "status")
+    );
+    eprintln!("Job: failed once, restarted in place with its emptyDir, completed");
+    c.kubectl(&[
+        "delete",
+        "job",
+        "retry",
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    Ok(())
 }

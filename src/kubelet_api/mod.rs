@@ -315,7 +315,13 @@ impl KubeletApi {
 
     async fn pods_list(&self) -> Response<Body> {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.pods.node()));
+        // From the API server's watch cache (resourceVersion 0), not a quorum
+        // read of etcd: what a scraper polls costs the control plane little.
+        // vkd keeps a compact record per Pod, not the object the kubelet's
+        // pod manager holds, so the objects come from there.
+        let params = ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.pods.node()))
+            .match_any();
         match api.list(&params).await {
             Ok(list) => json_response(&json!({
                 "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": list.items,

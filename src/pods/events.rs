@@ -184,19 +184,29 @@ impl PodController {
         let event_limiter = (pace == Pace::Wait).then(|| Arc::clone(&self.event_limiter));
         let metrics = Arc::clone(&self.shared.metrics);
         let reason = reason.to_owned();
+        // The term's work: an Event still waiting when the term ends is
+        // dropped with it, not sent by a replica that no longer acts.
+        let work = self.shared.term.work();
         tokio::spawn(
             async move {
-                if let Some(l) = event_limiter {
-                    l.until_ready().await;
-                }
-                let Ok(slot) = slots.acquire_owned().await else {
-                    return;
+                let send = async {
+                    if let Some(l) = event_limiter {
+                        l.until_ready().await;
+                    }
+                    let Ok(slot) = slots.acquire_owned().await else {
+                        return;
+                    };
+                    throttle(&limiter, &metrics, "event").await;
+                    if let Err(e) = api.create(&PostParams::default(), &event).await {
+                        warn!(error = %e, reason, "publishing event failed");
+                    }
+                    drop(slot);
                 };
-                throttle(&limiter, &metrics, "event").await;
-                if let Err(e) = api.create(&PostParams::default(), &event).await {
-                    warn!(error = %e, reason, "publishing event failed");
+                tokio::select! {
+                    () = send => {}
+                    () = work.cancelled() => debug!(reason, "event dropped: the term ended"),
                 }
-                drop((slot, waiting));
+                drop(waiting);
             }
             .in_current_span(),
         );

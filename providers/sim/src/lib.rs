@@ -635,6 +635,16 @@ impl SimProvider {
             return;
         };
         handle.spawn(async move {
+            // However the ticker ends (a panic included), the instance is
+            // free to get a new one: none is left marked as watched by a
+            // task that is gone, with its changes never announced.
+            struct Ticking(SimProvider, String);
+            impl Drop for Ticking {
+                fn drop(&mut self) {
+                    self.0.state().tickers.remove(&self.1);
+                }
+            }
+            let _ticking = Ticking(this.clone(), uid.clone());
             loop {
                 let now = SystemTime::now();
                 let next = {
@@ -649,7 +659,6 @@ impl SimProvider {
                     .events
                     .send(InstanceEvent::Changed { uid: uid.clone() });
             }
-            this.state().tickers.remove(&uid);
         });
     }
 
