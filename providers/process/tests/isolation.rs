@@ -476,3 +476,45 @@ async fn an_images_own_files_are_at_their_paths_and_its_program_runs() {
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(files);
 }
+
+/// An image's file can stand where the host has a program of its own, even
+/// behind the host's links (`/bin` is `usr/bin` on merged-/usr hosts): the
+/// conformance harness gives busybox's image its `/bin/sh` so, and a spec
+/// that runs `/bin/sh` by path gets the image's shell, not the host's.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_images_file_stands_in_for_a_host_program_of_the_same_path() {
+    let (probe, probe_dir) = provider();
+    let namespaces = probe.isolation_mode() == "namespaces";
+    drop(probe);
+    let _ = std::fs::remove_dir_all(probe_dir);
+    if !namespaces || !std::path::Path::new("/bin/bash").exists() {
+        eprintln!("no namespaces (not root?) or no bash here: nothing to check");
+        return;
+    }
+    let mut config = common::config();
+    config.images[0].files = [("/bin/sh".into(), "/bin/bash".into())]
+        .into_iter()
+        .collect();
+    let dir = std::env::temp_dir().join(format!("vkd-process-{}", uuid::Uuid::new_v4().simple()));
+    let p = vkd_process::ProcessProvider::open(config, &dir, common::shim_exe()).unwrap();
+    let uid = "u-isolated-image-shell";
+    let s = spec(
+        uid,
+        &[
+            "/bin/sh",
+            "-c",
+            "[[ -n $BASH_VERSION ]] && echo image-shell-is-bash; exec sleep 3613",
+        ],
+    );
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let log = wait_for("the image's shell", async || {
+        let l = log_text(&p, uid, "main").await;
+        l.contains("image-shell-is-bash").then_some(l)
+    })
+    .await;
+    assert!(log.contains("image-shell-is-bash"), "{log}");
+    remove(&p, uid).await;
+    assert_eq!(processes("sleep 3613"), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
