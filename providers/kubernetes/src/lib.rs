@@ -52,6 +52,12 @@ use watch::{Downstream, SharedClaims, Verified, own_instances, tokio_stream_of};
 
 /// How long a health probe of the downstream API server may take.
 const PROBE: Duration = Duration::from_secs(5);
+/// A namespace's PodMetrics by Pod name.
+type PodMetrics = Arc<HashMap<String, serde_json::Value>>;
+
+/// How long a namespace's PodMetrics list serves the Pods of a scrape
+/// (metrics-server samples every 15 s).
+const METRICS_FRESH: Duration = Duration::from_secs(5);
 
 pub struct KubernetesProvider {
     config: KubernetesConfig,
@@ -77,6 +83,8 @@ pub struct KubernetesProvider {
     /// CPU time summed from the metrics API's rates, per upstream UID
     /// (`stats`); dropped with the Pod.
     cpu_totals: Mutex<HashMap<String, stats::CpuTotals>>,
+    /// PodMetrics per downstream namespace, as last listed (`namespace_metrics`).
+    metrics: tokio::sync::Mutex<HashMap<String, (std::time::Instant, PodMetrics)>>,
 }
 
 impl fmt::Debug for KubernetesProvider {
@@ -167,6 +175,7 @@ impl KubernetesProvider {
             deletes_sent: Arc::default(),
             unreachable_since: Mutex::default(),
             cpu_totals: Mutex::default(),
+            metrics: tokio::sync::Mutex::default(),
         })
     }
 
@@ -227,6 +236,46 @@ impl KubernetesProvider {
             &lock(&d.usage),
             &self.config,
         ))
+    }
+
+    /// The PodMetrics of downstream namespace `ns` by Pod name: one list per
+    /// namespace per scrape (a scrape asks for every Pod at once), kept for
+    /// [`METRICS_FRESH`], instead of one GET per Pod.
+    async fn namespace_metrics(&self, d: &Downstream, ns: &str) -> Result<PodMetrics> {
+        let mut cache = self.metrics.lock().await;
+        if let Some((at, list)) = cache.get(ns)
+            && at.elapsed() < METRICS_FRESH
+        {
+            return Ok(Arc::clone(list));
+        }
+        let request =
+            http::Request::get(format!("/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods"))
+                .body(Vec::new())
+                .map_err(|e| transient("stats request", e))?;
+        let list: serde_json::Value = match d.client.request(request).await {
+            Ok(m) => m,
+            Err(e) if not_found(&e) => {
+                return Err(ProviderError::transient(format!(
+                    "downstream: no PodMetrics in {ns} (is metrics-server installed in cluster {}?)",
+                    self.cluster
+                )));
+            }
+            Err(e) => return Err(transient("listing PodMetrics", e)),
+        };
+        let by_name: HashMap<String, serde_json::Value> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| Some((m["metadata"]["name"].as_str()?.to_owned(), m.clone())))
+            .collect();
+        let by_name = Arc::new(by_name);
+        // Namespaces vkd no longer asks about leave with their age.
+        cache.retain(|_, (at, _)| at.elapsed() < METRICS_FRESH);
+        cache.insert(
+            ns.to_owned(),
+            (std::time::Instant::now(), Arc::clone(&by_name)),
+        );
+        Ok(by_name)
     }
 
     /// Refuses a write of a replica whose node was taken over (`fence::check`).
@@ -549,21 +598,17 @@ impl Provider for KubernetesProvider {
         let d = self.synced().await?;
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let request = http::Request::get(format!(
-            "/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{name}"
-        ))
-        .body(Vec::new())
-        .map_err(|e| transient("stats request", e))?;
-        let metrics: serde_json::Value = match d.client.request(request).await {
-            Ok(m) => m,
-            Err(e) if not_found(&e) => {
-                return Err(ProviderError::transient(format!(
+        let metrics = self
+            .namespace_metrics(d, ns)
+            .await?
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                ProviderError::transient(format!(
                     "downstream: no metrics for {ns}/{name} (is metrics-server installed in cluster {}?)",
                     self.cluster
-                )));
-            }
-            Err(e) => return Err(transient("reading PodMetrics", e)),
-        };
+                ))
+            })?;
         let start = pod
             .status
             .as_ref()
