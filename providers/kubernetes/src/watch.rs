@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::ListParams;
 use kube::config::KubeConfigOptions;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -134,33 +134,6 @@ fn slim(meta: &mut kube::api::ObjectMeta) {
     }
 }
 
-/// What the store keeps of one of vkd's own downstream Pods: its metadata
-/// (slimmed) and status whole, and of its spec only what vkd reads back: the
-/// node, the containers' names, the Secret volumes (refreshed in place). A
-/// Pod's spec, as its tenant wrote it, is most of the object.
-fn keep_what_is_read(pod: &mut Pod) {
-    let Some(spec) = pod.spec.take() else {
-        return;
-    };
-    let names = |cs: Vec<Container>| -> Vec<Container> {
-        cs.into_iter()
-            .map(|c| Container {
-                name: c.name,
-                ..Container::default()
-            })
-            .collect()
-    };
-    pod.spec = Some(PodSpec {
-        node_name: spec.node_name,
-        containers: names(spec.containers),
-        init_containers: spec.init_containers.map(names),
-        volumes: spec
-            .volumes
-            .map(|vs| vs.into_iter().filter(|v| v.secret.is_some()).collect()),
-        ..PodSpec::default()
-    });
-}
-
 impl KubernetesProvider {
     pub(crate) async fn downstream(&self) -> Result<&Downstream> {
         self.downstream
@@ -261,40 +234,19 @@ impl KubernetesProvider {
             namespaces: namespaces.clone(),
             verified: Arc::clone(&self.verified),
         };
-        // Every Pod: capacity counts other tenants' Pods too, from their
-        // requests as each event passes (`Usage`); only vkd's own Pods are
-        // kept in the store, which status, logs and deletion read.
+        // Every Pod: capacity counts other tenants' Pods too.
+        let (pods, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+                .modify(|p: &mut Pod| slim(&mut p.metadata)),
+        )
+        .default_backoff();
+        let (events, claims) = (self.events.clone(), Arc::clone(&self.claims));
+        let deletes_sent = Arc::clone(&self.deletes_sent);
         let usage: Arc<Mutex<crate::capacity::Usage>> = Arc::default();
         let (pod_usage, gpu) = (Arc::clone(&usage), self.config.gpu_resource.clone());
         let (listed_tx, usage_listed) = tokio::sync::watch::channel(false);
-        // Every Pod's requests as the listing under way finds them.
-        let mut relisted = crate::capacity::Usage::default();
-        let counted = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-            .modify(|p: &mut Pod| slim(&mut p.metadata))
-            .inspect(move |ev| match ev {
-                Ok(watcher::Event::InitApply(p)) => relisted.apply(p, &gpu),
-                Ok(watcher::Event::Apply(p)) => lock(&pod_usage).apply(p, &gpu),
-                Ok(watcher::Event::Delete(p)) => lock(&pod_usage).delete(p),
-                Ok(watcher::Event::InitDone) => {
-                    *lock(&pod_usage) = std::mem::take(&mut relisted);
-                    listed_tx.send_replace(true);
-                }
-                Ok(watcher::Event::Init) => relisted = crate::capacity::Usage::default(),
-                Err(_) => {}
-            })
-            .filter(|ev| {
-                let others = matches!(
-                    ev,
-                    Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p) | watcher::Event::Delete(p))
-                        if owner_uid(p).is_none()
-                );
-                std::future::ready(!others)
-            });
-        let (pods, writer) = reflector::store();
-        let stream =
-            reflector::reflector(writer, counted.modify(keep_what_is_read)).default_backoff();
-        let (events, claims) = (self.events.clone(), Arc::clone(&self.claims));
-        let deletes_sent = Arc::clone(&self.deletes_sent);
         let pod_error = Arc::clone(&watch_error);
         let (pod_judge, ns_ready) = (judge.clone(), namespaces.clone());
         tasks.push(("Pod watch", tokio::spawn(async move {
@@ -304,8 +256,21 @@ impl KubernetesProvider {
             let mut foreign: HashSet<String> = HashSet::new();
             // vkd's Pods in the listing under way (a relist reports no deletions).
             let mut listed: HashSet<(String, String, String)> = HashSet::new();
+            // Every Pod's requests as the listing under way finds them.
+            let mut relisted = crate::capacity::Usage::default();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
+                match &ev {
+                    Ok(watcher::Event::InitApply(p)) => relisted.apply(p, &gpu),
+                    Ok(watcher::Event::Apply(p)) => lock(&pod_usage).apply(p, &gpu),
+                    Ok(watcher::Event::Delete(p)) => lock(&pod_usage).delete(p),
+                    Ok(watcher::Event::InitDone) => {
+                        *lock(&pod_usage) = std::mem::take(&mut relisted);
+                        listed_tx.send_replace(true);
+                    }
+                    Ok(watcher::Event::Init) => relisted = crate::capacity::Usage::default(),
+                    Err(_) => {}
+                }
                 let (pod, gone) = match ev {
                     Ok(watcher::Event::InitApply(p)) => (p, None),
                     Ok(watcher::Event::Apply(p)) => (p, Some(false)),
@@ -405,12 +370,32 @@ impl KubernetesProvider {
             d.fences.wait_until_ready().await.ok();
             d.usage_listed.clone().wait_for(|listed| *listed).await.ok();
         };
-        tokio::time::timeout(FIRST_SYNC, ready).await.map_err(|_| {
+        if tokio::time::timeout(FIRST_SYNC, ready).await.is_err() {
+            use futures::FutureExt;
+            let waiting: Vec<&str> = [
+                ("Nodes", d.nodes.wait_until_ready().now_or_never().is_none()),
+                (
+                    "Namespaces",
+                    d.namespaces.wait_until_ready().now_or_never().is_none(),
+                ),
+                ("Pods", d.pods.wait_until_ready().now_or_never().is_none()),
+                (
+                    "fences",
+                    d.fences.wait_until_ready().now_or_never().is_none(),
+                ),
+                ("Pod usage", !*d.usage_listed.borrow()),
+            ]
+            .into_iter()
+            .filter_map(|(what, waiting)| waiting.then_some(what))
+            .collect();
             let why = lock(&d.watch_error)
                 .clone()
                 .unwrap_or_else(|| "no answer yet".into());
-            ProviderError::transient(format!("downstream: not listed yet ({why})"))
-        })?;
+            return Err(ProviderError::transient(format!(
+                "downstream: not listed yet ({}: {why})",
+                waiting.join(", ")
+            )));
+        }
         Ok(d)
     }
 
