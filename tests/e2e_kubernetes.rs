@@ -1590,9 +1590,22 @@ fn deposed_replica(up: &Cluster) -> Result<()> {
         let config =
             vkd_kubernetes::KubernetesConfig::load(&up.dir().join("kubernetes-provider.yaml"))?;
         let provider = vkd_kubernetes::KubernetesProvider::open(config)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // As vkd runs it: on several threads.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()?;
+        // The replica's first calls wait for its watches to list the
+        // downstream cluster (a busy one may take longer than one call waits).
+        runtime.block_on(async {
+            for _ in 0..12 {
+                match provider.list(UP_NODE).await {
+                    Err(ProviderError::Transient { message })
+                        if message.contains("not listed yet") => {}
+                    _ => break,
+                }
+            }
+        });
         let spec: vkd_provider::InstanceSpec = serde_json::from_value(serde_json::json!({
             "pod": {"uid": "0badf00d-0000-4000-8000-000000000001", "namespace": NS, "name": "late"},
             "node": UP_NODE,
