@@ -174,6 +174,22 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
     })
 }
 
+/// The epoch the upstream node's fence downstream holds.
+fn fence_epoch(down: &Cluster) -> Result<u64> {
+    down.kubectl(&[
+        "get",
+        "configmap",
+        &format!("vkd-fence-{UP_NODE}"),
+        "-n",
+        "vkd-system",
+        "-o",
+        "jsonpath={.data.epoch}",
+    ])?
+    .trim()
+    .parse()
+    .context("the fence's epoch")
+}
+
 fn wait_ready(c: &Cluster, node: &str) -> Result<Value> {
     wait_for(
         &format!("node {node} Ready"),
@@ -544,19 +560,7 @@ fn capacity_and_fence(up: &Cluster) -> Result<()> {
             "upstream allocatable is not the downstream hosts' sum ({down_cpu}m, 8 GPUs): {want:?}"
         );
         // The fence downstream holds the upstream vkd's epoch.
-        let epoch: u64 = down
-            .kubectl(&[
-                "get",
-                "configmap",
-                &format!("vkd-fence-{UP_NODE}"),
-                "-n",
-                "vkd-system",
-                "-o",
-                "jsonpath={.data.epoch}",
-            ])?
-            .trim()
-            .parse()
-            .context("the fence's epoch")?;
+        let epoch = fence_epoch(down)?;
         ensure!(epoch >= 1, "epoch {epoch}");
         // A create from an older epoch, as a stale replica would send it
         // (with vkd's identity: only it may set vkd's labels), is refused by
@@ -1552,19 +1556,7 @@ fn deposed_replica(up: &Cluster) -> Result<()> {
             .as_str()
             .context("no instance id")?
             .to_owned();
-        let epoch: u64 = down
-            .kubectl(&[
-                "get",
-                "configmap",
-                &format!("vkd-fence-{UP_NODE}"),
-                "-n",
-                "vkd-system",
-                "-o",
-                "jsonpath={.data.epoch}",
-            ])?
-            .trim()
-            .parse()
-            .context("the fence's epoch")?;
+        let epoch = fence_epoch(down)?;
         let secrets = |ns: &str| owned(down, "secrets", ns, &uid);
         let pods = down.kubectl_json(&[
             "get",
