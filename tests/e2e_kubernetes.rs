@@ -1587,17 +1587,12 @@ fn deposed_replica(up: &Cluster) -> Result<()> {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        // The replica's first calls wait for its watches to list the
-        // downstream cluster (a busy one may take longer than one call waits).
-        runtime.block_on(async {
-            for _ in 0..12 {
-                match provider.list(UP_NODE).await {
-                    Err(ProviderError::Transient { message })
-                        if message.contains("not listed yet") => {}
-                    _ => break,
-                }
-            }
-        });
+        // Its first call waits for its watches to list the downstream
+        // cluster, and must get there: a Pod watch that never woke once left
+        // every call of such a replica at "not listed yet".
+        runtime
+            .block_on(provider.list(UP_NODE))
+            .context("the replica's first list of the downstream cluster")?;
         let spec: vkd_provider::InstanceSpec = serde_json::from_value(serde_json::json!({
             "pod": {"uid": "0badf00d-0000-4000-8000-000000000001", "namespace": NS, "name": "late"},
             "node": UP_NODE,

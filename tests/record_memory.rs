@@ -1,4 +1,5 @@
-//! Heap held per Pod record (and per instance of the embedded sim backend),
+//! Heap held per Pod record (and per instance of the embedded sim backend,
+//! and per downstream Pod the kubernetes provider keeps),
 //! measured with dhat and held against stored baselines
 //! (`tests/baselines/pod_record_bytes`), the way kube-rs gates its
 //! reflector's memory: a change that makes every Pod cost more fails here, long
@@ -128,6 +129,54 @@ fn sim_bytes_per_instance(pods: &[Pod]) -> usize {
     (after.saturating_sub(before)) / specs.len()
 }
 
+/// Heap per downstream Pod the kubernetes provider keeps of its own Pods
+/// (`vkd_kubernetes::kept`): what an upstream vkd holds for each offloaded
+/// Pod beyond its record. The Pod is the one the provider makes of
+/// `running_pod`, as the downstream watch shows it Running.
+fn kept_downstream_bytes(pods: &[Pod]) -> usize {
+    use std::sync::Arc;
+    use vkd_kubernetes::kept::KeptPod;
+    let downstream: Vec<Pod> =
+        pods.iter()
+            .map(|p| {
+                let mut d = p.clone();
+                let uid = p.metadata.uid.clone().unwrap();
+                d.metadata.name = Some(format!("vkd-{uid}"));
+                d.metadata.namespace = Some("vkd-team-a".into());
+                d.metadata.uid = Some(format!("d-{uid}"));
+                d.metadata.owner_references = None;
+                let labels = d.metadata.labels.get_or_insert_default();
+                labels.insert("vkd.io/owner-uid".into(), uid.clone());
+                labels.insert("vkd.io/owner-node".into(), "vk-1".into());
+                labels.insert("vkd.io/epoch".into(), "1".into());
+                let annotations = d.metadata.annotations.get_or_insert_default();
+                annotations.insert("vkd.io/owner-namespace".into(), "team-a".into());
+                annotations.insert("vkd.io/owner-name".into(), p.metadata.name.clone().unwrap());
+                let spec = d.spec.as_mut().unwrap();
+                spec.volumes = Some(vec![serde_json::from_value(json!({
+                "name": "kube-api-access-x1y2z",
+                "secret": {"secretName": format!("vkd-{uid}-v0"), "defaultMode": 420, "items": [
+                    {"key": "token", "path": "token"}, {"key": "ca.crt", "path": "ca.crt"},
+                    {"key": "namespace", "path": "namespace"}]}
+            }))
+            .unwrap()]);
+                d
+            })
+            .collect();
+    let before = dhat::HeapStats::get().curr_bytes;
+    let mut kept: HashMap<(Box<str>, Box<str>), Arc<KeptPod>> = HashMap::new();
+    for d in &downstream {
+        let key = (
+            d.metadata.namespace.as_deref().unwrap().into(),
+            d.metadata.name.as_deref().unwrap().into(),
+        );
+        kept.insert(key, Arc::new(KeptPod::of(d)));
+    }
+    let after = dhat::HeapStats::get().curr_bytes;
+    drop(kept);
+    (after.saturating_sub(before)) / downstream.len()
+}
+
 fn main() {
     let _profiler = dhat::Profiler::builder().testing().build();
     println!(
@@ -151,10 +200,18 @@ fn main() {
     let per_pod = (after - before) / PODS;
     assert!(records.values().all(|r| r.pending.is_none()));
     let sim_per_pod = sim_bytes_per_instance(&pods);
+    let kept_per_pod = kept_downstream_bytes(&pods);
     drop(pods);
 
     println!("record_memory: {per_pod} bytes of heap per Running Pod record ({PODS} records)");
-    let measured = [("pod_record", per_pod), ("sim_instance", sim_per_pod)];
+    println!(
+        "record_memory: {kept_per_pod} bytes of heap per downstream Pod the kubernetes provider keeps"
+    );
+    let measured = [
+        ("pod_record", per_pod),
+        ("sim_instance", sim_per_pod),
+        ("kept_downstream_pod", kept_per_pod),
+    ];
     if std::env::var_os("VKD_UPDATE_BASELINES").is_some() {
         let text: String = measured.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
         std::fs::write(BASELINE, text).unwrap();

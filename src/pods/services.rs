@@ -31,6 +31,11 @@ const FIRST_LIST_WAIT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct Services {
     store: Store<Service>,
+    /// True once the watch has listed. Not `Store::wait_until_ready`, which
+    /// wakes only the last of the Pods that wait at once (kube-runtime 5:
+    /// one oneshot receiver, one waker); the others slept out
+    /// [`FIRST_LIST_WAIT`] and were retried.
+    listed: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Services {
@@ -56,15 +61,28 @@ impl Services {
         Self,
         impl Future<Output = Result<(), std::convert::Infallible>> + Send + 'static,
     ) {
-        let (store, writer) = reflector::store::<Service>();
         let api: Api<Service> = Api::all(client);
+        Self::follow(
+            watcher(api, watcher::Config::default()).default_backoff(),
+            shutdown,
+        )
+    }
+
+    /// The cache kept from `events` (a Service watch), and the future that
+    /// keeps it.
+    fn follow(
+        events: impl futures::Stream<Item = watcher::Result<watcher::Event<Service>>> + Send + 'static,
+        shutdown: CancellationToken,
+    ) -> (
+        Self,
+        impl Future<Output = Result<(), std::convert::Infallible>> + Send + 'static,
+    ) {
+        let (store, writer) = reflector::store::<Service>();
+        let (listed_tx, listed) = tokio::sync::watch::channel(false);
         let task = async move {
-            let stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                // Only what the variables need is kept: a cluster's Services
-                // stay in memory for as long as vkd runs.
-                .modify(slim)
-                .reflect(writer);
+            // Only what the variables need is kept: a cluster's Services
+            // stay in memory for as long as vkd runs.
+            let stream = events.modify(slim).reflect(writer);
             let mut stream = std::pin::pin!(stream);
             loop {
                 tokio::select! {
@@ -75,12 +93,15 @@ impl Services {
                             return Ok(());
                         }
                         Some(Err(e)) => warn!(error = %e, "service watch failed; retrying"),
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            listed_tx.send_replace(true);
+                        }
                         Some(Ok(_)) => {}
                     },
                 }
             }
         };
-        (Self { store }, task)
+        (Self { store, listed }, task)
     }
 
     /// A cache that already holds `services`, for tests.
@@ -91,9 +112,10 @@ impl Services {
             writer.apply_watcher_event(&watcher::Event::InitApply(s));
         }
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        // The store stays readable (and ready) once its writer is gone.
+        // The store stays readable (and listed) once its writer is gone.
         drop(writer);
-        Self { store }
+        let (_, listed) = tokio::sync::watch::channel(true);
+        Self { store, listed }
     }
 
     /// The service variables of a Pod in `namespace`, sorted by name.
@@ -102,7 +124,8 @@ impl Services {
         namespace: &str,
         enable_service_links: bool,
     ) -> Result<Vec<(String, String)>, NotSynced> {
-        if tokio::time::timeout(FIRST_LIST_WAIT, self.store.wait_until_ready())
+        let mut listed = self.listed.clone();
+        if tokio::time::timeout(FIRST_LIST_WAIT, listed.wait_for(|l| *l))
             .await
             .map_or(true, |r| r.is_err())
         {
@@ -320,6 +343,41 @@ mod tests {
         assert_eq!(get(&env, "KUBERNETES_SERVICE_HOST"), Some("10.0.0.99"));
         let env = service_env([&mine].into_iter().chain(&all), "app", true);
         assert_eq!(get(&env, "KUBERNETES_SERVICE_HOST"), Some("10.0.0.99"));
+    }
+
+    /// Pods that wait for the first listing together all get their
+    /// variables when it ends, not after `FIRST_LIST_WAIT` (kube's
+    /// `wait_until_ready` woke only the last of them).
+    #[tokio::test]
+    async fn every_pod_waiting_for_the_first_listing_gets_it() {
+        let (tx, events) = futures::channel::mpsc::unbounded();
+        let (cache, task) = Services::follow(events, CancellationToken::new());
+        tokio::spawn(task);
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move { cache.env("x", true).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let master = svc("default", "kubernetes", "10.0.0.1", json!([{"port": 443}]));
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(master),
+            watcher::Event::InitDone,
+        ] {
+            tx.unbounded_send(Ok(ev)).unwrap();
+        }
+        for w in waiting {
+            let env = tokio::time::timeout(FIRST_LIST_WAIT / 2, w)
+                .await
+                .expect("a Pod waited out FIRST_LIST_WAIT though the listing had ended")
+                .unwrap()
+                .unwrap();
+            assert_eq!(get(&env, "KUBERNETES_SERVICE_HOST"), Some("10.0.0.1"));
+        }
     }
 
     #[tokio::test]

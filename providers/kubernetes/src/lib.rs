@@ -18,6 +18,7 @@ pub mod capacity;
 pub mod config;
 mod describe;
 pub mod fence;
+pub mod kept;
 mod namespaces;
 pub mod naming;
 pub mod ownership;
@@ -540,13 +541,14 @@ impl Provider for KubernetesProvider {
 
     async fn list(&self, node: &str) -> Result<Vec<Instance>> {
         let d = self.synced().await?;
-        let pods = d.pods.state();
+        let kept = d.pods.all();
         let claims = lock(&self.claims);
+        // One rebuilt Pod at a time, not all of them at once.
         Ok(own_instances(
             &self.cluster,
             &d.judge,
             &claims,
-            pods.iter().map(|p| &**p),
+            kept.iter().map(|p| p.pod()),
             node,
         ))
     }

@@ -1,6 +1,7 @@
 //! The watches of the downstream cluster (its Nodes, vkd's namespaces and
-//! every Pod), the view they keep, and the ownership bookkeeping of the Pods
-//! they show: which are vkd's, and where each upstream UID's Pod lives.
+//! every Pod), the view they keep (every Pod's requests for capacity, and of
+//! vkd's own Pods what `kept` keeps), and the ownership bookkeeping of the
+//! Pods they show: which are vkd's, and where each upstream UID's Pod lives.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 use vkd_provider::{Instance, InstanceEvent, ProviderError, Result};
 
+use crate::kept::{KeptPods, Relisted};
 use crate::ownership::{self, Claims, NotOurs};
 use crate::{KubernetesProvider, checked_uid, lock, naming, owner_uid, status, transient};
 
@@ -28,14 +30,13 @@ const FIRST_SYNC: Duration = Duration::from_secs(20);
 pub(crate) struct Downstream {
     pub(crate) client: Client,
     pub(crate) nodes: Store<Node>,
-    pub(crate) pods: Store<Pod>,
-    /// Namespaces labelled as vkd's (`vkd.io/managed=true`).
-    namespaces: Store<Namespace>,
+    /// vkd's own Pods, as much of them as vkd reads back (`kept`).
+    pub(crate) pods: KeptPods,
     pub(crate) judge: Judge,
     /// What every Pod bound to each Node requests, from the Pod watch.
     pub(crate) usage: Arc<Mutex<crate::capacity::Usage>>,
-    /// True once `usage` holds a whole listing.
-    usage_listed: tokio::sync::watch::Receiver<bool>,
+    /// Whether each watch has listed once.
+    listed: Listed,
     /// The nodes' fences (`fence`), as the downstream API server holds them.
     pub(crate) fences: Store<ConfigMap>,
     /// The watches' tasks: one that ended (a panic; they retry errors for
@@ -44,6 +45,57 @@ pub(crate) struct Downstream {
     /// The last error of either watch, for the error of a call that waits
     /// for them (a bad hostSelector, missing RBAC, an unreachable server).
     watch_error: Arc<Mutex<Option<String>>>,
+}
+
+/// Whether each watch has listed the downstream cluster once (its view is
+/// whole). Not kube's `Store::wait_until_ready`: that wakes only the last of
+/// several tasks that wait at once (one oneshot receiver, one waker), so the
+/// Pod watch, waiting for the namespaces while a call waited too, could sleep
+/// for ever and every call then said "not listed yet". A `watch` channel
+/// wakes every waiter.
+#[derive(Clone)]
+struct Listed {
+    nodes: Signal,
+    namespaces: Signal,
+    fences: Signal,
+    /// `usage` and `pods` hold a whole listing.
+    pods: Signal,
+}
+
+type Signal = tokio::sync::watch::Receiver<bool>;
+
+/// Waits until `signal` says listed (or its watch is gone).
+async fn listed(signal: &Signal) {
+    signal.clone().wait_for(|l| *l).await.ok();
+}
+
+/// Says listed when `ev` ends a listing (the reflector has applied it).
+fn note_listed<K>(tx: &tokio::sync::watch::Sender<bool>, ev: &watcher::Result<watcher::Event<K>>) {
+    if matches!(ev, Ok(watcher::Event::InitDone)) {
+        tx.send_replace(true);
+    }
+}
+
+/// Runs a reflector's `stream` for as long as the process: says when it has
+/// listed, and keeps its last error for the calls that wait on it.
+fn follow<K: Send + 'static>(
+    what: &'static str,
+    stream: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    watch_error: &Arc<Mutex<Option<String>>>,
+) -> (Signal, (&'static str, tokio::task::JoinHandle<()>)) {
+    let (tx, signal) = tokio::sync::watch::channel(false);
+    let watch_error = Arc::clone(watch_error);
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            note_listed(&tx, &ev);
+            if let Err(e) = ev {
+                warn!(error = %e, "downstream {what}");
+                *lock(&watch_error) = Some(format!("{what}: {e}"));
+            }
+        }
+    });
+    (signal, (what, task))
 }
 
 /// Where each upstream UID's downstream Pod lives: every Pod that passes
@@ -168,19 +220,8 @@ impl KubernetesProvider {
             }),
         )
         .default_backoff();
-        let node_error = Arc::clone(&watch_error);
-        tasks.push((
-            "Node watch",
-            tokio::spawn(async move {
-                futures::pin_mut!(stream);
-                while let Some(ev) = stream.next().await {
-                    if let Err(e) = ev {
-                        warn!(error = %e, "downstream Node watch");
-                        *lock(&node_error) = Some(format!("Node watch: {e}"));
-                    }
-                }
-            }),
-        ));
+        let (nodes_listed, task) = follow("Node watch", stream, &watch_error);
+        tasks.push(task);
         // The namespaces vkd made: where its Pods may be.
         let (namespaces, writer) = reflector::store();
         let stream = reflector::reflector(
@@ -192,19 +233,8 @@ impl KubernetesProvider {
             .modify(|n: &mut Namespace| slim(&mut n.metadata)),
         )
         .default_backoff();
-        let ns_error = Arc::clone(&watch_error);
-        tasks.push((
-            "Namespace watch",
-            tokio::spawn(async move {
-                futures::pin_mut!(stream);
-                while let Some(ev) = stream.next().await {
-                    if let Err(e) = ev {
-                        warn!(error = %e, "downstream Namespace watch");
-                        *lock(&ns_error) = Some(format!("Namespace watch: {e}"));
-                    }
-                }
-            }),
-        ));
+        let (namespaces_listed, task) = follow("Namespace watch", stream, &watch_error);
+        tasks.push(task);
         // The fences: every write is checked against its node's (`fence::check`).
         let (fences, writer) = reflector::store();
         let stream = reflector::reflector(
@@ -216,59 +246,68 @@ impl KubernetesProvider {
             .modify(|c: &mut ConfigMap| slim(&mut c.metadata)),
         )
         .default_backoff();
-        let fence_error = Arc::clone(&watch_error);
-        tasks.push((
-            "fence watch",
-            tokio::spawn(async move {
-                futures::pin_mut!(stream);
-                while let Some(ev) = stream.next().await {
-                    if let Err(e) = ev {
-                        warn!(error = %e, "downstream fence watch");
-                        *lock(&fence_error) = Some(format!("fence watch: {e}"));
-                    }
-                }
-            }),
-        ));
+        let (fences_listed, task) = follow("fence watch", stream, &watch_error);
+        tasks.push(task);
         let judge = Judge {
             mapping: self.config.mapping(),
             namespaces: namespaces.clone(),
             verified: Arc::clone(&self.verified),
         };
-        // Every Pod: capacity counts other tenants' Pods too.
-        let (pods, writer) = reflector::store();
-        let stream = reflector::reflector(
-            writer,
-            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-                .modify(|p: &mut Pod| slim(&mut p.metadata)),
-        )
-        .default_backoff();
+        // Every Pod: capacity counts other tenants' Pods too; only vkd's are kept.
+        let pods = KeptPods::default();
+        let stream =
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let kept = pods.clone();
         let (events, claims) = (self.events.clone(), Arc::clone(&self.claims));
         let deletes_sent = Arc::clone(&self.deletes_sent);
         let usage: Arc<Mutex<crate::capacity::Usage>> = Arc::default();
         let (pod_usage, gpu) = (Arc::clone(&usage), self.config.gpu_resource.clone());
-        let (listed_tx, usage_listed) = tokio::sync::watch::channel(false);
+        let (listed_tx, pods_listed) = tokio::sync::watch::channel(false);
         let pod_error = Arc::clone(&watch_error);
-        let (pod_judge, ns_ready) = (judge.clone(), namespaces.clone());
+        let (pod_judge, ns_ready) = (judge.clone(), namespaces_listed.clone());
         tasks.push(("Pod watch", tokio::spawn(async move {
             // Pods are judged by their namespaces: list those first.
-            ns_ready.wait_until_ready().await.ok();
+            listed(&ns_ready).await;
             // Pods with vkd's labels that are not vkd's, reported once each.
             let mut foreign: HashSet<String> = HashSet::new();
             // vkd's Pods in the listing under way (a relist reports no deletions).
             let mut listed: HashSet<(String, String, String)> = HashSet::new();
             // Every Pod's requests as the listing under way finds them.
             let mut relisted = crate::capacity::Usage::default();
+            // vkd's Pods as the listing under way finds them.
+            let mut relisted_pods = Relisted::default();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
+                // Kept before anyone is told of the change.
                 match &ev {
-                    Ok(watcher::Event::InitApply(p)) => relisted.apply(p, &gpu),
-                    Ok(watcher::Event::Apply(p)) => lock(&pod_usage).apply(p, &gpu),
-                    Ok(watcher::Event::Delete(p)) => lock(&pod_usage).delete(p),
+                    Ok(watcher::Event::InitApply(p)) => {
+                        relisted.apply(p, &gpu);
+                        if owner_uid(p).is_some() {
+                            relisted_pods.apply(p);
+                        }
+                    }
+                    Ok(watcher::Event::Apply(p)) => {
+                        lock(&pod_usage).apply(p, &gpu);
+                        if owner_uid(p).is_some() {
+                            kept.apply(p);
+                        } else {
+                            // Its owner label was taken off: no longer one to keep.
+                            kept.delete(p);
+                        }
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        lock(&pod_usage).delete(p);
+                        kept.delete(p);
+                    }
                     Ok(watcher::Event::InitDone) => {
                         *lock(&pod_usage) = std::mem::take(&mut relisted);
+                        kept.replace(std::mem::take(&mut relisted_pods));
                         listed_tx.send_replace(true);
                     }
-                    Ok(watcher::Event::Init) => relisted = crate::capacity::Usage::default(),
+                    Ok(watcher::Event::Init) => {
+                        relisted = crate::capacity::Usage::default();
+                        relisted_pods = Relisted::default();
+                    }
                     Err(_) => {}
                 }
                 let (pod, gone) = match ev {
@@ -347,10 +386,14 @@ impl KubernetesProvider {
             client,
             nodes,
             pods,
-            namespaces,
             judge,
             usage,
-            usage_listed,
+            listed: Listed {
+                nodes: nodes_listed,
+                namespaces: namespaces_listed,
+                fences: fences_listed,
+                pods: pods_listed,
+            },
             fences,
             watch_error,
             tasks,
@@ -363,30 +406,22 @@ impl KubernetesProvider {
         if let Some(why) = d.stopped() {
             return Err(ProviderError::transient(why));
         }
+        let l = &d.listed;
         let ready = async {
-            d.nodes.wait_until_ready().await.ok();
-            d.namespaces.wait_until_ready().await.ok();
-            d.pods.wait_until_ready().await.ok();
-            d.fences.wait_until_ready().await.ok();
-            d.usage_listed.clone().wait_for(|listed| *listed).await.ok();
+            listed(&l.nodes).await;
+            listed(&l.namespaces).await;
+            listed(&l.fences).await;
+            listed(&l.pods).await;
         };
         if tokio::time::timeout(FIRST_SYNC, ready).await.is_err() {
-            use futures::FutureExt;
             let waiting: Vec<&str> = [
-                ("Nodes", d.nodes.wait_until_ready().now_or_never().is_none()),
-                (
-                    "Namespaces",
-                    d.namespaces.wait_until_ready().now_or_never().is_none(),
-                ),
-                ("Pods", d.pods.wait_until_ready().now_or_never().is_none()),
-                (
-                    "fences",
-                    d.fences.wait_until_ready().now_or_never().is_none(),
-                ),
-                ("Pod usage", !*d.usage_listed.borrow()),
+                ("Nodes", &l.nodes),
+                ("Namespaces", &l.namespaces),
+                ("fences", &l.fences),
+                ("Pods", &l.pods),
             ]
             .into_iter()
-            .filter_map(|(what, waiting)| waiting.then_some(what))
+            .filter_map(|(what, signal)| (!*signal.borrow()).then_some(what))
             .collect();
             let why = lock(&d.watch_error)
                 .clone()
@@ -411,8 +446,8 @@ impl KubernetesProvider {
         let home = lock(&self.claims).home(uid).ok().flatten().cloned();
         let name = naming::pod_name(uid);
         if let Some(home) = home {
-            let found = match d.pods.get(&ObjectRef::new(&name).within(&home.namespace)) {
-                Some(p) => Some(p),
+            let found = match d.pods.get(&home.namespace, &name) {
+                Some(p) => Some(Arc::new(p.pod())),
                 None => self
                     .pods_api(d, &home.namespace)
                     .get_opt(&name)
@@ -493,15 +528,15 @@ impl KubernetesProvider {
 
 /// The instances of `node` among `pods`: only vkd's own, so another's Pod is
 /// never taken for an orphan or a duplicate to delete.
-pub(crate) fn own_instances<'a>(
+pub(crate) fn own_instances<P: std::borrow::Borrow<Pod>>(
     cluster: &str,
     judge: &Judge,
     claims: &Claims,
-    pods: impl Iterator<Item = &'a Pod>,
+    pods: impl Iterator<Item = P>,
     node: &str,
 ) -> Vec<Instance> {
-    pods.filter(|p| judge.believe(claims, p).is_ok())
-        .filter_map(|p| status::instance(cluster, p))
+    pods.filter(|p| judge.believe(claims, p.borrow()).is_ok())
+        .filter_map(|p| status::instance(cluster, p.borrow()))
         .filter(|i| i.node == node)
         .collect()
 }
@@ -526,6 +561,34 @@ mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
     use serde_json::json;
+
+    /// Every task that waits for a listing wakes when it ends: the Pod watch
+    /// waits for the namespaces while calls wait for all four at once. (kube's
+    /// `Store::wait_until_ready` woke only the last waiter, and a replica's
+    /// Pod watch slept for ever behind its first call.)
+    #[tokio::test]
+    async fn every_waiter_wakes_when_a_listing_ends() {
+        let (tx, signal) = tokio::sync::watch::channel(false);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let signal = signal.clone();
+                tokio::spawn(async move { listed(&signal).await })
+            })
+            .collect();
+        // Let each register before the listing ends.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        note_listed::<Pod>(&tx, &Ok(watcher::Event::Init));
+        assert!(!*signal.borrow());
+        note_listed::<Pod>(&tx, &Ok(watcher::Event::InitDone));
+        for w in waiters {
+            tokio::time::timeout(Duration::from_secs(5), w)
+                .await
+                .expect("a waiter slept through the end of the listing")
+                .unwrap();
+        }
+    }
 
     /// A watch task that died (a panic) is named, rather than its view
     /// trusted on; running ones say nothing.
