@@ -5,24 +5,43 @@
 //! promised to Pods that are admitted but not yet running. It takes one Pod at a
 //! time, so two concurrent 4-GPU Pods can never be given the same 4 free GPUs;
 //! the provider is told the GPUs to use and may still refuse.
+//!
+//! The slices are asked of the provider once per its refresh interval, not for
+//! every decision: a burst of Pods is decided on one [`Snapshot`]. What the
+//! snapshot cannot show yet is what vkd did after asking for it, and that is
+//! exactly what the reservations hold: a Pod created after the snapshot was
+//! asked for keeps counting its CPU and memory, and one released after it
+//! (running now, or ended) stays a ghost until a newer snapshot shows the
+//! backend's own figures. A decision that does not fit on a snapshot from
+//! before this call is made again on a fresh one, so a Pod is queued or
+//! refused only on what the backend says now.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use vkd_provider::topology::decide;
 use vkd_provider::{
     Admission, Capacity, HostSlice, InstanceSpec, Placement, Provider, ProviderError,
 };
 
-/// What admission promised one Pod.
+/// The longest a snapshot of the slices is decided on, whatever the provider's
+/// refresh interval says.
+const SNAPSHOT_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// What admission promised one Pod. The ticks are [`Book::asked`] at the moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Reservation {
     host: String,
     gpu_ids: Vec<String>,
     cpu_millis: u64,
     memory_bytes: u64,
-    /// The backend has the instance (and counts its CPU and memory itself).
-    created: bool,
+    /// The backend has the instance (and counts its CPU and memory itself,
+    /// in snapshots asked for after this tick).
+    created: Option<u64>,
+    /// The Pod no longer holds it (running or ended): kept only until a
+    /// snapshot asked for after this tick shows the backend's own figures.
+    released: Option<u64>,
 }
 
 impl Reservation {
@@ -34,9 +53,42 @@ impl Reservation {
             gpu_ids: self.gpu_ids.clone(),
             cpu_millis: self.cpu_millis,
             memory_bytes: self.memory_bytes,
-            created: self.created,
+            created: self.created.is_some(),
         }
     }
+
+    /// Whether a snapshot asked for at tick `asked` may lack what this holds.
+    fn unseen_by(&self, asked: u64) -> bool {
+        self.released.is_none_or(|t| t >= asked)
+    }
+
+    /// Whether the backend's CPU and memory figures at tick `asked` leave this out.
+    fn uncounted_by(&self, asked: u64) -> bool {
+        self.created.is_none_or(|t| t >= asked)
+    }
+}
+
+/// The provider's slices as asked for at one tick.
+#[derive(Debug)]
+struct Snapshot {
+    /// Whether the provider has host slices at all (a backend without them decides alone).
+    sliced: bool,
+    /// The hosts this Admitter places on, as the provider reported them, and with everything free.
+    free: Vec<HostSlice>,
+    total: Vec<HostSlice>,
+    asked: u64,
+    at: Instant,
+    max_age: Duration,
+}
+
+/// Reservations and the snapshot they are counted against, under one lock so
+/// that every change is stamped in order with the snapshots.
+#[derive(Debug, Default)]
+struct Book {
+    /// Bumped each time the provider is asked for its slices.
+    asked: u64,
+    reserved: HashMap<String, Reservation>,
+    snapshot: Option<Arc<Snapshot>>,
 }
 
 #[derive(Debug)]
@@ -45,7 +97,7 @@ pub struct Admitter {
     /// Per-host nodes place only on their own host.
     host: Option<String>,
     turn: tokio::sync::Mutex<()>,
-    reserved: Mutex<HashMap<String, Reservation>>,
+    book: Mutex<Book>,
 }
 
 impl Admitter {
@@ -54,12 +106,51 @@ impl Admitter {
             provider,
             host,
             turn: tokio::sync::Mutex::new(()),
-            reserved: Mutex::default(),
+            book: Mutex::default(),
         }
     }
 
-    fn reserved(&self) -> MutexGuard<'_, HashMap<String, Reservation>> {
-        self.reserved.lock().unwrap_or_else(|p| p.into_inner())
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The slices to decide on: the snapshot while it is younger than the
+    /// provider's refresh interval, unless `fresh`; else asked for now.
+    /// Returns whether it was asked for in this call.
+    async fn snapshot(&self, fresh: bool) -> Result<(Arc<Snapshot>, bool), ProviderError> {
+        let asked = {
+            let mut book = self.book();
+            if !fresh
+                && let Some(s) = &book.snapshot
+                && s.at.elapsed() < s.max_age
+            {
+                return Ok((Arc::clone(s), false));
+            }
+            book.asked += 1;
+            book.asked
+        };
+        let cap = self.provider.capacity().await?;
+        let free: Vec<HostSlice> = cap
+            .hosts
+            .iter()
+            .filter(|h| self.host.as_ref().is_none_or(|mine| *mine == h.name))
+            .cloned()
+            .collect();
+        let snapshot = Arc::new(Snapshot {
+            sliced: !cap.hosts.is_empty(),
+            total: free.iter().map(HostSlice::whole).collect(),
+            free,
+            asked,
+            at: Instant::now(),
+            max_age: cap.refresh_interval.min(SNAPSHOT_MAX_AGE),
+        });
+        let mut book = self.book();
+        if book.snapshot.as_ref().is_none_or(|s| s.asked < asked) {
+            book.snapshot = Some(Arc::clone(&snapshot));
+            // Ghosts released before this snapshot was asked for are in its figures.
+            book.reserved.retain(|_, r| r.unseen_by(asked));
+        }
+        Ok((snapshot, true))
     }
 
     /// Decides and reserves. `Fits` carries the placement to create with.
@@ -82,37 +173,51 @@ impl Admitter {
                 gpu_ids: Vec::new(),
             });
         }
-        let cap = self.provider.capacity().await?;
-        if cap.hosts.is_empty() {
-            // A backend without host slices decides alone.
-            return Ok((self.provider.admit(&spec).await?, String::new()));
+        let (mut snapshot, mut fresh) = self.snapshot(false).await?;
+        loop {
+            if !snapshot.sliced {
+                // A backend without host slices decides alone.
+                return Ok((self.provider.admit(&spec).await?, String::new()));
+            }
+            let free = self.free(&snapshot, uid);
+            let seen = seen_slices(&free);
+            let answer = match decide(&snapshot.total, &free, &spec) {
+                Admission::Fits(placement) => {
+                    let mut placed = spec.clone();
+                    placed.placement = Some(placement);
+                    self.provider.admit(&placed).await?
+                }
+                other => other,
+            };
+            if let Admission::Fits(p) = &answer {
+                self.book().reserved.insert(
+                    uid.to_owned(),
+                    Reservation {
+                        host: p.host.clone(),
+                        gpu_ids: p.gpu_ids.clone(),
+                        cpu_millis: spec.resources.cpu_millis,
+                        memory_bytes: spec.resources.memory_bytes,
+                        created: None,
+                        released: None,
+                    },
+                );
+                return Ok((answer, seen));
+            }
+            if fresh {
+                return Ok((answer, seen));
+            }
+            // Queued or refused on what the backend says now, never on an old snapshot.
+            (snapshot, fresh) = self.snapshot(true).await?;
         }
-        let (total, free) = self.views(&cap.hosts, uid);
-        let seen = seen_slices(&free, self.host.as_deref());
-        let placement = match decide(&total, &free, &spec) {
-            Admission::Fits(p) => p,
-            other => return Ok((other, seen)),
-        };
-        spec.placement = Some(placement);
-        let answer = self.provider.admit(&spec).await?;
-        if let Admission::Fits(p) = &answer {
-            self.reserved().insert(
-                uid.to_owned(),
-                Reservation {
-                    host: p.host.clone(),
-                    gpu_ids: p.gpu_ids.clone(),
-                    cpu_millis: spec.resources.cpu_millis,
-                    memory_bytes: spec.resources.memory_bytes,
-                    created: false,
-                },
-            );
-        }
-        Ok((answer, seen))
     }
 
     /// What admission holds for one Pod (`pod`: its `namespace/name`).
     pub fn reservation(&self, uid: &str, pod: &str) -> Option<crate::explain::Reservation> {
-        self.reserved().get(uid).map(|r| r.explained(uid, pod))
+        self.book()
+            .reserved
+            .get(uid)
+            .filter(|r| r.released.is_none())
+            .map(|r| r.explained(uid, pod))
     }
 
     /// Every reservation held, oldest Pod name first; `pod_of` names a UID's Pod.
@@ -121,82 +226,125 @@ impl Admitter {
         pod_of: impl Fn(&str) -> Option<String>,
     ) -> Vec<crate::explain::Reservation> {
         let mut out: Vec<_> = self
-            .reserved()
+            .book()
+            .reserved
             .iter()
+            .filter(|(_, r)| r.released.is_none())
             .map(|(uid, r)| r.explained(uid, &pod_of(uid).unwrap_or_else(|| "(no Pod)".into())))
             .collect();
         out.sort_by(|a, b| a.pod.cmp(&b.pod));
         out
     }
 
-    /// The hosts with everything free, and as they are now less what other Pods hold.
-    fn views(&self, hosts: &[HostSlice], uid: &str) -> (Vec<HostSlice>, Vec<HostSlice>) {
-        let total = hosts.iter().map(HostSlice::whole).collect();
-        let mut free = hosts.to_vec();
-        for (owner, r) in self.reserved().iter() {
-            if owner == uid {
+    /// The snapshot's hosts less what other Pods hold that it cannot show.
+    fn free(&self, snapshot: &Snapshot, uid: &str) -> Vec<HostSlice> {
+        let mut free = snapshot.free.clone();
+        let index: HashMap<&str, usize> = snapshot
+            .free
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.name.as_str(), i))
+            .collect();
+        let book = self.book();
+        for (owner, r) in &book.reserved {
+            if owner == uid || !r.unseen_by(snapshot.asked) {
                 continue;
             }
-            let Some(h) = free.iter_mut().find(|h| h.name == r.host) else {
+            let Some(h) = index.get(r.host.as_str()).map(|&i| &mut free[i]) else {
                 continue;
             };
-            for g in h.gpus.iter_mut().filter(|g| r.gpu_ids.contains(&g.id)) {
-                g.free = false;
+            if !r.gpu_ids.is_empty() {
+                for g in h.gpus.iter_mut().filter(|g| r.gpu_ids.contains(&g.id)) {
+                    g.free = false;
+                }
             }
-            if !r.created {
+            if r.uncounted_by(snapshot.asked) {
                 h.cpu_millis_free = h.cpu_millis_free.saturating_sub(r.cpu_millis);
                 h.memory_bytes_free = h.memory_bytes_free.saturating_sub(r.memory_bytes);
-                h.pods_running += 1;
+                h.pods_running = h.pods_running.saturating_add(1);
             }
         }
-        (total, free)
+        free
     }
 
-    /// The backend created the instance: it counts CPU and memory from now on;
-    /// the GPUs stay held until the instance runs or ends.
+    /// The backend created the instance: it counts CPU and memory in the
+    /// slices it reports from now on; the GPUs stay held until the instance
+    /// runs or ends.
     pub fn created(&self, uid: &str) {
-        if let Some(r) = self.reserved().get_mut(uid) {
-            r.created = true;
+        let mut book = self.book();
+        let now = book.asked;
+        if let Some(r) = book.reserved.get_mut(uid)
+            && r.created.is_none()
+        {
+            r.created = Some(now);
         }
     }
 
     /// Where a Pod's held reservation places it, if it holds one.
     pub fn held_placement(&self, uid: &str) -> Option<Placement> {
-        self.reserved().get(uid).map(|r| Placement {
-            host: r.host.clone(),
-            gpu_ids: r.gpu_ids.clone(),
-        })
+        self.book()
+            .reserved
+            .get(uid)
+            .filter(|r| r.released.is_none())
+            .map(|r| Placement {
+                host: r.host.clone(),
+                gpu_ids: r.gpu_ids.clone(),
+            })
     }
 
     /// The instance runs, ended, or will not be made: nothing more to hold.
+    /// What the backend made is still counted until a snapshot shows it.
     pub fn release(&self, uid: &str) {
-        self.reserved().remove(uid);
+        let mut book = self.book();
+        let now = book.asked;
+        let seen_by = book.snapshot.as_ref().map_or(0, |s| s.asked);
+        let Some(r) = book.reserved.get_mut(uid) else {
+            return;
+        };
+        if r.released.is_some() {
+            return;
+        }
+        match r.created {
+            // Never made, or already in the snapshot's figures and holding no GPUs.
+            None => {
+                book.reserved.remove(uid);
+            }
+            Some(t) if t < seen_by && r.gpu_ids.is_empty() => {
+                book.reserved.remove(uid);
+            }
+            Some(_) => r.released = Some(now),
+        }
+    }
+
+    /// The backend refused a create admission placed: its figures moved in a
+    /// way vkd did not cause (another tenant, a host going away), so the
+    /// next decision reads them afresh.
+    pub fn refused(&self, uid: &str) {
+        self.release(uid);
+        self.book().snapshot = None;
     }
 
     /// How many Pods hold a reservation now.
     pub fn held(&self) -> usize {
-        self.reserved().len()
+        self.book()
+            .reserved
+            .values()
+            .filter(|r| r.released.is_none())
+            .count()
     }
 
     /// The cpu and memory the Node reports as allocatable (its host, in
     /// per-host mode): what a downward-API read of an unset limit gives.
     pub async fn allocatable(&self) -> Result<crate::pods::spec::Allocatable, ProviderError> {
-        let cap = self.provider.capacity().await?;
-        let hosts = cap
-            .hosts
-            .iter()
-            .filter(|h| self.host.as_ref().is_none_or(|mine| *mine == h.name));
-        Ok(allocatable(hosts))
+        let (snapshot, _) = self.snapshot(false).await?;
+        Ok(allocatable(&snapshot.total))
     }
 }
 
 /// The free slices admission decided on, for a person: the hosts with the
 /// most free GPUs first, at most [`SEEN_HOSTS`] of them.
-fn seen_slices(free: &[HostSlice], only: Option<&str>) -> String {
-    let mut hosts: Vec<&HostSlice> = free
-        .iter()
-        .filter(|h| only.is_none_or(|mine| mine == h.name))
-        .collect();
+fn seen_slices(free: &[HostSlice]) -> String {
+    let mut hosts: Vec<&HostSlice> = free.iter().collect();
     hosts.sort_by_key(|h| {
         (
             std::cmp::Reverse(h.gpus_free()),
@@ -567,6 +715,161 @@ mod tests {
             a.admit(&s).await.unwrap(),
             Admission::Queued { .. }
         ));
+    }
+
+    /// A backend with one host of 4 GPUs and 32 cpu that counts the instances
+    /// it was given (as a real one would, once it has them).
+    #[derive(Debug, Default)]
+    struct Tracking {
+        made: Mutex<HashMap<String, (Vec<String>, u64)>>,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Tracking {
+        fn asked(&self) -> usize {
+            self.asked.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn ended(&self, uid: &str) {
+            self.made.lock().unwrap().remove(uid);
+        }
+    }
+
+    #[async_trait]
+    impl Provider for Tracking {
+        fn name(&self) -> &str {
+            "tracking"
+        }
+        async fn health(&self) -> Health {
+            Health::Healthy
+        }
+        async fn capacity(&self) -> Result<Capacity> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut h = host("h");
+            for (gpus, cpu) in self.made.lock().unwrap().values() {
+                h.cpu_millis_free -= cpu;
+                h.pods_running += 1;
+                for g in h.gpus.iter_mut().filter(|g| gpus.contains(&g.id)) {
+                    g.free = false;
+                }
+            }
+            Ok(Capacity {
+                hosts: vec![h],
+                kind: CapacityKind::Live,
+                observed_at: SystemTime::now(),
+                refresh_interval: Duration::from_secs(10),
+            })
+        }
+        async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
+            Ok(Admission::Fits(spec.placement.clone().unwrap_or_default()))
+        }
+        async fn create(&self, _: &Fence, _: &InstanceSpec) -> Result<Instance> {
+            Err(self.unsupported("create"))
+        }
+        async fn get(&self, _: &str) -> Result<Option<Instance>> {
+            Ok(None)
+        }
+        async fn delete(&self, _: &Fence, _: &str, _: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn list(&self, _: &str) -> Result<Vec<Instance>> {
+            Ok(Vec::new())
+        }
+        fn events(&self) -> BoxStream<'static, InstanceEvent> {
+            Box::pin(futures::stream::empty())
+        }
+    }
+
+    /// Admits `spec`; when it fits, the backend makes it and it runs, as the
+    /// controller's create and first status do.
+    async fn start(a: &Admitter, backend: &Tracking, spec: &InstanceSpec) -> bool {
+        let Admission::Fits(p) = a.admit(spec).await.unwrap() else {
+            return false;
+        };
+        backend.made.lock().unwrap().insert(
+            spec.pod.uid.clone(),
+            (p.gpu_ids.clone(), spec.resources.cpu_millis),
+        );
+        a.created(&spec.pod.uid);
+        a.release(&spec.pod.uid);
+        true
+    }
+
+    fn pod(uid: &str, cpu_millis: u64, gpus: u32) -> InstanceSpec {
+        let mut s = sample_spec("vk", uid);
+        s.resources.cpu_millis = cpu_millis;
+        s.resources.memory_bytes = 0;
+        s.resources.gpus = gpus;
+        s
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_decided_on_one_snapshot_of_the_slices() {
+        let backend = Arc::new(Tracking::default());
+        let a = Admitter::new(Arc::clone(&backend) as Arc<dyn Provider>, None);
+        for i in 0..30 {
+            assert!(start(&a, &backend, &pod(&format!("p{i}"), 1000, 0)).await);
+        }
+        assert_eq!(backend.asked(), 1, "one capacity read for 30 decisions");
+        // The 33rd cpu does not exist: the snapshot (32 free) would take it,
+        // what vkd made since (30) does not, and a fresh read confirms.
+        assert!(start(&a, &backend, &pod("p30", 2000, 0)).await);
+        assert!(!start(&a, &backend, &pod("p31", 1000, 0)).await);
+        assert_eq!(backend.asked(), 2, "the refusal was read again, once");
+        assert_eq!(a.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn gpus_given_since_the_snapshot_are_never_given_twice_and_an_ended_pods_come_back_at_once()
+     {
+        let backend = Arc::new(Tracking::default());
+        let a = Admitter::new(Arc::clone(&backend) as Arc<dyn Provider>, None);
+        for i in 0..4 {
+            assert!(start(&a, &backend, &pod(&format!("g{i}"), 0, 1)).await);
+        }
+        assert_eq!(backend.asked(), 1);
+        // Running now, released, and still not in the snapshot: not free.
+        match a.admit(&pod("g4", 0, 1)).await.unwrap() {
+            Admission::Queued { reason } => {
+                assert!(reason.contains("largest free slice is 0"), "{reason}")
+            }
+            other => panic!("a GPU was given twice: {other:?}"),
+        }
+        // One ends: its GPU is given again without waiting for the interval.
+        let freed = backend.made.lock().unwrap()["g2"].0.clone();
+        backend.ended("g2");
+        let Admission::Fits(p) = a.admit(&pod("g5", 0, 1)).await.unwrap() else {
+            panic!("the ended Pod's GPU was not given again");
+        };
+        assert_eq!(p.gpu_ids, freed);
+    }
+
+    #[tokio::test]
+    async fn a_create_the_backend_refused_is_placed_again_on_a_fresh_read() {
+        let backend = Arc::new(Tracking::default());
+        let a = Admitter::new(Arc::clone(&backend) as Arc<dyn Provider>, None);
+        assert!(start(&a, &backend, &pod("mine", 0, 1)).await);
+        // Another tenant takes the other three, which the snapshot cannot show.
+        let taken = backend.made.lock().unwrap()["mine"].0.clone();
+        let rest: Vec<String> = (0..4)
+            .map(|i| format!("h-gpu{i}"))
+            .filter(|g| !taken.contains(g))
+            .collect();
+        backend
+            .made
+            .lock()
+            .unwrap()
+            .insert("theirs".into(), (rest, 0));
+        assert!(matches!(
+            a.admit(&pod("next", 0, 1)).await.unwrap(),
+            Admission::Fits(_)
+        ));
+        // The backend's create says no: the next try reads the slices again.
+        a.refused("next");
+        assert!(matches!(
+            a.admit(&pod("next", 0, 1)).await.unwrap(),
+            Admission::Queued { .. }
+        ));
+        assert_eq!(backend.asked(), 2);
     }
 
     #[test]

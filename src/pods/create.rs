@@ -164,7 +164,7 @@ impl PodController {
         let instance = match self.provider.create(&self.fence(), &spec).await {
             Ok(i) => i,
             Err(ProviderError::Rejected { message }) => {
-                self.admitter.release(&rec.uid);
+                self.admitter.refused(&rec.uid);
                 if rec.queued_since.is_none() {
                     let detail = format!("the backend refused the create: {message}");
                     self.decided(&rec.uid, &rec.key(), "", Decided::Queued, detail);

@@ -239,6 +239,17 @@ impl KubernetesProvider {
         ))
     }
 
+    /// The slice of one downstream Node (none when the selector does not name it).
+    async fn host(&self, name: &str) -> Result<Vec<vkd_provider::HostSlice>> {
+        let d = self.synced().await?;
+        let node = d.nodes.get(&kube::runtime::reflector::ObjectRef::new(name));
+        Ok(capacity::host_slices(
+            node.as_deref(),
+            &lock(&d.usage),
+            &self.config,
+        ))
+    }
+
     /// The PodMetrics of downstream namespace `ns` by Pod name: one list per
     /// namespace per scrape (a scrape asks for every Pod at once), kept for
     /// [`METRICS_FRESH`], instead of one GET per Pod.
@@ -388,7 +399,11 @@ impl Provider for KubernetesProvider {
 
     async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
         checked_uid(&spec.pod.uid)?;
-        let free = self.hosts().await?;
+        // vkd's admission placed it already: only that Node is read again.
+        let free = match &spec.placement {
+            Some(p) => self.host(&p.host).await?,
+            None => self.hosts().await?,
+        };
         let whole: Vec<_> = free.iter().map(vkd_provider::HostSlice::whole).collect();
         Ok(vkd_provider::topology::decide(&whole, &free, spec))
     }
