@@ -997,6 +997,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn kubelet_api_connections_keep_tcp_alive() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(!socket2::SockRef::from(&accepted).keepalive().unwrap());
+        keep_alive(&accepted);
+        let socket = socket2::SockRef::from(&accepted);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(
+            socket.tcp_keepalive_time().unwrap(),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            socket.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(15)
+        );
+    }
+
+    #[tokio::test]
     async fn connections_past_the_cap_are_closed_at_once() {
         let (addr, _shutdown) = server(Limits {
             max_connections: 2,

@@ -387,6 +387,35 @@ async fn over_the_event_rate_instance_created_is_shed_and_a_warning_waits() {
     assert_eq!(c.shared.metrics.events_dropped(), 2);
 }
 
+/// Events still waiting for their turn when the term ends go with it: a
+/// replica whose term is over (a newer one acts for the node) sends nothing
+/// more about its Pods.
+#[tokio::test]
+async fn events_still_waiting_when_the_term_ends_are_not_sent() {
+    use kube::runtime::events::EventType;
+    let (c, log) = controller_with(Arc::new(Scripted::default()), |s| {
+        s.event_qps = 1;
+        s.event_burst = 1;
+    });
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    let rec = super::PodRecord::clone(&c.records()["u1"]);
+    for note in ["first", "second", "third"] {
+        c.event(&rec, EventType::Warning, "Failed", note, "Create");
+    }
+    let sent = wait_events(&log, 1).await;
+    assert_eq!(sent[0]["note"], "first");
+    c.shared.term.supersede("a newer replica took the node");
+    // Two more turns of the Event rate pass: nothing more is sent.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let sent = events(&log);
+    assert_eq!(sent.len(), 1, "sent after the term ended: {sent:?}");
+}
+
 /// Pods bound by name that a kubelet would refuse fail as the kubelet fails
 /// them, and none of them reaches the backend: a host port another Pod holds
 /// (NodePorts), a selector the Node does not satisfy (NodeAffinity), more Pods

@@ -242,7 +242,68 @@ pub(crate) async fn port_forward(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
+
+    /// A downstream API server that answers every request with `body` and
+    /// keeps the paths and queries it was asked.
+    fn downstream(body: &'static str) -> (Api<Pod>, Arc<Mutex<Vec<String>>>) {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        let server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            seen.lock().unwrap().push(req.uri().to_string());
+            let body = http_body_util::Full::new(bytes::Bytes::from_static(body.as_bytes()));
+            async move { Ok::<_, std::convert::Infallible>(http::Response::new(body)) }
+        });
+        let client = kube::Client::new(server, "default");
+        (Api::namespaced(client, "vkd-team-a"), asked)
+    }
+
+    #[tokio::test]
+    async fn only_what_the_read_shows_is_asked_of_the_downstream() {
+        let (api, asked) = downstream("2026-12-06T00:00:03Z third\n2026-12-06T00:00:04Z fourth\n");
+        let since = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_796_515_200);
+        let req = LogRequest {
+            tail_lines: Some(2),
+            since: Some(since),
+            limit_bytes: Some(100),
+            ..LogRequest::default()
+        };
+        let got = logs(&api, "vkd-0123", "main", req).await.unwrap();
+        let text: Vec<&[u8]> = got.history.iter().map(|l| &l.bytes[..]).collect();
+        assert_eq!(text, [&b"third\n"[..], b"fourth\n"]);
+        let asked = asked.lock().unwrap().clone();
+        let [uri] = asked.as_slice() else {
+            panic!("one read, not {asked:?}");
+        };
+        assert!(
+            uri.starts_with("/api/v1/namespaces/vkd-team-a/pods/vkd-0123/log?"),
+            "{uri}"
+        );
+        for part in [
+            "container=main",
+            "timestamps=true",
+            "tailLines=2",
+            "sinceTime=2026-12-06T00%3A00%3A00Z",
+            // The timestamps count against the limit too: room for them.
+            "limitBytes=3200",
+        ] {
+            assert!(uri.contains(part), "{part} not in {uri}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unbounded_read_asks_for_the_whole_log() {
+        let (api, asked) = downstream("");
+        logs(&api, "vkd-0123", "main", LogRequest::default())
+            .await
+            .unwrap();
+        let uri = asked.lock().unwrap()[0].clone();
+        for part in ["tailLines", "sinceTime", "limitBytes"] {
+            assert!(!uri.contains(part), "{part} in {uri}");
+        }
+    }
 
     #[test]
     fn log_lines_keep_their_time_and_text() {
