@@ -26,7 +26,7 @@ use anyhow::{Result, anyhow};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client};
-use vkd_e2e::repo_root;
+use vkd_e2e::{Cluster, repo_root};
 
 use super::apiserver::ApiScrape;
 use super::setup::{Role, bench_namespace, cluster_up, vkd_binary};
@@ -116,6 +116,7 @@ pub(super) async fn run(args: Args) -> Result<()> {
         let cluster = cluster_up("bench-sim", &args, &[])?;
         let kubeconfig = cluster.service_account_kubeconfig()?;
         let client = bench_namespace(&cluster).await?;
+        without_token(&cluster, &args)?;
         let vkd = Daemon::start(&cluster, &bin, &kubeconfig, &args)?;
         let side = Side { client, vkd: &vkd };
         let figures = measure("sim directly", &args, &side, None).await;
@@ -157,6 +158,7 @@ pub(super) async fn run(args: Args) -> Result<()> {
             ),
         )?;
         let up_client = bench_namespace(&up).await?;
+        without_token(&up, &args)?;
         let up_vkd = Daemon::start_as(
             &up,
             &bin,
@@ -197,6 +199,23 @@ pub(super) async fn run(args: Args) -> Result<()> {
 }
 
 /// One mode: N Pods created on `up`, Ready, deleted, gone (on `down` too).
+/// `--no-token`: the bench Pods do not mount their ServiceAccount's token,
+/// set on the namespace's ServiceAccount as a user would.
+fn without_token(cluster: &Cluster, args: &Args) -> Result<()> {
+    if args.no_token {
+        cluster.kubectl(&[
+            "patch",
+            "serviceaccount",
+            "default",
+            "-n",
+            NAMESPACE,
+            "-p",
+            r#"{"automountServiceAccountToken":false}"#,
+        ])?;
+    }
+    Ok(())
+}
+
 async fn measure(
     mode: &str,
     args: &Args,

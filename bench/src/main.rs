@@ -91,6 +91,11 @@ struct Args {
     /// cluster (the kubernetes provider), figures side by side.
     #[arg(long)]
     chain: bool,
+    /// With --chain: the Pods mount no ServiceAccount token (the bench
+    /// namespace's ServiceAccount says `automountServiceAccountToken:
+    /// false`), so none needs a volume Secret downstream.
+    #[arg(long, requires = "chain")]
+    no_token: bool,
     /// Instead: the same pod storm (Pods created with spec.nodeName) against
     /// vkd, KWOK and the Go Virtual Kubelet, each on a fresh cluster, and a
     /// table side by side (`peers.rs`, docs/scale.md).
