@@ -7,7 +7,10 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use vkd_provider::Instance;
 
-use super::test_support::{Scripted, controller, controller_with, events, patches, wait_events};
+use super::test_support::{
+    Scripted, answer, controller, controller_answering, controller_with, events, patches,
+    wait_events,
+};
 use super::{Action, Lane};
 
 fn running_instance() -> Instance {
@@ -87,6 +90,69 @@ async fn a_passed_active_deadline_stops_the_instance_then_fails_the_pod() {
     // Terminal now: nothing more is done.
     assert_eq!(c.reconcile("u1", Lane::Any).await.unwrap(), Action::Done);
     assert_eq!(patches(&log).len(), 1);
+}
+
+/// Every status patch names the Pod's UID, as the kubelet's does: a Pod
+/// deleted and made again under the same name (a StatefulSet's) while a
+/// reconcile of the old one is in flight refuses the old one's status and
+/// instance id, and that refusal reads as the old Pod being gone.
+#[tokio::test]
+async fn a_status_patch_is_for_its_pods_uid_only() {
+    let provider = Arc::new(Scripted::default());
+    *provider.instance.lock().unwrap() = Some(running_instance());
+    let replaced = std::sync::atomic::AtomicBool::new(false);
+    let replaced = Arc::new(replaced);
+    let now_replaced = Arc::clone(&replaced);
+    let (c, log) = controller_answering(
+        Arc::clone(&provider),
+        |_| {},
+        move |req| {
+            let uid = &req.body["metadata"]["uid"];
+            if req.method == "PATCH" && now_replaced.load(std::sync::atomic::Ordering::SeqCst) {
+                // What kube-apiserver answers when the name has a new UID.
+                let message = format!(
+                    "Pod \"p\" is invalid: metadata.uid: Invalid value: {uid}: field is immutable"
+                );
+                return (
+                    422,
+                    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                        "message": message, "reason": "Invalid", "code": 422}),
+                );
+            }
+            answer(req)
+        },
+    );
+    let pod = |phase: &str| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                "annotations": {"vkd.io/instance-id": "i-1"}},
+            "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    };
+    c.upsert(&pod("Pending"));
+    c.reconcile("u1", Lane::Any).await.unwrap();
+    let p = patches(&log);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0]["metadata"]["uid"], "u1", "{}", p[0]);
+    assert_eq!(p[0]["status"]["phase"], "Running");
+    // The name now holds another Pod: the old one's next write is refused,
+    // and the reconcile ends as for a Pod that is gone, not as a failure.
+    replaced.store(true, std::sync::atomic::Ordering::SeqCst);
+    provider
+        .instance
+        .lock()
+        .unwrap()
+        .as_mut()
+        .unwrap()
+        .containers[0]
+        .restart_count = 1;
+    let after = c.reconcile("u1", Lane::Any).await;
+    assert!(after.is_ok(), "{after:?}");
+    let p = patches(&log);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert_eq!(p[1]["metadata"]["uid"], "u1");
 }
 
 /// A deadline still ahead requeues the Pod for when it passes; a huge one

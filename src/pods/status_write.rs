@@ -88,11 +88,24 @@ impl PodController {
         Ok(())
     }
 
+    /// Patches the status of `rec`'s Pod, and only of that Pod: the patch
+    /// carries its UID, as the kubelet's does, so a Pod deleted and made
+    /// again under the same name (a StatefulSet's) is never given the old
+    /// one's status or instance. That refusal, like a Pod already gone, is
+    /// not an error: the watch brings the new Pod as a Pod of its own.
     pub(super) async fn patch_status(
         &self,
         rec: &PodRecord,
-        body: serde_json::Value,
+        mut body: serde_json::Value,
     ) -> Result<(), ReconcileError> {
+        if let Some(body) = body.as_object_mut() {
+            let meta = body
+                .entry("metadata")
+                .or_insert_with(|| serde_json::json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert("uid".into(), serde_json::json!(&*rec.uid));
+            }
+        }
         self.throttle("status").await;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
         match api
@@ -100,8 +113,18 @@ impl PodController {
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 || replaced(s.code, &s.message) => {
+                debug!("the Pod is gone or was replaced; its status is not written");
+                Ok(())
+            }
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// The API server's answer to a patch whose UID is not the Pod's: the name
+/// now belongs to another Pod (422, "metadata.uid: ... field is immutable";
+/// 409 where a server checks it as a precondition).
+fn replaced(code: u16, message: &str) -> bool {
+    code == 409 || (code == 422 && message.contains("metadata.uid"))
 }

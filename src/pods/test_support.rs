@@ -99,12 +99,10 @@ pub(super) fn controller(provider: Arc<Scripted>) -> (Arc<PodController>, Log) {
     controller_with(provider, |_| {})
 }
 
-/// [`controller`] with its settings changed by `change`.
-pub(super) fn controller_with(
-    provider: Arc<Scripted>,
-    change: impl FnOnce(&mut Settings),
-) -> (Arc<PodController>, Log) {
-    let (client, log) = fake_api(|req: &Seen| match req.method.as_str() {
+/// What the fake API server answers by default: patches and creates succeed,
+/// Node `vk` is [`node`], anything else is not found.
+pub(super) fn answer(req: &Seen) -> (u16, Value) {
+    match req.method.as_str() {
         "PATCH" => (
             200,
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
@@ -112,7 +110,24 @@ pub(super) fn controller_with(
         "POST" => (201, req.body.clone()),
         "GET" if req.path.starts_with("/api/v1/nodes/vk") => (200, node()),
         _ => status(404, "NotFound"),
-    });
+    }
+}
+
+/// [`controller`] with its settings changed by `change`.
+pub(super) fn controller_with(
+    provider: Arc<Scripted>,
+    change: impl FnOnce(&mut Settings),
+) -> (Arc<PodController>, Log) {
+    controller_answering(provider, change, answer)
+}
+
+/// [`controller_with`] against a fake API server that answers with `api`.
+pub(super) fn controller_answering(
+    provider: Arc<Scripted>,
+    change: impl FnOnce(&mut Settings),
+    api: impl Fn(&Seen) -> (u16, Value) + Send + Sync + 'static,
+) -> (Arc<PodController>, Log) {
+    let (client, log) = fake_api(api);
     let mut settings = Settings {
         node: "vk".into(),
         host_ip: "192.0.2.1".into(),
