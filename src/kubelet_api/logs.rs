@@ -33,37 +33,11 @@ fn parse_int(name: &str, v: &str) -> Result<i64, String> {
         .map_err(|_| format!("{name}: invalid value {v:?}: must be an integer"))
 }
 
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len()
-                && bytes[i + 1].is_ascii_hexdigit()
-                && bytes[i + 2].is_ascii_hexdigit() =>
-            {
-                let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
-                out.push(hex(bytes[i + 1]) * 16 + hex(bytes[i + 2]));
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Splits a query string into decoded pairs.
+/// Splits a query string into decoded pairs (`+` a space, `%xx` a byte, a
+/// bad escape kept as written, as Go's `url.ParseQuery` does for the kubelet).
 pub fn query_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (decode(k), decode(v)),
-            None => (decode(p), String::new()),
-        })
+    form_urlencoded::parse(query.as_bytes())
+        .into_owned()
         .collect()
 }
 
@@ -259,6 +233,20 @@ mod tests {
             .iter()
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .collect()
+    }
+
+    #[test]
+    fn query_pairs_decode_as_gos_parse_query() {
+        let pairs = query_pairs("a=%zz&b=x+y&c=%41%2f&&d&e=%e2%82%ac");
+        let want = [
+            ("a", "%zz"),
+            ("b", "x y"),
+            ("c", "A/"),
+            ("d", ""),
+            ("e", "\u{20ac}"),
+        ];
+        let got: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (&**k, &**v)).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

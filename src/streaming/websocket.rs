@@ -192,60 +192,26 @@ pub fn encode(protocol: Protocol, channel: u8, data: &[u8]) -> Message {
     }
 }
 
-const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+/// Standard base64 with padding, decoded as Go's `base64.StdEncoding`
+/// decodes it for the kubelet: unused trailing bits are not checked.
+const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
 
-/// Standard base64 with padding.
 fn base64_encode(data: &[u8], out: &mut String) {
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(BASE64[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
+    base64::Engine::encode_string(&BASE64, data, out);
 }
 
-/// Standard base64 with padding (line breaks skipped, as Go's decoder does);
-/// `None` if it is not.
+/// [`BASE64`]'s bytes, line breaks skipped (as Go's decoder skips them);
+/// `None` if it is not base64.
 fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut acc, mut bits, mut count, mut pad) = (0u32, 0u32, 0usize, 0usize);
-    for &c in text {
-        let v = match c {
-            b'\r' | b'\n' => continue,
-            b'=' => {
-                pad += 1;
-                count += 1;
-                continue;
-            }
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        };
-        if pad > 0 {
-            return None;
-        }
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        count += 1;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    (count % 4 == 0 && pad <= 2).then_some(out)
+    let text: Vec<u8> = text
+        .iter()
+        .copied()
+        .filter(|c| !matches!(c, b'\r' | b'\n'))
+        .collect();
+    base64::Engine::decode(&BASE64, text).ok()
 }
 
 type Socket = WebSocketStream<TokioIo<Upgraded>>;
