@@ -8,13 +8,20 @@
 //! Keys added with [`WorkQueue::add_first`] (Pods waiting for their instance)
 //! have workers of their own ([`WorkQueue::next_in`]), so a new Pod never waits
 //! behind status writes that a busy API server is slow to accept.
+//!
+//! Delayed adds wait in one `DelayQueue` driven by one task (as kube-runtime's
+//! scheduler and kubert's requeue channel do), not in a task per key; the task
+//! ends with the queue. Retries are jittered, so the keys of one outage do not
+//! all come back in the same instant.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use futures::StreamExt;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
+use tokio_util::time::{DelayQueue, delay_queue};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -38,6 +45,8 @@ pub struct WorkQueue {
     notify_first: Notify,
     base: Duration,
     cap: Duration,
+    /// The delayed adds' timer task, started by the first of them.
+    timers: OnceLock<mpsc::UnboundedSender<(String, Instant)>>,
 }
 
 impl WorkQueue {
@@ -49,6 +58,7 @@ impl WorkQueue {
             notify_first: Notify::new(),
             base,
             cap,
+            timers: OnceLock::new(),
         })
     }
 
@@ -108,23 +118,30 @@ impl WorkQueue {
                 }
             }
         }
-        let this = Arc::clone(self);
-        let key = key.to_owned();
-        tokio::spawn(async move {
-            tokio::time::sleep_until(at).await;
-            let current = {
-                let mut q = this.lock();
-                let due = q.delayed.get(&key) == Some(&at);
-                if due {
-                    q.delayed.remove(&key);
-                    vkd_provider::release_spare(&mut q.delayed);
-                }
-                due
-            };
-            if current {
-                this.add(&key);
-            }
+        let timers = self.timers.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(run_timers(Arc::downgrade(self), rx));
+            tx
         });
+        // The task ends only when the queue is gone, and then nothing is owed.
+        let _ = timers.send((key.to_owned(), at));
+    }
+
+    /// A delayed add of `key` for `at` is due: added, unless an earlier one
+    /// replaced it.
+    fn due(&self, key: &str, at: Instant) {
+        let due = {
+            let mut q = self.lock();
+            let due = q.delayed.get(key) == Some(&at);
+            if due {
+                q.delayed.remove(key);
+                vkd_provider::release_spare(&mut q.delayed);
+            }
+            due
+        };
+        if due {
+            self.add(key);
+        }
     }
 
     /// Requeues `key` after its next backoff delay; returns that delay.
@@ -137,7 +154,7 @@ impl WorkQueue {
                 .checked_mul(1u32 << (*n).min(20))
                 .map_or(self.cap, |d| d.min(self.cap));
             *n = n.saturating_add(1);
-            d
+            jittered(d)
         };
         self.add_after(key, delay);
         delay
@@ -219,6 +236,41 @@ impl WorkQueue {
     /// Keys waiting to be worked on now.
     pub fn depth(&self) -> usize {
         self.len()
+    }
+}
+
+/// `delay` less up to a tenth of it, at random: never longer than asked (the
+/// cap holds), and keys that failed together spread out.
+fn jittered(delay: Duration) -> Duration {
+    delay.saturating_sub(delay.mul_f64(fastrand::f64() / 10.0))
+}
+
+/// The delayed adds: one timer per key, the earliest (the queue sends only an
+/// add earlier than the one pending), until the queue is dropped.
+async fn run_timers(queue: Weak<WorkQueue>, mut adds: mpsc::UnboundedReceiver<(String, Instant)>) {
+    let mut timers: DelayQueue<String> = DelayQueue::new();
+    let mut pending: HashMap<String, delay_queue::Key> = HashMap::new();
+    loop {
+        tokio::select! {
+            add = adds.recv() => {
+                let Some((key, at)) = add else { return };
+                match pending.get(&key) {
+                    Some(timer) => timers.reset_at(timer, at),
+                    None => {
+                        let timer = timers.insert_at(key.clone(), at);
+                        pending.insert(key, timer);
+                    }
+                }
+            }
+            Some(expired) = timers.next(), if !timers.is_empty() => {
+                let at = expired.deadline();
+                let key = expired.into_inner();
+                pending.remove(&key);
+                vkd_provider::release_spare(&mut pending);
+                let Some(queue) = queue.upgrade() else { return };
+                queue.due(&key, at);
+            }
+        }
     }
 }
 
@@ -328,12 +380,49 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn backoff_doubles_and_is_capped() {
+    async fn backoff_doubles_and_is_capped_with_jitter() {
         let q = WorkQueue::new(Duration::from_millis(100), Duration::from_millis(500));
         let delays: Vec<_> = (0..5).map(|_| q.retry("a")).collect();
-        assert_eq!(delays, [100, 200, 400, 500, 500].map(Duration::from_millis));
+        for (got, want) in delays.iter().zip([100, 200, 400, 500, 500]) {
+            let want = Duration::from_millis(want);
+            assert!(
+                *got <= want && *got >= want.mul_f64(0.9),
+                "{delays:?}: {got:?} for {want:?}"
+            );
+        }
         q.forget("a");
-        assert_eq!(q.retry("a"), Duration::from_millis(100));
+        assert!(q.retry("a") <= Duration::from_millis(100));
+        // Keys that fail together come back spread out, not all at once.
+        let mut firsts: Vec<_> = (0..50).map(|i| q.retry(&format!("k{i}"))).collect();
+        firsts.sort();
+        firsts.dedup();
+        assert!(firsts.len() > 10, "{firsts:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_adds_share_one_timer_task_that_ends_with_the_queue() {
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        let q = WorkQueue::new(Duration::from_millis(100), Duration::from_secs(1));
+        for i in 0..1000 {
+            q.add_after(&format!("k{i}"), Duration::from_secs(3600));
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(tasks(), before + 1, "one timer task for 1000 delayed keys");
+        q.add_after("soon", Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            q.next().await,
+            "soon",
+            "an earlier key is not held behind later ones"
+        );
+        drop(q);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(tasks(), before, "the timer task ended with the queue");
     }
 
     #[tokio::test(start_paused = true)]
