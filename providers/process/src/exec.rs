@@ -10,7 +10,7 @@ use vkd_provider::{ContainerState, Duplex, ProviderError, Result, StreamIo};
 
 use crate::sandbox::Launch;
 use crate::stream::{copy_out, exec_tty};
-use crate::{ProcessProvider, cgroup, ephemeral, io_err, launch, network, shim};
+use crate::{ProcessProvider, cgroup, ephemeral, io_err, launch, network};
 
 #[derive(Debug)]
 struct RunningContainer {
@@ -182,7 +182,7 @@ impl ProcessProvider {
         }
         let status =
             status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
-        Ok(shim::exit_code(status))
+        Ok(crate::procfs::exit_code(status))
     }
 
     pub(super) async fn forward_port(

@@ -272,26 +272,6 @@ pub fn new_pid_namespace() -> Result<()> {
     unshare(rustix::thread::UnshareFlags::NEWPID)
 }
 
-/// The container's program behind launcher process `pid`: with namespaces the
-/// launcher waits in the host's PID namespace while its one child, the
-/// program, is the init of the container's. Without, `pid` itself.
-pub fn program_of(pid: i32) -> i32 {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse().ok())
-        .unwrap_or(pid)
-}
-
-/// Whether the container's program behind launcher `pid` has started: the
-/// launcher's child has replaced itself (exec) with the program, so the
-/// container's namespaces and root are complete. Until then the child may
-/// still be in the host's mount namespace, or before its pivot: joining it
-/// then would join the host's.
-pub fn program_started(pid: i32) -> bool {
-    let program = program_of(pid);
-    program != pid && !crate::procfs::is_launcher(program)
-}
-
 /// Opens `source` (O_PATH) only if what it resolves to lies in `volume`, as
 /// resolved too; checked again on the open handle itself.
 fn open_within(source: &Path, volume: &Path) -> Result<std::os::fd::OwnedFd> {

@@ -159,7 +159,7 @@ impl LaunchArgs<'_> {
 /// what the program sees, or nothing, never the host's namespaces.
 fn await_program(pid: i32) -> Result<(), String> {
     for _ in 0..1000 {
-        if crate::isolation::program_started(pid) {
+        if crate::procfs::program_started(pid) {
             return Ok(());
         }
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -336,7 +336,7 @@ fn supervise(args: &[String], r: &Request) -> i32 {
             return 126;
         }
         let held = r.held.as_deref().map(Path::new).unwrap_or(Path::new(""));
-        let program = crate::isolation::program_of(pid);
+        let program = crate::procfs::program_of(pid);
         if let Err(e) = crate::isolation::check_unchanged(held, program) {
             eprintln!("process-launch: {e}");
             return 126;
@@ -344,9 +344,7 @@ fn supervise(args: &[String], r: &Request) -> i32 {
     }
     let pid_ns = match (r.enter, r.share_pid, &r.share_held_pid, &r.held) {
         (Some(_), _, _, Some(held)) => crate::isolation::join_held_pid(Path::new(held)),
-        (None, Some(pause), _, _) => {
-            crate::isolation::join_pid(crate::isolation::program_of(pause))
-        }
+        (None, Some(pause), _, _) => crate::isolation::join_pid(crate::procfs::program_of(pause)),
         (None, None, Some(target), _) => crate::isolation::join_held_pid(Path::new(target)),
         _ => crate::isolation::new_pid_namespace(),
     };
@@ -441,7 +439,7 @@ fn supervise(args: &[String], r: &Request) -> i32 {
             return 126;
         }
         match child.wait().await {
-            Ok(st) => crate::shim::exit_code(st),
+            Ok(st) => crate::procfs::exit_code(st),
             Err(e) => {
                 eprintln!("process-launch: waiting for the container: {e}");
                 126

@@ -78,7 +78,7 @@ pub fn read_listings(dir: &Path) -> std::io::Result<Vec<Listing>> {
                         let p = c.process.filter(|p| p.alive())?;
                         let program = if procfs::is_launcher(p.pid) {
                             launchers.push(p.pid);
-                            crate::isolation::program_of(p.pid)
+                            crate::procfs::program_of(p.pid)
                         } else {
                             p.pid
                         };

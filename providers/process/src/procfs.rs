@@ -24,6 +24,32 @@ pub struct Stat {
     pub rss_pages: u64,
 }
 
+/// The container's program behind launcher process `pid`: with namespaces the
+/// launcher waits in the host's PID namespace while its one child, the
+/// program, is the init of the container's. Without, `pid` itself.
+pub fn program_of(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(pid)
+}
+
+/// Whether the container's program behind launcher `pid` has started: the
+/// launcher's child has replaced itself (exec) with the program, so the
+/// container's namespaces and root are complete. Until then the child may
+/// still be in the host's mount namespace, or before its pivot: joining it
+/// then would join the host's.
+pub fn program_started(pid: i32) -> bool {
+    let program = program_of(pid);
+    program != pid && !is_launcher(program)
+}
+
+/// The exit code the kubelet reports: the program's, or 128 + the signal that killed it.
+pub(crate) fn exit_code(st: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
 /// Parses /proc/PID/stat text; the command name may hold spaces and parentheses.
 pub fn parse_stat(text: &str) -> Option<Stat> {
     let rest = &text[text.rfind(')')? + 1..];
@@ -90,7 +116,7 @@ impl ProcessId {
         }
         // With namespaces the launcher stays, waiting for its one child: the
         // container's program, or a second launcher not yet replaced by it.
-        let program = crate::isolation::program_of(self.pid);
+        let program = program_of(self.pid);
         if program != self.pid && !is_launcher(program) {
             return false;
         }
@@ -116,7 +142,7 @@ impl ProcessId {
         const STARTING: Duration = Duration::from_millis(250);
         // With namespaces, the program behind the launcher that waits for it.
         let program = if is_launcher(self.pid) {
-            crate::isolation::program_of(self.pid)
+            program_of(self.pid)
         } else {
             self.pid
         };

@@ -5,8 +5,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vkd_provider::{ProviderError, Result, StreamIo};
 
-use crate::shim;
-
 pub(crate) async fn copy_out(
     from: Option<impl tokio::io::AsyncRead + Unpin>,
     to: Option<vkd_provider::BoxWrite>,
@@ -96,5 +94,5 @@ pub(crate) async fn exec_tty(cmd: std::process::Command, io: StreamIo) -> Result
     let (_, status) = tokio::join!(out, child.wait());
     feed.abort();
     let status = status.map_err(|e| ProviderError::transient(format!("waiting for exec: {e}")))?;
-    Ok(shim::exit_code(status))
+    Ok(crate::procfs::exit_code(status))
 }

@@ -84,7 +84,7 @@ impl Shim {
         drop(child);
         // Its PID namespace exists once its child, the namespace's init, does.
         for _ in 0..500 {
-            if crate::isolation::program_of(id.pid) != id.pid {
+            if crate::procfs::program_of(id.pid) != id.pid {
                 self.update(|s| s.pause = Some(id));
                 return Ok(());
             }
@@ -127,7 +127,7 @@ impl Shim {
             return;
         }
         if g.alive()
-            && let Some(pid) = rustix::process::Pid::from_raw(crate::isolation::program_of(g.pid))
+            && let Some(pid) = rustix::process::Pid::from_raw(crate::procfs::program_of(g.pid))
         {
             let _ = rustix::process::kill_process(pid, signal);
         }

@@ -12,7 +12,8 @@ use vkd_provider::{ContainerSpec, ContainerState, RestartPolicy, Terminated};
 use super::handler::Verdict;
 use super::probes::{ProbeOutcome, Probes};
 use super::start::await_program;
-use super::{Ended, LONGEST_WAIT, Shim, after, exit_code, far_future, waiting};
+use super::{Ended, LONGEST_WAIT, Shim, after, far_future, waiting};
+use crate::procfs::exit_code;
 use crate::sandbox::Launch;
 
 const BACKOFF_START: Duration = Duration::from_secs(10);

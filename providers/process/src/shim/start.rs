@@ -187,7 +187,7 @@ impl Shim {
 }
 
 /// With namespaces, waits until the container's program runs in them
-/// (`isolation::program_started`), or its launcher has ended, before the
+/// (`procfs::program_started`), or its launcher has ended, before the
 /// container counts as running: its postStart hook, probes and exec then
 /// enter what the program sees. Bounded: a launcher stuck before its exec is
 /// left to its own end, and an exec meanwhile is refused by the launcher.
@@ -196,8 +196,7 @@ pub(super) async fn await_program(child: &mut tokio::process::Child, launcher: O
         return;
     };
     for _ in 0..2000 {
-        if crate::isolation::program_started(launcher.pid) || !matches!(child.try_wait(), Ok(None))
-        {
+        if crate::procfs::program_started(launcher.pid) || !matches!(child.try_wait(), Ok(None)) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
