@@ -42,7 +42,7 @@ pub enum Command {
     Process(ProcessCommand),
     /// Why a Pod waits, why an instance exists, why nothing moved: evidence
     /// from the Pod to the backend, with its sources.
-    Explain(crate::explain::cli::ExplainArgs),
+    Explain(crate::cli::explain::ExplainArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod api_client;
+pub mod cli;
 pub mod config;
 pub mod explain;
 pub mod fencing;

@@ -135,7 +135,7 @@ async fn signals(shutdown: CancellationToken) {
 
 /// `vkd explain`: exit 0 with the answer, 1 when it could not be given
 /// (refused, not found, unreachable), 64 for a usage error.
-fn explain(args: vkd::explain::cli::ExplainArgs) -> ExitCode {
+fn explain(args: vkd::cli::explain::ExplainArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -146,9 +146,9 @@ fn explain(args: vkd::explain::cli::ExplainArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(vkd::explain::cli::run(args)) {
+    match runtime.block_on(vkd::cli::explain::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ vkd::explain::cli::ExplainError::Usage(_)) => {
+        Err(e @ vkd::cli::explain::ExplainError::Usage(_)) => {
             eprintln!("vkd explain: {e}");
             ExitCode::from(EX_USAGE)
         }

@@ -6,13 +6,10 @@
 //! number of Pods. The kubelet API serves what the daemon knows of a Pod, a
 //! node or an instance as JSON ([`PodAnswer`], [`NodeAnswer`],
 //! [`InstanceAnswer`]), authorized as the kubelet authorizes its own API; the
-//! `vkd explain` command ([`cli`]) joins that with what the user may read from
-//! the API server and prints it with the sources a person can check.
-
-pub mod cli;
-pub mod gather;
-pub mod movement;
-mod render;
+//! `vkd explain` command ([`crate::cli::explain`]) joins that with what the
+//! user may read from the API server and prints it with the sources a person
+//! can check. This module is the daemon's side only: the data it keeps and
+//! serves; nothing here reads flags or talks to the user.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

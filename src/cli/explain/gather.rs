@@ -11,9 +11,9 @@ use kube::{Api, Client};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::cli::{ExplainArgs, ExplainError};
+use super::ExplainError;
 use super::movement::{TaintEffect, movement, ready_condition, taint_text};
-use super::{InstanceAnswer, NodeAnswer, PodAnswer};
+use crate::explain::{InstanceAnswer, NodeAnswer, PodAnswer};
 
 /// One step up a Pod's chain of controllers.
 #[derive(Clone, Debug, Serialize)]
@@ -96,6 +96,22 @@ pub struct InstanceExplanation {
     pub sources: Vec<String>,
 }
 
+/// Where `vkd explain` reads from: the user's kubeconfig, and how vkd's
+/// kubelet API is reached.
+#[derive(Debug, Default)]
+pub struct Source {
+    /// Default: $KUBECONFIG, then ~/.kube/config.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub context: Option<String>,
+    /// Ask vkd at the Node's address instead of through the node proxy.
+    pub direct: bool,
+    /// Ask vkd at this URL (implies direct).
+    pub kubelet: Option<String>,
+    /// The CA vkd's serving certificate chains to, when asked directly.
+    pub kubelet_ca: Option<std::path::PathBuf>,
+    pub insecure_skip_tls_verify_kubelet: bool,
+}
+
 pub(crate) struct Explainer {
     client: Client,
     /// How vkd's kubelet API is asked directly (`--direct`, `--kubelet`),
@@ -111,7 +127,7 @@ struct Direct {
 }
 
 impl Explainer {
-    pub(crate) async fn new(args: &ExplainArgs) -> Result<Self, ExplainError> {
+    pub(crate) async fn new(args: &Source) -> Result<Self, ExplainError> {
         let options = KubeConfigOptions {
             context: args.context.clone(),
             ..KubeConfigOptions::default()

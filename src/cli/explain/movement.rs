@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use serde::Serialize;
 
-use super::PodAnswer;
+use crate::explain::PodAnswer;
 use crate::pods::admission::tolerates;
 
 /// A NoExecute taint on the node and what it means for this Pod.

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::time::SystemTime;
 
 use super::gather::{InstanceExplanation, NodeExplanation, PodExplanation};
-use super::{Decision, Slice, time_text};
+use crate::explain::{Decision, Slice, time_text};
 
 fn ago(t: SystemTime) -> String {
     match SystemTime::now().duration_since(t) {
@@ -28,7 +28,7 @@ fn decisions(out: &mut String, list: &[Decision]) {
         let _ = writeln!(
             out,
             "  (none kept: vkd keeps its last {} decisions, since it started)",
-            super::DECISIONS_KEPT
+            crate::explain::DECISIONS_KEPT
         );
     }
     for d in list {

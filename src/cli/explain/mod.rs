@@ -5,7 +5,8 @@
 //! its Events, the Node) with the user's own kubeconfig, and asks the vkd
 //! behind the node for its side through the API server's node proxy (or, with
 //! `--direct` or `--kubelet`, directly, where vkd checks the user's own
-//! credentials) ([`super::gather`]). Nothing is read with more privilege than
+//! credentials) ([`gather`]). The daemon never imports this module: it serves
+//! its side as the data in [`crate::explain`]. Nothing is read with more privilege than
 //! the user has.
 
 use std::path::PathBuf;
@@ -13,7 +14,13 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use super::gather::Explainer;
+mod error;
+pub mod gather;
+pub mod movement;
+mod render;
+
+pub use error::ExplainError;
+use gather::{Explainer, Source};
 
 /// `vkd explain`: why a Pod waits, why an instance exists, why nothing moved.
 #[derive(Debug, Args)]
@@ -49,6 +56,20 @@ pub struct ExplainArgs {
     pub insecure_skip_tls_verify_kubelet: bool,
 }
 
+impl ExplainArgs {
+    /// Where the answer is read from: what the gather step needs of the flags.
+    fn source(&self) -> Source {
+        Source {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            direct: self.direct,
+            kubelet: self.kubelet.clone(),
+            kubelet_ca: self.kubelet_ca.clone(),
+            insecure_skip_tls_verify_kubelet: self.insecure_skip_tls_verify_kubelet,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Target {
     /// A Pod: its owners, binding, admission, instance, timeline, restarts,
@@ -76,33 +97,6 @@ pub enum Target {
 pub enum Output {
     Text,
     Json,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExplainError {
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
-    /// The API server or vkd refused the user.
-    #[error("refused: {0}")]
-    Refused(String),
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("kubernetes API: {0}")]
-    Api(String),
-    #[error("{0}")]
-    Usage(String),
-}
-
-impl ExplainError {
-    pub(crate) fn of(e: kube::Error, what: &str) -> Self {
-        match e {
-            kube::Error::Api(s) if s.code == 403 => Self::Refused(format!("{what}: {}", s.message)),
-            kube::Error::Api(s) if s.code == 404 => {
-                Self::NotFound(format!("{what}: {}", s.message))
-            }
-            other => Self::Api(format!("{what}: {other}")),
-        }
-    }
 }
 
 /// Runs `vkd explain` and prints the answer.
@@ -134,20 +128,20 @@ pub async fn run(args: ExplainArgs) -> Result<(), ExplainError> {
             None
         }
     };
-    let out = Explainer::new(&args).await?;
+    let out = Explainer::new(&args.source()).await?;
     let text = match &args.what {
         Target::Pod { .. } => {
             let (ns, name) = pod.unwrap_or_default();
             let e = out.pod(&ns, &name).await?;
-            emit(args.output, &e, super::render::pod)
+            emit(args.output, &e, render::pod)
         }
         Target::Node { name } => {
             let e = out.node(name).await?;
-            emit(args.output, &e, super::render::node)
+            emit(args.output, &e, render::node)
         }
         Target::Instance { id, node } => {
             let e = out.instance(id, node.as_deref()).await?;
-            emit(args.output, &e, super::render::instance)
+            emit(args.output, &e, render::instance)
         }
     };
     print!("{text}");
