@@ -175,6 +175,12 @@ fn volumes(
                     v.name
                 )));
             }
+            Some(other) => {
+                return Err(invalid(format!(
+                    "volume {:?}: this provider does not know the kind {other:?}",
+                    v.name
+                )));
+            }
         }
     }
     Ok((out, secrets))

@@ -218,6 +218,15 @@ impl ProcessProvider {
                             .map_err(e)?;
                     }
                 }
+                other => {
+                    return Err(ProviderError::invalid(
+                        "UnsupportedVolume",
+                        format!(
+                            "volume {:?}: the process provider does not know the kind {other:?}",
+                            v.name
+                        ),
+                    ));
+                }
             }
         }
         // subPath directories vkd makes in an emptyDir, which stay root's, as
@@ -341,7 +350,8 @@ impl ProcessProvider {
                     }
                     0o700
                 }
-                VolumeSource::HostPath { .. } => continue,
+                // Refused when the sandbox was filled (above).
+                _ => continue,
             };
             std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
         }

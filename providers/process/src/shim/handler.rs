@@ -103,6 +103,7 @@ impl Shim {
                 tokio::time::sleep(Duration::from_secs(*seconds).min(timeout)).await;
                 Verdict::Success
             }
+            other => Verdict::Failure(format!("this provider does not run {other:?}")),
         }
     }
 
