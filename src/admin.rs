@@ -17,12 +17,12 @@ use tokio_util::sync::CancellationToken;
 use vkd_provider::Provider;
 
 use crate::metrics::Metrics;
-use crate::pods::PodController;
+use crate::pods::PodIndex;
 
 #[derive(Debug, Default)]
 struct Active {
     registered: Vec<watch::Receiver<bool>>,
-    pods: Vec<Arc<PodController>>,
+    pods: Vec<PodIndex>,
 }
 
 /// What the admin server reports on; filled in once this replica leads.
@@ -48,11 +48,7 @@ impl AdminState {
     }
 
     /// This replica leads now, with these Nodes and Pod controllers.
-    pub fn set_active(
-        &self,
-        registered: Vec<watch::Receiver<bool>>,
-        pods: Vec<Arc<PodController>>,
-    ) {
+    pub fn set_active(&self, registered: Vec<watch::Receiver<bool>>, pods: Vec<PodIndex>) {
         *self.active.write().unwrap_or_else(|p| p.into_inner()) = Some(Active { registered, pods });
     }
 }
@@ -89,7 +85,7 @@ async fn slices(State(s): State<AdminState>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    let pods: Vec<Arc<PodController>> = s
+    let pods: Vec<PodIndex> = s
         .active
         .read()
         .unwrap_or_else(|p| p.into_inner())
@@ -158,7 +154,7 @@ mod tests {
     use super::*;
     use crate::testing::{FakeProvider, fake_api, status};
 
-    fn controller(provider: Arc<dyn Provider>, metrics: Arc<Metrics>) -> Arc<PodController> {
+    fn controller(provider: Arc<dyn Provider>, metrics: Arc<Metrics>) -> PodIndex {
         let (client, _) = fake_api(|_| status(404, "NotFound"));
         crate::pods::PodController::new(
             crate::pods::Settings {
@@ -184,6 +180,7 @@ mod tests {
             provider,
             crate::testing::shared(metrics),
         )
+        .index()
     }
 
     #[tokio::test]

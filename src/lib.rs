@@ -394,18 +394,15 @@ async fn act(
         );
         let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
             .map_err(kubelet_api::ApiError::from)?;
-        let server = kubelet_api::KubeletApi::new(
-            Arc::clone(&pods),
-            clients.pods.clone(),
-            cfg.anonymous_auth,
-        )
-        .serve_with(
-            (cfg.kubelet_bind, port).into(),
-            tls,
-            cfg.kubelet_api,
-            work.clone(),
-        )
-        .await?;
+        let server =
+            kubelet_api::KubeletApi::new(pods.index(), clients.pods.clone(), cfg.anonymous_auth)
+                .serve_with(
+                    (cfg.kubelet_bind, port).into(),
+                    tls,
+                    cfg.kubelet_api,
+                    work.clone(),
+                )
+                .await?;
         tasks.adopt(format!("kubelet API of node {name}"), server);
         let agent = node::NodeAgent::new(
             node::Settings {
@@ -438,7 +435,10 @@ async fn act(
         controllers.push(pods);
         info!(node = %name, port, "virtual node configured");
     }
-    admin_state.set_active(registered, controllers.clone());
+    admin_state.set_active(
+        registered,
+        controllers.iter().map(pods::PodController::index).collect(),
+    );
     info!(
         nodes = controllers.len(),
         provider = provider.name(),

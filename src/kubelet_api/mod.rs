@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 use vkd_provider::ProviderError;
 
-use crate::pods::PodController;
+use crate::pods::PodIndex;
 use crate::streaming::portforward::{self, Connect};
 use crate::streaming::remotecommand::{self, EXEC_PROTOCOLS, Outcome, Requested};
 use crate::streaming::spdy::session::Session;
@@ -64,7 +64,7 @@ pub enum ApiError {
 }
 
 pub struct KubeletApi {
-    pods: Arc<PodController>,
+    pods: PodIndex,
     auth: Authenticator,
     client: Client,
 }
@@ -132,7 +132,7 @@ fn provider_error(e: &ProviderError) -> Response<Body> {
 }
 
 impl KubeletApi {
-    pub fn new(pods: Arc<PodController>, client: Client, anonymous: bool) -> Arc<Self> {
+    pub fn new(pods: PodIndex, client: Client, anonymous: bool) -> Arc<Self> {
         let auth = Authenticator::new(client.clone(), pods.node().to_owned(), anonymous);
         Arc::new(Self { pods, auth, client })
     }

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use vkd_provider::{PodRef, PodStats, Provider};
 
-use crate::pods::PodController;
+use crate::pods::PodIndex;
 use crate::pods::status::time;
 
 /// How long one scrape waits for its Pods' figures, all together: a Pod
@@ -19,7 +19,7 @@ const SCRAPE_DEADLINE: Duration = Duration::from_secs(8);
 /// Pods asked at once.
 const SCRAPE_CONCURRENCY: usize = 32;
 
-async fn collect(pods: &PodController) -> Vec<PodStats> {
+async fn collect(pods: &PodIndex) -> Vec<PodStats> {
     collect_from(pods.provider().as_ref(), pods.pods(), SCRAPE_DEADLINE).await
 }
 
@@ -64,7 +64,7 @@ fn sums(s: &PodStats) -> (u64, u64, u64, u64) {
     })
 }
 
-pub async fn summary(pods: &PodController) -> Value {
+pub async fn summary(pods: &PodIndex) -> Value {
     let stats = collect(pods).await;
     let now = SystemTime::now();
     let mut node = (0, 0, 0, 0);
@@ -116,7 +116,7 @@ fn millis(t: SystemTime) -> u128 {
 }
 
 /// Prometheus text in the kubelet's resource metrics shape.
-pub async fn resource_metrics(pods: &PodController) -> String {
+pub async fn resource_metrics(pods: &PodIndex) -> String {
     let stats = collect(pods).await;
     let now = millis(SystemTime::now());
     let mut out = String::new();

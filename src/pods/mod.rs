@@ -13,6 +13,7 @@ mod explain;
 mod failure;
 mod finalize;
 mod gc;
+mod index;
 mod node_fit;
 mod partition;
 pub mod queue;
@@ -24,6 +25,8 @@ mod status_write;
 #[cfg(test)]
 mod test_support;
 pub mod volume_refresh;
+
+pub use index::PodIndex;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
