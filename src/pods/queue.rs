@@ -248,23 +248,22 @@ fn jittered(delay: Duration) -> Duration {
 /// The delayed adds: one timer per key, the earliest (the queue sends only an
 /// add earlier than the one pending), until the queue is dropped.
 async fn run_timers(queue: Weak<WorkQueue>, mut adds: mpsc::UnboundedReceiver<(String, Instant)>) {
-    let mut timers: DelayQueue<String> = DelayQueue::new();
+    // The item keeps the instant asked for: the timer's own deadline is
+    // rounded to its millisecond wheel, and `due` matches the instant exactly.
+    let mut timers: DelayQueue<(String, Instant)> = DelayQueue::new();
     let mut pending: HashMap<String, delay_queue::Key> = HashMap::new();
     loop {
         tokio::select! {
             add = adds.recv() => {
                 let Some((key, at)) = add else { return };
-                match pending.get(&key) {
-                    Some(timer) => timers.reset_at(timer, at),
-                    None => {
-                        let timer = timers.insert_at(key.clone(), at);
-                        pending.insert(key, timer);
-                    }
+                if let Some(earlier) = pending.remove(&key) {
+                    timers.remove(&earlier);
                 }
+                let timer = timers.insert_at((key.clone(), at), at);
+                pending.insert(key, timer);
             }
             Some(expired) = timers.next(), if !timers.is_empty() => {
-                let at = expired.deadline();
-                let key = expired.into_inner();
+                let (key, at) = expired.into_inner();
                 pending.remove(&key);
                 vkd_provider::release_spare(&mut pending);
                 let Some(queue) = queue.upgrade() else { return };
@@ -436,6 +435,29 @@ mod tests {
         q.done("a");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(q.depth(), 0, "the superseded later add does not fire");
+    }
+
+    /// On the real clock too: the timer wheel rounds to milliseconds, and a
+    /// delayed add still arrives.
+    #[tokio::test]
+    async fn delayed_adds_arrive_on_the_real_clock() {
+        let q = WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1));
+        for i in 0..20 {
+            q.add_after(&format!("k{i}"), Duration::from_micros(1_500 + 37 * i));
+        }
+        q.add_after("k0", Duration::from_micros(700));
+        let got = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut got = Vec::new();
+            while got.len() < 20 {
+                got.push(q.next().await);
+            }
+            got
+        })
+        .await;
+        let mut got = got.expect("every delayed key arrives");
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 20);
     }
 
     #[tokio::test]
