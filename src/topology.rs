@@ -555,11 +555,6 @@ mod tests {
 
     use super::*;
 
-    /// A backend with two hosts of 4 GPUs whose own answers never move: only
-    /// vkd's reservations keep Pods apart.
-    #[derive(Debug)]
-    struct Fixed;
-
     fn host(name: &str) -> HostSlice {
         HostSlice {
             name: name.into(),
@@ -583,44 +578,6 @@ mod tests {
         }
     }
 
-    #[async_trait]
-    impl Provider for Fixed {
-        fn name(&self) -> &str {
-            "fixed"
-        }
-        async fn health(&self) -> Health {
-            Health::Healthy
-        }
-        async fn capacity(&self) -> Result<Capacity> {
-            // A slow answer widens the window in which two admissions could race.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            Ok(Capacity {
-                hosts: vec![host("host-a"), host("host-b")],
-                kind: CapacityKind::Live,
-                observed_at: SystemTime::now(),
-                refresh_interval: Duration::from_secs(10),
-            })
-        }
-        async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
-            Ok(Admission::Fits(spec.placement.clone().unwrap_or_default()))
-        }
-        async fn create(&self, _: &Fence, _: &InstanceSpec) -> Result<Instance> {
-            Err(self.unsupported("create"))
-        }
-        async fn get(&self, _: &str) -> Result<Option<Instance>> {
-            Ok(None)
-        }
-        async fn delete(&self, _: &Fence, _: &str, _: Duration) -> Result<()> {
-            Ok(())
-        }
-        async fn list(&self, _: &str) -> Result<Vec<Instance>> {
-            Ok(Vec::new())
-        }
-        fn events(&self) -> BoxStream<'static, InstanceEvent> {
-            Box::pin(futures::stream::empty())
-        }
-    }
-
     fn four_gpus(uid: &str) -> InstanceSpec {
         let mut s = sample_spec("vk", uid);
         s.resources.gpus = 4;
@@ -629,7 +586,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_admissions_never_share_gpus() {
-        let a = Arc::new(Admitter::new(Arc::new(Fixed), None));
+        let a = Arc::new(Admitter::new(Backend::fixed(), None));
         let tasks: Vec<_> = (0..3)
             .map(|i| {
                 let a = Arc::clone(&a);
@@ -659,7 +616,7 @@ mod tests {
 
     #[tokio::test]
     async fn reservations_hold_until_released_and_count_cpu_until_created() {
-        let a = Admitter::new(Arc::new(Fixed), None);
+        let a = Admitter::new(Backend::fixed(), None);
         let mut big = four_gpus("big");
         big.resources.cpu_millis = 30_000;
         let Admission::Fits(placed) = a.admit(&big).await.unwrap() else {
@@ -700,7 +657,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_per_host_admitter_places_only_on_its_host() {
-        let a = Admitter::new(Arc::new(Fixed), Some("host-b".into()));
+        let a = Admitter::new(Backend::fixed(), Some("host-b".into()));
         for uid in ["p1", "p2"] {
             let mut s = sample_spec("vk", uid);
             s.resources.gpus = 2;
@@ -717,15 +674,34 @@ mod tests {
         ));
     }
 
-    /// A backend with one host of 4 GPUs and 32 cpu that counts the instances
-    /// it was given (as a real one would, once it has them).
+    /// A backend of hosts with 4 GPUs and 32 cpu. [`Backend::fixed`]'s answers
+    /// never move (only vkd's reservations keep Pods apart);
+    /// [`Backend::tracking`]'s count the instances it was given, as a real
+    /// one's do once it has them.
     #[derive(Debug, Default)]
-    struct Tracking {
+    struct Backend {
+        hosts: Vec<&'static str>,
+        counting: bool,
         made: Mutex<HashMap<String, (Vec<String>, u64)>>,
         asked: std::sync::atomic::AtomicUsize,
     }
 
-    impl Tracking {
+    impl Backend {
+        /// Two hosts, `host-a` and `host-b`, always wholly free.
+        fn fixed() -> Arc<Self> {
+            Arc::new(Self {
+                hosts: vec!["host-a", "host-b"],
+                ..Self::default()
+            })
+        }
+        /// One host, `h`, less what it was given.
+        fn tracking() -> Arc<Self> {
+            Arc::new(Self {
+                hosts: vec!["h"],
+                counting: true,
+                ..Self::default()
+            })
+        }
         fn asked(&self) -> usize {
             self.asked.load(std::sync::atomic::Ordering::SeqCst)
         }
@@ -735,25 +711,30 @@ mod tests {
     }
 
     #[async_trait]
-    impl Provider for Tracking {
+    impl Provider for Backend {
         fn name(&self) -> &str {
-            "tracking"
+            "test"
         }
         async fn health(&self) -> Health {
             Health::Healthy
         }
         async fn capacity(&self) -> Result<Capacity> {
             self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let mut h = host("h");
-            for (gpus, cpu) in self.made.lock().unwrap().values() {
-                h.cpu_millis_free -= cpu;
-                h.pods_running += 1;
-                for g in h.gpus.iter_mut().filter(|g| gpus.contains(&g.id)) {
-                    g.free = false;
+            // A slow answer widens the window in which two admissions could race.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut hosts: Vec<HostSlice> = self.hosts.iter().map(|n| host(n)).collect();
+            if self.counting {
+                for (gpus, cpu) in self.made.lock().unwrap().values() {
+                    let h = &mut hosts[0];
+                    h.cpu_millis_free -= cpu;
+                    h.pods_running += 1;
+                    for g in h.gpus.iter_mut().filter(|g| gpus.contains(&g.id)) {
+                        g.free = false;
+                    }
                 }
             }
             Ok(Capacity {
-                hosts: vec![h],
+                hosts,
                 kind: CapacityKind::Live,
                 observed_at: SystemTime::now(),
                 refresh_interval: Duration::from_secs(10),
@@ -781,7 +762,7 @@ mod tests {
 
     /// Admits `spec`; when it fits, the backend makes it and it runs, as the
     /// controller's create and first status do.
-    async fn start(a: &Admitter, backend: &Tracking, spec: &InstanceSpec) -> bool {
+    async fn start(a: &Admitter, backend: &Backend, spec: &InstanceSpec) -> bool {
         let Admission::Fits(p) = a.admit(spec).await.unwrap() else {
             return false;
         };
@@ -804,7 +785,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_burst_is_decided_on_one_snapshot_of_the_slices() {
-        let backend = Arc::new(Tracking::default());
+        let backend = Backend::tracking();
         let a = Admitter::new(Arc::clone(&backend) as Arc<dyn Provider>, None);
         for i in 0..30 {
             assert!(start(&a, &backend, &pod(&format!("p{i}"), 1000, 0)).await);
@@ -821,7 +802,7 @@ mod tests {
     #[tokio::test]
     async fn gpus_given_since_the_snapshot_are_never_given_twice_and_an_ended_pods_come_back_at_once()
      {
-        let backend = Arc::new(Tracking::default());
+        let backend = Backend::tracking();
         let a = Admitter::new(Arc::clone(&backend) as Arc<dyn Provider>, None);
         for i in 0..4 {
             assert!(start(&a, &backend, &pod(&format!("g{i}"), 0, 1)).await);
@@ -845,7 +826,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_create_the_backend_refused_is_placed_again_on_a_fresh_read() {
-        let backend = Arc::new(Tracking::default());
+        let backend = Backend::tracking();
         let a = Admitter::new(Arc::clone(&backend) as Arc<dyn Provider>, None);
         assert!(start(&a, &backend, &pod("mine", 0, 1)).await);
         // Another tenant takes the other three, which the snapshot cannot show.
