@@ -7,7 +7,8 @@
 //! Secrets and ServiceAccount tokens that env and volumes refer to, so a
 //! provider never talks to the API server itself.//!
 //! Split on its seams: [`policy`] (the node policy), [`pending`] (from the
-//! Pod alone), [`expand`] (`$(VAR)`) and [`resolve`] (the API's objects).
+//! Pod alone) and its [`container`]s, [`expand`] (`$(VAR)`), [`resolve`]
+//! (the API's objects) and the [`downward`] API's files and fields.
 
 /// Why a Pod spec cannot be turned into an instance spec.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -24,11 +25,15 @@ fn spec_error(reason: &'static str, message: impl Into<String>) -> SpecError {
     }
 }
 
+mod container;
+mod downward;
 mod expand;
 mod pending;
 mod policy;
 mod resolve;
 
+use container::*;
+use downward::*;
 pub use expand::*;
 pub use pending::*;
 pub use policy::*;
