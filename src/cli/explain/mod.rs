@@ -5,9 +5,9 @@
 //! its Events, the Node) with the user's own kubeconfig, and asks the vkd
 //! behind the node for its side through the API server's node proxy (or, with
 //! `--direct` or `--kubelet`, directly, where vkd checks the user's own
-//! credentials) ([`gather`]). The daemon never imports this module: it serves
-//! its side as the data in [`crate::explain`]. Nothing is read with more privilege than
-//! the user has.
+//! credentials) ([`gather`]). Nothing is read with more privilege than the
+//! user has. The daemon never imports this module: it serves its side as the
+//! data in [`crate::explain`].
 
 use std::path::PathBuf;
 
