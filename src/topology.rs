@@ -76,6 +76,8 @@ struct Snapshot {
     /// The hosts this Admitter places on, as the provider reported them, and with everything free.
     free: Vec<HostSlice>,
     total: Vec<HostSlice>,
+    /// Each host's place in `free`, for the reservations counted on every decision.
+    index: HashMap<String, usize>,
     asked: u64,
     at: Instant,
     max_age: Duration,
@@ -139,6 +141,11 @@ impl Admitter {
         let snapshot = Arc::new(Snapshot {
             sliced: !cap.hosts.is_empty(),
             total: free.iter().map(HostSlice::whole).collect(),
+            index: free
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.name.clone(), i))
+                .collect(),
             free,
             asked,
             at: Instant::now(),
@@ -239,18 +246,12 @@ impl Admitter {
     /// The snapshot's hosts less what other Pods hold that it cannot show.
     fn free(&self, snapshot: &Snapshot, uid: &str) -> Vec<HostSlice> {
         let mut free = snapshot.free.clone();
-        let index: HashMap<&str, usize> = snapshot
-            .free
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.name.as_str(), i))
-            .collect();
         let book = self.book();
         for (owner, r) in &book.reserved {
             if owner == uid || !r.unseen_by(snapshot.asked) {
                 continue;
             }
-            let Some(h) = index.get(r.host.as_str()).map(|&i| &mut free[i]) else {
+            let Some(h) = snapshot.index.get(&r.host).and_then(|&i| free.get_mut(i)) else {
                 continue;
             };
             if !r.gpu_ids.is_empty() {

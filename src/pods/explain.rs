@@ -145,7 +145,7 @@ impl PodController {
     }
 
     /// `GET /explain/pod/{namespace}/{name}`; `None` when no such Pod is bound here.
-    pub async fn explain_pod(&self, namespace: &str, name: &str) -> Option<PodAnswer> {
+    pub(super) async fn explain_pod(&self, namespace: &str, name: &str) -> Option<PodAnswer> {
         let rec = self
             .records()
             .values()
@@ -234,7 +234,7 @@ impl PodController {
     }
 
     /// `GET /explain/node`.
-    pub async fn explain_node(&self) -> NodeAnswer {
+    pub(super) async fn explain_node(&self) -> NodeAnswer {
         let (capacity, capacity_error) = match self.provider.capacity().await {
             Ok(c) => (Some(Capacity::of(&c, self.settings.host.as_deref())), None),
             Err(e) => (None, Some(e.to_string())),
@@ -279,7 +279,7 @@ impl PodController {
 
     /// `GET /explain/instance/{id}`: whose the instance is, or why it is an
     /// orphan or a duplicate, and what happens to it.
-    pub async fn explain_instance(
+    pub(super) async fn explain_instance(
         &self,
         id: &str,
     ) -> Result<InstanceAnswer, vkd_provider::ProviderError> {

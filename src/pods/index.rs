@@ -1,6 +1,7 @@
 //! What code outside the Pod layer sees of it: reads only. The kubelet API,
 //! the admin server and the stats handlers hold a [`PodIndex`], never the
-//! controller, so nothing outside `pods` can start, change or stop a Pod.
+//! controller, so nothing outside `pods` can start, change or stop a Pod;
+//! the controller's own reads are visible inside `pods` only.
 
 use std::sync::Arc;
 
@@ -14,10 +15,6 @@ use crate::explain::{InstanceAnswer, NodeAnswer, PodAnswer};
 pub struct PodIndex(Arc<PodController>);
 
 impl PodIndex {
-    pub(crate) fn of(controller: &Arc<PodController>) -> Self {
-        Self(Arc::clone(controller))
-    }
-
     /// The node these Pods are bound to.
     pub fn node(&self) -> &str {
         self.0.node()
@@ -88,6 +85,6 @@ impl PodIndex {
 impl PodController {
     /// The read-only view of this controller's Pods.
     pub fn index(self: &Arc<Self>) -> PodIndex {
-        PodIndex::of(self)
+        PodIndex(Arc::clone(self))
     }
 }

@@ -268,12 +268,12 @@ impl PodController {
     }
 
     /// True once the first full list of this node's Pods was processed.
-    pub fn synced(&self) -> bool {
+    pub(super) fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }
 
     /// The UID and container names of a Pod bound to this node.
-    pub fn lookup(&self, namespace: &str, name: &str) -> Option<(String, Vec<String>)> {
+    pub(super) fn lookup(&self, namespace: &str, name: &str) -> Option<(String, Vec<String>)> {
         self.records()
             .values()
             .find(|r| &*r.namespace == namespace && &*r.name == name)
@@ -291,20 +291,20 @@ impl PodController {
     }
 
     /// Every Pod bound to this node: UID, namespace, name.
-    pub fn pods(&self) -> Vec<vkd_provider::PodRef> {
+    pub(super) fn pods(&self) -> Vec<vkd_provider::PodRef> {
         self.records().values().map(|r| r.pod_ref()).collect()
     }
 
-    pub fn node(&self) -> &str {
+    pub(super) fn node(&self) -> &str {
         &self.settings.node
     }
 
     /// The daemon's metrics (the kubelet API counts its refusals there).
-    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+    pub(super) fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
         &self.shared.metrics
     }
 
-    pub fn provider(&self) -> &Arc<dyn Provider> {
+    pub(super) fn provider(&self) -> &Arc<dyn Provider> {
         &self.provider
     }
 
@@ -429,7 +429,7 @@ impl PodController {
     }
 
     /// Time since the node lease was last renewed, once it has been.
-    pub fn lease_age(&self) -> Option<Duration> {
+    pub(super) fn lease_age(&self) -> Option<Duration> {
         let last = self.shared.last_lease_renewal.load(Ordering::Acquire);
         (last > 0).then(|| {
             let now = SystemTime::now()
@@ -440,12 +440,12 @@ impl PodController {
     }
 
     /// Pods waiting in the reconcile queue.
-    pub fn queue_depth(&self) -> usize {
+    pub(super) fn queue_depth(&self) -> usize {
         self.queue.len()
     }
 
     /// Pods by the phase the API server holds.
-    pub fn phases(&self) -> Vec<(String, i64)> {
+    pub(super) fn phases(&self) -> Vec<(String, i64)> {
         let mut by: std::collections::BTreeMap<String, i64> = Default::default();
         for r in self.records().values() {
             *by.entry(r.phase.as_str().to_owned()).or_default() += 1;
@@ -456,7 +456,7 @@ impl PodController {
     /// The backend's instances by phase, from what the controller knows: each
     /// Pod's instance in the phase last written from it (until its deletion is
     /// confirmed), and the instances without a Pod from the last collection pass.
-    pub fn backend_phases(&self) -> Vec<(String, i64)> {
+    pub(super) fn backend_phases(&self) -> Vec<(String, i64)> {
         let mut by: std::collections::BTreeMap<String, i64> = Default::default();
         for r in self.records().values() {
             if r.instance_id.is_some() && !r.delete_sent {
@@ -475,7 +475,7 @@ impl PodController {
     }
 
     /// Pods being deleted whose instance is not yet confirmed gone.
-    pub fn deletions_pending(&self) -> usize {
+    pub(super) fn deletions_pending(&self) -> usize {
         self.records()
             .values()
             .filter(|r| r.deletion_grace.is_some())
