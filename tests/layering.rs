@@ -39,6 +39,57 @@ const RULES: &[Rule] = &[
               of the daemon above them",
     },
     Rule {
+        under: &["src/pods/model"],
+        except: &[],
+        never: &[
+            "PodController",
+            "tokio",
+            "kube::Api",
+            "kube::Client",
+            "crate::pods::status",
+            "super::status",
+            "crate::pods::ephemeral",
+            "super::ephemeral",
+            "crate::pods::eviction",
+            "super::eviction",
+            "crate::pods::volume_refresh",
+            "super::volume_refresh",
+            "crate::pods::create",
+            "super::create",
+            "crate::pods::failure",
+            "super::failure",
+            "crate::pods::events",
+            "super::events",
+        ],
+        why: "a Pod's record is plain data at the bottom of the Pod layer: no I/O, \
+              nothing from the status translation, the steps or the controller above it",
+    },
+    Rule {
+        under: &["src/pods/spec", "src/pods/admission.rs"],
+        except: &[],
+        never: &[
+            "PodController",
+            "PodRecord",
+            "crate::pods::model",
+            "super::model",
+        ],
+        why: "the spec's translation and the kubelet's admission checks are below the record: \
+              the record is built from them, never the other way",
+    },
+    Rule {
+        under: &["src/pods/status", "src/pods/status.rs"],
+        except: &[],
+        never: &[
+            "PodController",
+            "tokio",
+            "kube::Api",
+            "kube::Client",
+            "crate::pods::ephemeral",
+        ],
+        why: "a Pod's status view and patch are pure translation; status_write.rs is the one \
+              place that writes, and steps use the view, not the other way",
+    },
+    Rule {
         under: &["src/kubelet_api", "src/admin.rs"],
         except: &[],
         never: &["PodController"],

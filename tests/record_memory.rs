@@ -15,7 +15,8 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
-use vkd::pods::record::PodRecord;
+use vkd::pods::model::PodRecord;
+use vkd::pods::status::record_of;
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
@@ -104,7 +105,7 @@ fn sim_bytes_per_instance(pods: &[Pod]) -> usize {
         .map(|p| {
             let mut p = p.clone();
             p.metadata.annotations = None; // no instance yet: the record keeps its spec
-            let rec = PodRecord::from_pod(&p, "vk-1", None, SystemTime::now()).unwrap();
+            let rec = record_of(&p, "vk-1", SystemTime::now()).unwrap();
             rec.pending.unwrap().spec
         })
         .collect();
@@ -193,7 +194,7 @@ fn main() {
     // insert at a time as the watch delivers them.
     let mut records: HashMap<String, Box<PodRecord>> = HashMap::new();
     for p in &pods {
-        let rec = PodRecord::from_pod(p, "vk-1", None, now).unwrap();
+        let rec = record_of(p, "vk-1", now).unwrap();
         records.insert(rec.uid.to_string(), Box::new(rec));
     }
     let after = dhat::HeapStats::get().curr_bytes;

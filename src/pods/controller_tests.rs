@@ -86,7 +86,7 @@ async fn a_passed_active_deadline_stops_the_instance_then_fails_the_pod() {
     let e = wait_events(&log, 1).await;
     assert_eq!(e[0]["reason"], "DeadlineExceeded");
     assert_eq!(e[0]["type"], "Normal");
-    assert!(c.stopping_to_fail().is_empty());
+    assert!(c.records()["u1"].progress.failing.is_none());
     // Terminal now: nothing more is done.
     assert_eq!(c.reconcile("u1", Lane::Any).await.unwrap(), Action::Done);
     assert_eq!(patches(&log).len(), 1);
@@ -267,7 +267,7 @@ async fn an_evicted_pod_is_stopped_then_failed_as_evicted() {
     .unwrap();
     c.upsert(&pod);
     let message = "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. ";
-    c.evicting().insert("u1".into(), message.into());
+    c.update("u1", |p| p.failing_mut().evicting = Some(message.into()));
 
     assert_eq!(
         c.reconcile("u1", Lane::Any).await.unwrap(),
@@ -289,7 +289,7 @@ async fn an_evicted_pod_is_stopped_then_failed_as_evicted() {
     assert_eq!(e[0]["type"], "Warning");
     assert_eq!(e[0]["reportingController"], "kubelet");
     assert!(
-        c.evicting().is_empty(),
+        c.records()["u1"].progress.failing.is_none(),
         "nothing is kept once the Pod failed"
     );
 }
@@ -323,8 +323,8 @@ async fn an_image_the_backend_cannot_run_waits_as_a_failed_pull() {
     }
     assert_eq!(patches(&log).len(), 1, "no second try before the back-off");
     // Once it has passed, it tries again, waits twice as long, and says so.
-    c.touch("u1", |r| {
-        r.image_retry_at = Some(SystemTime::UNIX_EPOCH.into())
+    c.update("u1", |p| {
+        p.image_backoff.as_mut().unwrap().retry_at = SystemTime::UNIX_EPOCH.into();
     });
     assert_eq!(
         c.reconcile("u1", Lane::Any).await.unwrap(),
@@ -372,8 +372,8 @@ async fn a_sandbox_the_backend_could_not_create_is_retried_as_the_kubelet_does()
         c.reconcile("u1", Lane::Any).await.unwrap(),
         Action::After(Duration::from_secs(10))
     );
-    c.touch("u1", |r| {
-        r.image_retry_at = Some(SystemTime::UNIX_EPOCH.into())
+    c.update("u1", |p| {
+        p.image_backoff.as_mut().unwrap().retry_at = SystemTime::UNIX_EPOCH.into();
     });
     assert_eq!(
         c.reconcile("u1", Lane::Any).await.unwrap(),
@@ -554,7 +554,7 @@ async fn the_node_rejects_what_a_kubelet_rejects() {
     let records = c.records();
     let admitted: Vec<&str> = ["a", "b", "c", "d", "e", "f"]
         .into_iter()
-        .filter(|u| records[*u].admitted)
+        .filter(|u| records[*u].progress.admitted)
         .collect();
     assert_eq!(admitted, ["a", "d", "e"]);
 }

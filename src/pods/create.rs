@@ -60,7 +60,7 @@ impl PodController {
                 "no spec to create the instance from".into(),
             ));
         };
-        if !rec.admitted
+        if !rec.progress.admitted
             && let Err(rejection) = self.admit_to_node(rec).await?
         {
             let detail = format!("{}: {}", rejection.reason, rejection.message);
@@ -104,7 +104,7 @@ impl PodController {
             }
             Err(e) => return Err(e.into()),
         };
-        self.touch(&rec.uid, |r| r.timeline.admitted = Some(Stamp::now()));
+        self.update(&rec.uid, |p| p.timeline.admitted = Some(Stamp::now()));
         let seen = if seen.is_empty() {
             String::new()
         } else {
@@ -113,7 +113,7 @@ impl PodController {
         let placement = match admission {
             Admission::Fits(p) => p,
             Admission::Queued { reason } => {
-                if rec.queued_since.is_none() {
+                if rec.progress.queued_since.is_none() {
                     self.decided(
                         &rec.uid,
                         &rec.key(),
@@ -165,7 +165,7 @@ impl PodController {
             Ok(i) => i,
             Err(ProviderError::Rejected { message }) => {
                 self.admitter.refused(&rec.uid);
-                if rec.queued_since.is_none() {
+                if rec.progress.queued_since.is_none() {
                     let detail = format!("the backend refused the create: {message}");
                     self.decided(&rec.uid, &rec.key(), "", Decided::Queued, detail);
                 }
@@ -192,13 +192,14 @@ impl PodController {
             ),
         );
         let written = rec
-            .volume_refresh
+            .progress
+            .volumes
             .is_some()
             .then(|| volume_refresh::created_digest(pending, &spec));
         self.touch(&rec.uid, |r| {
-            r.timeline.accepted = Some(Stamp::now());
-            r.pending = None;
-            if let Some(v) = r.volume_refresh.as_deref_mut() {
+            r.created();
+            r.progress.timeline.accepted = Some(Stamp::now());
+            if let Some(v) = r.progress.volumes.as_deref_mut() {
                 v.written = v.written.or(written);
             }
         });
@@ -234,9 +235,9 @@ impl PodController {
     pub(super) async fn queued(&self, rec: &PodRecord, reason: &str) -> Result<(), ReconcileError> {
         self.write_status(rec, None, &Waiting::Queued(reason.to_owned()))
             .await?;
-        if rec.queued_since.is_none() {
+        if rec.progress.queued_since.is_none() {
             self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit");
-            self.touch(&rec.uid, |r| r.queued_since = Some(Stamp::now()));
+            self.update(&rec.uid, |p| p.queued_since = Some(Stamp::now()));
         }
         Ok(())
     }

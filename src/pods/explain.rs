@@ -128,7 +128,7 @@ impl PodController {
                 Some(Queued {
                     pod_uid: r.uid.to_string(),
                     pod: r.key(),
-                    since: r.queued_since?.time(),
+                    since: r.progress.queued_since?.time(),
                     reason: String::new(),
                 })
             })
@@ -153,8 +153,8 @@ impl PodController {
             .map(|r| PodRecord::clone(r))?;
         let uid = rec.uid.to_string();
         let mut timeline = Vec::new();
-        let bound = rec.timeline.bound.map(|b| ("bound", Some(b)));
-        for (stage, at) in bound.into_iter().chain(rec.timeline.stages()) {
+        let bound = rec.progress.timeline.bound.map(|b| ("bound", Some(b)));
+        for (stage, at) in bound.into_iter().chain(rec.progress.timeline.stages()) {
             if let Some(at) = at {
                 timeline.push(Stage {
                     stage: stage.to_owned(),

@@ -29,7 +29,7 @@ impl PodController {
         rec: &PodRecord,
         message: String,
     ) -> Result<Action, ReconcileError> {
-        let backoff = rec.image_failures > 0;
+        let backoff = rec.image_backoff().is_some();
         let waiting = Waiting::ImagePull {
             message: message.clone(),
             backoff,
@@ -85,15 +85,19 @@ impl PodController {
     /// [`IMAGE_BACKOFF`], doubling to [`IMAGE_BACKOFF_MAX`]. Returns the
     /// failures in a row and the wait.
     fn back_off_start(&self, rec: &PodRecord) -> (u8, Duration) {
-        let failures = rec.image_failures.saturating_add(1);
+        let failures = rec
+            .image_backoff()
+            .map_or(0, |b| b.failures)
+            .saturating_add(1);
         let wait = IMAGE_BACKOFF
             .saturating_mul(1 << u32::from(failures.min(8) - 1))
             .min(IMAGE_BACKOFF_MAX);
-        let retry_at = Stamp::from(SystemTime::now() + wait);
-        self.touch(&rec.uid, |r| {
-            r.image_failures = failures;
-            r.image_retry_at = Some(retry_at);
-        });
+        let backoff = model::ImageBackoff {
+            images: rec.images_digest(),
+            failures,
+            retry_at: Stamp::from(SystemTime::now() + wait),
+        };
+        self.update(&rec.uid, |p| p.image_backoff = Some(Box::new(backoff)));
         (failures, wait)
     }
 
@@ -117,22 +121,12 @@ impl PodController {
         }
     }
 
-    pub(super) fn stopping_to_fail(&self) -> MutexGuard<'_, HashMap<String, Box<Instance>>> {
-        self.stopping_to_fail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn evicting(&self) -> MutexGuard<'_, HashMap<String, String>> {
-        self.evicting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// `activeDeadlineSeconds` passed: as the kubelet, stop the containers
     /// (with the Pod's grace period) and fail the Pod with `DeadlineExceeded`.
     pub(super) async fn exceed_deadline(
         &self,
         rec: &PodRecord,
-        deadline: record::ActiveDeadline,
+        deadline: model::ActiveDeadline,
     ) -> Result<Action, ReconcileError> {
         let failure = Failure {
             reason: DEADLINE_REASON,
@@ -162,10 +156,12 @@ impl PodController {
         if let Some(i) = &current
             && !matches!(i.phase, InstancePhase::Succeeded | InstancePhase::Failed)
         {
+            let last_seen = Box::new(i.clone());
             let first = self
-                .stopping_to_fail()
-                .insert(uid.to_owned(), Box::new(i.clone()))
-                .is_none();
+                .update(uid, |p| {
+                    p.failing_mut().stopping.replace(last_seen).is_none()
+                })
+                .unwrap_or(true);
             if first {
                 info!(instance = %i.id, reason = failure.reason, "stopping the instance");
             }
@@ -174,7 +170,7 @@ impl PodController {
                 .await?;
             return Ok(Action::After(DELETE_CONFIRM));
         }
-        let last_seen = self.stopping_to_fail().remove(uid);
+        let last_seen = self.update(uid, model::Progress::take_stopping).flatten();
         let instance = current.or(last_seen.map(|i| *i));
         let now = SystemTime::now();
         let last_instance = instance.clone().map(Box::new);
@@ -221,12 +217,15 @@ impl PodController {
         if let Err(e) = self.patch_status(rec, body).await {
             // Kept for the retry: the instance is gone, its last states are not.
             if let Some(i) = last_instance {
-                self.stopping_to_fail().insert(uid.to_owned(), i);
+                self.update(uid, |p| p.failing_mut().stopping = Some(i));
             }
             return Err(e);
         }
-        self.evicting().remove(uid);
-        self.touch(&rec.uid, |r| r.observe(&view));
+        let observed = view.observed();
+        self.touch(&rec.uid, |r| {
+            r.progress.failing = None;
+            r.observe(&observed, now);
+        });
         self.event(
             rec,
             failure.event_type,
@@ -279,7 +278,8 @@ impl PodController {
                 }
             });
             self.patch_status(rec, body).await?;
-            self.touch(&rec.uid, |r| r.observe(&view));
+            let observed = view.observed();
+            self.touch(&rec.uid, |r| r.observe(&observed, SystemTime::now()));
             self.event(rec, EventType::Warning, reason, event_message, "Admit");
         }
         Ok(Action::Done)

@@ -14,7 +14,7 @@ impl PodController {
         grace: u32,
     ) -> Result<Action, ReconcileError> {
         let uid = &*rec.uid;
-        if rec.delete_sent {
+        if rec.progress.delete_sent {
             return Ok(Action::Done);
         }
         self.admitter.release(uid);
@@ -79,7 +79,7 @@ impl PodController {
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
-        self.touch(uid, |r| r.delete_sent = true);
+        self.update(uid, |p| p.delete_sent = true);
         Ok(Action::Done)
     }
 

@@ -14,10 +14,10 @@ mod failure;
 mod finalize;
 mod gc;
 mod index;
+pub mod model;
 mod node_fit;
 mod partition;
 pub mod queue;
-pub mod record;
 pub mod services;
 pub mod spec;
 pub mod status;
@@ -49,8 +49,8 @@ use crate::explain::Action as Decided;
 use create::Start;
 use events::{EVENT_REPORTER, EVENTS_IN_FLIGHT, EVENTS_PENDING};
 use failure::Failure;
+use model::{PodRecord, Stamp};
 use queue::WorkQueue;
-use record::{PodRecord, Stamp};
 use status::Waiting;
 
 /// How often a Pod that waits for backend capacity is looked at again.
@@ -183,12 +183,6 @@ pub struct PodController {
     gc_wake: tokio::sync::Notify,
     /// Orphans a collection pass decided to delete.
     approved_orphans: Mutex<HashSet<String>>,
-    /// Instances being stopped because their Pod fails (its active deadline
-    /// passed, or it is evicted), as last seen: the ends of their containers
-    /// go into the Pod's final status.
-    stopping_to_fail: Mutex<HashMap<String, Box<Instance>>>,
-    /// Pods being evicted for breaking a storage limit, with the message.
-    evicting: Mutex<HashMap<String, String>>,
     /// Instances without a Pod of their own (orphans and duplicates) by phase,
     /// as the last collection pass found them; with the Pods' own instances
     /// this is `vkd_backend_instances`, so a scrape never lists the backend.
@@ -245,8 +239,6 @@ impl PodController {
             shared,
             gc_wake: tokio::sync::Notify::new(),
             approved_orphans: Mutex::default(),
-            stopping_to_fail: Mutex::default(),
-            evicting: Mutex::default(),
             unowned_phases: Mutex::default(),
             last_gc_pass: Mutex::default(),
             settings,
@@ -459,7 +451,7 @@ impl PodController {
     pub(super) fn backend_phases(&self) -> Vec<(String, i64)> {
         let mut by: std::collections::BTreeMap<String, i64> = Default::default();
         for r in self.records().values() {
-            if r.instance_id.is_some() && !r.delete_sent {
+            if r.instance_id.is_some() && !r.progress.delete_sent {
                 *by.entry(r.phase.as_str().to_owned()).or_default() += 1;
             }
         }
@@ -482,13 +474,26 @@ impl PodController {
             .count()
     }
 
+    /// A watch event: the Pod's record is made, or what the API server holds
+    /// of it read again (what the steps learned stays).
     fn upsert(&self, pod: &Pod) -> Option<String> {
         let uid = pod.metadata.uid.clone()?;
+        let node = &self.settings.node;
+        let observed = status::observed_of(pod);
         let mut records = self.records();
-        let previous = records.get(&uid).map(|r| &**r);
-        let first_seen = previous.is_none();
-        let mut rec = PodRecord::from_pod(pod, &self.settings.node, previous, SystemTime::now())?;
+        let first_seen = !records.contains_key(&uid);
+        let rec = match records.get_mut(&uid) {
+            Some(rec) => {
+                rec.update(pod, node, observed);
+                rec
+            }
+            None => {
+                let rec = PodRecord::new(pod, node, observed, SystemTime::now())?;
+                records.entry(uid.clone()).or_insert(Box::new(rec))
+            }
+        };
         if let Some(pending) = rec.pending.as_deref_mut()
+            && pending.spec.pod_spec.is_none()
             && self.provider.capabilities().pod_spec == Support::Supported
         {
             // Only for a backend that asks: most keep no copy of the spec.
@@ -498,7 +503,6 @@ impl PodController {
                 .and_then(|s| serde_json::to_string(s).ok());
         }
         let urgent = first_seen && rec.awaits_create();
-        records.insert(uid.clone(), Box::new(rec));
         drop(records);
         if urgent {
             self.queue.add_first(&uid);
@@ -639,8 +643,6 @@ impl PodController {
             }
             // The Pod is gone: a collection pass (with its brake) decides.
             self.admitter.release(uid);
-            self.stopping_to_fail().remove(uid);
-            self.evicting().remove(uid);
             self.container_events
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -663,19 +665,18 @@ impl PodController {
         {
             return self.exceed_deadline(&rec, d).await;
         }
-        let eviction = self.evicting().get(uid).cloned();
-        if let Some(message) = eviction {
+        if let Some(message) = rec.evicting() {
             let failure = Failure {
                 reason: eviction::REASON,
-                message: &message,
+                message,
                 grace: eviction::GRACE,
                 event_type: EventType::Warning,
             };
             return self.stop_and_fail(&rec, &failure).await;
         }
         let image_wait = rec
-            .image_retry_at
-            .and_then(|at| at.time().duration_since(SystemTime::now()).ok())
+            .image_backoff()
+            .and_then(|b| b.retry_at.time().duration_since(SystemTime::now()).ok())
             .filter(|left| !left.is_zero());
         let instance = match self.provider.get(uid).await? {
             Some(i) => i,
@@ -707,7 +708,10 @@ impl PodController {
                 Start::Running(_) if lane == Lane::Create => return Ok(Action::WriteLater),
                 Start::Running(i) => *i,
                 Start::Queued(reason) => {
-                    let since = rec.queued_since.map_or_else(SystemTime::now, Stamp::time);
+                    let since = rec
+                        .progress
+                        .queued_since
+                        .map_or_else(SystemTime::now, Stamp::time);
                     let timeout = rec
                         .pending
                         .as_ref()
@@ -756,7 +760,7 @@ impl PodController {
                 Start::Rejected(r) => return self.reject(&rec, &r).await,
             },
         };
-        if instance.epoch < self.settings.epoch && !rec.adoption_noted {
+        if instance.epoch < self.settings.epoch && !rec.progress.adoption_noted {
             let detail = format!(
                 "found instance {} made under epoch {} on host {}; took it on at epoch {} rather than create another",
                 instance.id,
@@ -765,7 +769,7 @@ impl PodController {
                 self.settings.epoch
             );
             self.decided(uid, &rec.key(), &instance.id, Decided::Adopted, detail);
-            self.touch(uid, |r| r.adoption_noted = true);
+            self.touch(uid, |r| r.progress.adoption_noted = true);
         }
         if instance.phase != vkd_provider::InstancePhase::Pending {
             // Running or ended: the backend's own figures show what it uses.
@@ -773,7 +777,8 @@ impl PodController {
         }
         self.container_events(&rec, &instance).await;
         // New entries of spec.ephemeralContainers (kubectl debug) start now.
-        let rec = self.start_ephemeral(rec, &instance).await?;
+        let mut rec = rec;
+        self.start_ephemeral(&mut rec, &instance).await?;
         self.write_status(&rec, Some(&instance), &Waiting::Creating)
             .await?;
         let refresh_in = if instance.phase == vkd_provider::InstancePhase::Running {
@@ -793,6 +798,29 @@ impl PodController {
         if let Some(r) = self.records().get_mut(uid) {
             f(r);
         }
+    }
+
+    /// Updates the stored record if it still is as `when` asks; says whether it was.
+    fn touch_if(
+        &self,
+        uid: &str,
+        when: impl FnOnce(&PodRecord) -> bool,
+        f: impl FnOnce(&mut PodRecord),
+    ) -> bool {
+        let mut records = self.records();
+        match records.get_mut(uid) {
+            Some(r) if when(r) => {
+                f(r);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Updates what the steps learned of a Pod, if it still has a record;
+    /// returns what `f` returns.
+    fn update<R>(&self, uid: &str, f: impl FnOnce(&mut model::Progress) -> R) -> Option<R> {
+        self.records().get_mut(uid).map(|r| f(&mut r.progress))
     }
 }
 

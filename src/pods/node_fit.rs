@@ -74,7 +74,7 @@ impl PodController {
         let Some(rec) = records.get(uid) else {
             return Ok(());
         };
-        if rec.admitted {
+        if rec.progress.admitted {
             return Ok(());
         }
         let mut in_use = InUse::default();
@@ -93,8 +93,7 @@ impl PodController {
             .unwrap_or(&asks_nothing);
         admission::admit(wanted, claim.map(|c| &*c.host_ports), node, &in_use)?;
         if let Some(rec) = records.get_mut(uid) {
-            rec.admitted = true;
-            admission::NodeClaim::admitted(&mut rec.node_claim);
+            rec.admit();
         }
         Ok(())
     }

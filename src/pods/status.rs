@@ -14,13 +14,9 @@ pub const HOST: &str = "vkd.io/host";
 pub const TIMELINE: &str = "vkd.io/timeline";
 
 /// The conditions vkd owns (PodScheduled belongs to the scheduler).
-pub const CONDITIONS: [&str; 4] = [
-    "PodReadyToStartContainers",
-    "Initialized",
-    "ContainersReady",
-    "Ready",
-];
+pub use super::model::CONDITIONS;
 
+pub mod ephemeral;
 mod patch;
 mod view;
 

@@ -41,22 +41,29 @@ impl PodController {
             return Ok(());
         }
         let now = SystemTime::now();
-        // The stored record may be newer: admission and creation touch its timeline.
-        let mut rec = self
-            .records()
-            .get(&*rec.uid)
-            .map(|r| PodRecord::clone(r))
-            .unwrap_or_else(|| rec.clone());
-        if view
+        // The timeline and the start time are the steps' (admission and
+        // creation may have written the stored record's since `rec` was read).
+        let running = view
             .containers
             .iter()
-            .any(|c| c.state == status::StateView::Running)
-        {
-            rec.timeline.started.get_or_insert(now.into());
-        }
-        if view.conditions[3] == Some(true) && rec.timeline.ready.is_none() {
-            rec.timeline.ready = Some(now.into());
-            let t = &rec.timeline;
+            .any(|c| c.state == status::StateView::Running);
+        let ready = view.conditions[3] == Some(true);
+        let progress = self.update(&rec.uid, |p| {
+            if running {
+                p.timeline.started.get_or_insert(now.into());
+            }
+            let newly_ready = ready && p.timeline.ready.is_none();
+            if newly_ready {
+                p.timeline.ready = Some(now.into());
+            }
+            (p.clone(), newly_ready)
+        });
+        let Some((progress, newly_ready)) = progress else {
+            debug!("the Pod is gone; its status is not written");
+            return Ok(());
+        };
+        if newly_ready {
+            let t = &progress.timeline;
             if let Some(base) = t.bound.or(t.observed).map(Stamp::time) {
                 let since = |x: Option<Stamp>| x.and_then(|x| x.time().duration_since(base).ok());
                 let stages: Vec<(&str, Duration)> = t
@@ -67,23 +74,18 @@ impl PodController {
                 self.shared.metrics.started(&stages);
             }
         }
-        if rec.start_time.is_none() {
-            rec.start_time = Some(now.into());
-        }
+        let mut rec = rec.clone();
+        rec.progress = progress;
+        // The first status written starts the Pod's clock.
+        let start = rec.start_time.unwrap_or_else(|| now.into());
+        rec.observe_start(start);
         let body = status::patch_body(&rec, &view, instance, &self.settings.host_ip, now);
         self.patch_status(&rec, body).await?;
         debug!(phase = %view.phase, "status written");
+        let observed = view.observed();
         self.touch(&rec.uid, |r| {
-            for (i, s) in view.conditions.iter().enumerate() {
-                if let Some(s) = *s
-                    && r.condition_times[i].is_none_or(|(old, _)| old != s)
-                {
-                    r.condition_times[i] = Some((s, now.into()));
-                }
-            }
-            r.timeline = rec.timeline.clone();
-            r.start_time = rec.start_time;
-            r.observe(&view);
+            r.observe(&observed, now);
+            r.observe_start(start);
         });
         Ok(())
     }

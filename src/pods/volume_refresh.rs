@@ -16,31 +16,12 @@ use kube::Api;
 use tracing::{debug, info, warn};
 use vkd_provider::{ProviderError, Support, Volume, VolumeSource};
 
-use super::record::{PodRecord, Stamp};
+use super::model::{PodRecord, Stamp, VolumeProgress};
 use super::{PodController, ReconcileError, spec};
 
 /// How often a running Pod's volume sources are read again: the kubelet's
 /// sync period, with which its volumes follow their ConfigMaps and Secrets.
-pub const PERIOD: Duration = Duration::from_secs(60);
-
-/// What a record remembers to refresh a Pod's volumes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VolumeRefresh {
-    /// The digest of the Pod's labels and annotations, which downwardAPI
-    /// volumes show.
-    metadata: u64,
-    /// The digest of the content the instance's volumes hold, once known.
-    pub written: Option<u64>,
-    /// When the sources are read next.
-    pub due: Stamp,
-}
-
-fn metadata_digest(pod: &Pod) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    pod.metadata.labels.hash(&mut h);
-    pod.metadata.annotations.hash(&mut h);
-    h.finish()
-}
+pub const PERIOD: Duration = super::model::VOLUME_PERIOD;
 
 /// The digest of what `volumes` hold.
 pub fn content_digest(volumes: &[Volume]) -> u64 {
@@ -75,29 +56,14 @@ pub fn created_digest(pending: &spec::Pending, created: &vkd_provider::InstanceS
     content_digest(&volumes)
 }
 
-impl VolumeRefresh {
-    /// For a Pod with volumes to keep current; a change of its labels or
-    /// annotations since `previous` makes the refresh due at once.
-    pub fn of(pod: &Pod, previous: Option<&Self>, now: SystemTime) -> Option<Box<Self>> {
-        let spec = pod.spec.as_ref()?;
-        if !spec.volumes.iter().flatten().any(spec::refreshable) {
-            return None;
-        }
-        let metadata = metadata_digest(pod);
-        Some(Box::new(match previous {
-            Some(p) if p.metadata == metadata => p.clone(),
-            Some(p) => Self {
-                metadata,
-                written: p.written,
-                due: now.into(),
-            },
-            None => Self {
-                metadata,
-                written: None,
-                due: (now + PERIOD).into(),
-            },
-        }))
+/// How long until the volumes are read again: at once when the Pod's labels
+/// or annotations (`metadata`, as the watch saw them) changed since the last
+/// read, else when due.
+fn wait(metadata: std::num::NonZeroU64, refresh: &VolumeProgress, now: SystemTime) -> Duration {
+    if refresh.metadata != metadata {
+        return Duration::ZERO;
     }
+    refresh.due.time().duration_since(now).unwrap_or_default()
 }
 
 impl PodController {
@@ -107,16 +73,17 @@ impl PodController {
         &self,
         rec: &PodRecord,
     ) -> Result<Option<Duration>, ReconcileError> {
-        let Some(refresh) = rec.volume_refresh.as_deref() else {
+        let (Some(metadata), Some(refresh)) =
+            (rec.volume_metadata, rec.progress.volumes.as_deref())
+        else {
             return Ok(None);
         };
         if self.provider.capabilities().volumes != Support::Supported {
             return Ok(None);
         }
         let now = SystemTime::now();
-        if let Ok(left) = refresh.due.time().duration_since(now)
-            && !left.is_zero()
-        {
+        let left = wait(metadata, refresh, now);
+        if !left.is_zero() {
             return Ok(Some(left));
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
@@ -129,10 +96,12 @@ impl PodController {
         // From here on, whatever happens, the next read is a period away:
         // nothing here is retried faster than the kubelet would.
         let next: Stamp = (SystemTime::now() + PERIOD).into();
+        let read = super::model::features::volume_metadata(&pod).unwrap_or(metadata);
         let postpone = |written: Option<u64>| {
-            self.touch(&rec.uid, |r| {
-                if let Some(v) = r.volume_refresh.as_deref_mut() {
+            self.update(&rec.uid, |p| {
+                if let Some(v) = p.volumes.as_deref_mut() {
                     v.due = next;
+                    v.metadata = read;
                     v.written = written.or(v.written);
                 }
             });
@@ -197,6 +166,10 @@ mod tests {
         .unwrap()
     }
 
+    fn record(p: &Pod, now: SystemTime) -> PodRecord {
+        crate::pods::status::record_of(p, "vk", now).unwrap()
+    }
+
     #[test]
     fn only_pods_with_volumes_that_change_are_refreshed() {
         let now = SystemTime::now();
@@ -207,18 +180,24 @@ mod tests {
                 {"configMap": {"name": "kube-root-ca.crt"}},
             ]}}]),
         );
-        assert_eq!(VolumeRefresh::of(&token_only, None, now), None);
+        assert_eq!(record(&token_only, now).progress.volumes, None);
         let scratch = pod(json!({}), json!([{"name": "s", "emptyDir": {}}]));
-        assert_eq!(VolumeRefresh::of(&scratch, None, now), None);
+        assert_eq!(record(&scratch, now).progress.volumes, None);
         let config = pod(
             json!({}),
             json!([{"name": "c", "configMap": {"name": "cm"}}]),
         );
-        let r = VolumeRefresh::of(&config, None, now).unwrap();
+        let r = record(&config, now);
+        let v = r.progress.volumes.as_deref().unwrap();
         assert_eq!(
-            r.due,
+            v.due,
             Stamp::from(now + PERIOD),
             "first read one period after the start"
+        );
+        let left = wait(r.volume_metadata.unwrap(), v, now);
+        assert!(
+            left <= PERIOD && left > PERIOD - Duration::from_secs(1),
+            "{left:?}"
         );
     }
 
@@ -227,25 +206,19 @@ mod tests {
         let start = SystemTime::now();
         let volumes = json!([{"name": "info", "downwardAPI": {"items": [
             {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]);
-        let first =
-            VolumeRefresh::of(&pod(json!({"a": "1"}), volumes.clone()), None, start).unwrap();
+        let mut r = record(&pod(json!({"a": "1"}), volumes.clone()), start);
+        r.progress.volumes.as_deref_mut().unwrap().written = Some(7);
         let later = start + Duration::from_secs(5);
-        let same = VolumeRefresh::of(
-            &pod(json!({"a": "1"}), volumes.clone()),
-            Some(&first),
-            later,
-        );
-        assert_eq!(same.unwrap().due, first.due);
-        let mut written = (*first).clone();
-        written.written = Some(7);
-        let changed =
-            VolumeRefresh::of(&pod(json!({"a": "2"}), volumes), Some(&written), later).unwrap();
-        assert_eq!(changed.due, Stamp::from(later));
-        assert_eq!(
-            changed.written,
-            Some(7),
-            "what the volumes hold is still known"
-        );
+        let same = pod(json!({"a": "1"}), volumes.clone());
+        r.update(&same, "vk", crate::pods::status::observed_of(&same));
+        let v = r.progress.volumes.as_deref().unwrap();
+        let left = wait(r.volume_metadata.unwrap(), v, later);
+        assert!(left > PERIOD - Duration::from_secs(6), "not due: {left:?}");
+        let changed = pod(json!({"a": "2"}), volumes);
+        r.update(&changed, "vk", crate::pods::status::observed_of(&changed));
+        let v = r.progress.volumes.as_deref().unwrap();
+        assert_eq!(wait(r.volume_metadata.unwrap(), v, later), Duration::ZERO);
+        assert_eq!(v.written, Some(7), "what the volumes hold is still known");
     }
 
     #[test]

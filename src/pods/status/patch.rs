@@ -7,13 +7,11 @@ use serde_json::{Value, json};
 use vkd_provider::{ContainerState, ContainerStatus, Instance};
 
 use super::*;
-use crate::pods::record::{ContainerInfo, PodRecord};
+use crate::pods::model::{ContainerInfo, PodRecord, Stamp};
 
 /// RFC 3339 with seconds, as metav1.Time is written.
 pub fn time(t: SystemTime) -> String {
-    jiff::Timestamp::try_from(t)
-        .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+    crate::pods::model::stamp::rfc3339(t)
 }
 
 /// The strategic-merge patch for pods/status that turns the API's status into `view`.
@@ -45,7 +43,7 @@ pub fn patch_body(
         "hostIPs".into(),
         json!([{ "ip": host_ip }, { "$patch": "replace" }]),
     );
-    let start = rec.start_time.map_or(now, crate::pods::record::Stamp::time);
+    let start = rec.start_time.map_or(now, Stamp::time);
     status.insert("startTime".into(), json!(time(start)));
     if let Some(ip) = &view.pod_ip {
         status.insert("podIP".into(), json!(ip));
@@ -80,7 +78,7 @@ pub fn patch_body(
         let mut scheduled =
             json!({"type": "PodScheduled", "status": "True", "observedGeneration": g});
         // Bound by spec.nodeName: no scheduler wrote one, so it starts now.
-        if rec.timeline.bound.is_none() {
+        if rec.progress.timeline.bound.is_none() {
             scheduled["lastTransitionTime"] = json!(time(now));
         }
         conditions.push(scheduled);
@@ -112,14 +110,14 @@ pub fn patch_body(
         status.insert("initContainerStatuses".into(), Value::Array(statuses));
     }
     if !view.ephemeral.is_empty() {
-        let statuses = crate::pods::ephemeral::statuses_json(rec, view, instance);
+        let statuses = super::ephemeral::statuses_json(rec, view, instance);
         status.insert("ephemeralContainerStatuses".into(), statuses);
     }
     let mut annotations = serde_json::Map::new();
     if let Some(id) = &view.instance_id {
         annotations.insert(INSTANCE_ID.into(), json!(id));
     }
-    annotations.insert(TIMELINE.into(), json!(rec.timeline.render()));
+    annotations.insert(TIMELINE.into(), json!(rec.progress.timeline.render()));
     if let Some(host) = instance.and_then(|i| i.host.as_deref()) {
         annotations.insert(HOST.into(), json!(host));
     }

@@ -5,7 +5,7 @@ use serde_json::json;
 use vkd_provider::{ContainerState, ContainerStatus, Instance, InstancePhase, PodRef, Terminated};
 
 use super::*;
-use crate::pods::record::PodRecord;
+use crate::pods::model::PodRecord;
 
 fn record() -> PodRecord {
     let pod: Pod = serde_json::from_value(json!({
@@ -14,7 +14,7 @@ fn record() -> PodRecord {
         "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
     }))
     .unwrap();
-    PodRecord::from_pod(&pod, "vk", None, SystemTime::now()).unwrap()
+    super::record_of(&pod, "vk", SystemTime::now()).unwrap()
 }
 
 fn instance(phase: InstancePhase, states: [(ContainerState, bool); 2]) -> Instance {
@@ -247,7 +247,7 @@ fn init_record(restart_policy: &str) -> PodRecord {
         "status": {"phase": "Pending"}
     }))
     .unwrap();
-    PodRecord::from_pod(&pod, "vk", None, SystemTime::now()).unwrap()
+    super::record_of(&pod, "vk", SystemTime::now()).unwrap()
 }
 
 fn status_of(name: &str, state: ContainerState) -> ContainerStatus {
@@ -549,7 +549,7 @@ fn observed_generation_is_written_and_read_back() {
     // Since 1.34 the kubelet answers each spec generation in status and conditions;
     // a new generation alone must make the status differ from what is stored.
     let mut rec = record();
-    rec.generation = 3;
+    rec.seen_mut().generation = 3;
     let inst = instance(
         InstancePhase::Running,
         [(running(), true), (running(), true)],
@@ -568,7 +568,7 @@ fn observed_generation_is_written_and_read_back() {
     // Bound by the scheduler, its transition time stays the scheduler's
     // (merged by type, not written).
     let mut bound = rec.clone();
-    bound.timeline.bound = Some(crate::pods::record::Stamp::now());
+    bound.progress.timeline.bound = Some(crate::pods::model::Stamp::now());
     let body2 = patch_body(&bound, &v, Some(&inst), "127.0.0.1", SystemTime::now());
     assert!(
         condition(&body2, "PodScheduled")
@@ -593,7 +593,7 @@ fn observed_generation_is_written_and_read_back() {
 #[test]
 fn an_unmet_readiness_gate_keeps_ready_false() {
     let mut rec = record();
-    rec.readiness_gates_ready = false;
+    rec.seen_mut().readiness_gates_ready = false;
     let inst = instance(
         InstancePhase::Running,
         [(running(), true), (running(), true)],
@@ -606,7 +606,7 @@ fn an_unmet_readiness_gate_keeps_ready_false() {
         condition(&body, "Ready")["reason"],
         "ReadinessGatesNotReady"
     );
-    rec.readiness_gates_ready = true;
+    rec.seen_mut().readiness_gates_ready = true;
     let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
     let body = patch_body(&rec, &v, Some(&inst), "127.0.0.1", SystemTime::now());
     assert_eq!(condition(&body, "Ready")["status"], "True");

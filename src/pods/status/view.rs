@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use vkd_provider::{ContainerState, ContainerStatus, Instance, InstancePhase, Terminated};
 
 use super::*;
-use crate::pods::record::{ContainerInfo, PodRecord};
+use crate::pods::model::{ContainerInfo, Observed, Phase, PodRecord};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum StateView {
@@ -91,6 +91,26 @@ impl StatusView {
         self.hash(&mut h);
         h.finish()
     }
+
+    /// What a record keeps of this view, once the API server holds it.
+    pub fn observed(&self) -> Observed {
+        Observed {
+            phase: Phase::parse(&self.phase),
+            instance_id: self.instance_id.as_deref().map(Into::into),
+            digest: self.digest(),
+            conditions: self.conditions,
+        }
+    }
+}
+
+/// What a record keeps of the status the API server holds for `pod`.
+pub fn observed_of(pod: &Pod) -> Observed {
+    view_of_pod(pod).observed()
+}
+
+/// The record of a Pod seen for the first time (the watch's first step).
+pub fn record_of(pod: &Pod, node: &str, now: SystemTime) -> Option<PodRecord> {
+    PodRecord::new(pod, node, observed_of(pod), now)
 }
 
 /// The view of what the API server holds.
@@ -240,7 +260,7 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
             conditions: [Some(false), Some(!has_init), Some(false), Some(false)],
             containers,
             init_containers,
-            ephemeral: crate::pods::ephemeral::views(rec, None),
+            ephemeral: super::ephemeral::views(rec, None),
             ..Default::default()
         };
     };
@@ -316,7 +336,7 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
         ],
         containers,
         init_containers,
-        ephemeral: crate::pods::ephemeral::views(rec, Some(inst)),
+        ephemeral: super::ephemeral::views(rec, Some(inst)),
         pod_ip: inst.ip.clone(),
         instance_id: (!inst.id.is_empty()).then(|| inst.id.clone()),
         observed_generation: None,
