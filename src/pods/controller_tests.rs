@@ -420,7 +420,7 @@ async fn over_the_event_rate_instance_created_is_shed_and_a_warning_waits() {
         records.push(super::PodRecord::clone(&c.records()[&format!("u{i}")]));
     }
     for rec in &records {
-        c.paced_event(
+        c.events.paced_event(
             rec,
             EventType::Normal,
             "InstanceCreated",
@@ -429,7 +429,8 @@ async fn over_the_event_rate_instance_created_is_shed_and_a_warning_waits() {
             Pace::ShedOverRate,
         );
     }
-    c.event(&records[3], EventType::Warning, "Failed", "boom", "Create");
+    c.events
+        .event(&records[3], EventType::Warning, "Failed", "boom", "Create");
     let mut sent = events(&log);
     for _ in 0..60 {
         if sent.len() >= 3 {
@@ -471,7 +472,8 @@ async fn events_still_waiting_when_the_term_ends_are_not_sent() {
     c.upsert(&pod);
     let rec = super::PodRecord::clone(&c.records()["u1"]);
     for note in ["first", "second", "third"] {
-        c.event(&rec, EventType::Warning, "Failed", note, "Create");
+        c.events
+            .event(&rec, EventType::Warning, "Failed", note, "Create");
     }
     let sent = wait_events(&log, 1).await;
     assert_eq!(sent[0]["note"], "first");

@@ -30,7 +30,7 @@ impl Start {
     }
 }
 
-impl PodController {
+impl Cx<'_> {
     /// What resolves `pending` (ConfigMaps, Secrets, Services, fieldRefs) for
     /// this node; with the node's allocatable when the spec reads it.
     pub(super) async fn resolver(
@@ -43,7 +43,7 @@ impl PodController {
             None
         };
         Ok(spec::Resolver {
-            client: &self.client,
+            client: self.client,
             policy: &self.settings.policy,
             host_ip: &self.settings.host_ip,
             volumes: self.provider.capabilities().volumes == Support::Supported,

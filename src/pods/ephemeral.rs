@@ -17,13 +17,14 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 use vkd_provider::{Instance, ProviderError};
 
+use super::cx::Cx;
 use super::model::{EphemeralProgress, PodRecord, Refusal};
 use super::spec::{self, Pending};
-use super::{CONFIG_RECHECK, PodController, ReconcileError};
+use super::{CONFIG_RECHECK, ReconcileError};
 
 pub use super::status::ephemeral::UNSUPPORTED_REASON;
 
-impl PodController {
+impl Cx<'_> {
     /// Hands the ephemeral containers that wait to the provider, once each,
     /// and notes what became of them in the record's progress (the stored
     /// record's and `rec`'s, which the status is written from next).

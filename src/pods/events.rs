@@ -18,7 +18,7 @@ pub(super) const EVENTS_IN_FLIGHT: usize = 32;
 /// the Pod's status and the audit log still carry what the Event said.
 pub(super) const EVENTS_PENDING: usize = 1024;
 
-/// How a one-off Pod Event ([`PodController::event`], sent by a task beside
+/// How a one-off Pod Event ([`EventSink::event`], sent by a task beside
 /// the workers) meets vkd's Event rate (`--event-qps`, `--event-burst`, the
 /// kubelet's limits and defaults: 50 a second, 100 at once). The repeating
 /// and container Events are published by the workers themselves, which must
@@ -90,12 +90,81 @@ impl Default for EventBudget {
     }
 }
 
-impl PodController {
+/// Where Pod and Node Events go: the kubelet's rate (`--event-qps`,
+/// `--event-burst`) and spam filter, a bounded backlog, and what was
+/// published of each Pod's container events.
+pub(super) struct EventSink {
+    node: String,
+    client: Client,
+    recorder: Recorder,
+    /// Every Pod write waits here (Events too); the node lease never does.
+    writes: Arc<DefaultDirectRateLimiter>,
+    /// Pod Events per second, as the kubelet's --event-qps (see [`Pace`]).
+    rate: Arc<DefaultDirectRateLimiter>,
+    /// Events being sent: a worker hands its Event to a task and goes on; the
+    /// task waits for one of these slots.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Events handed to tasks and not yet sent ([`EVENTS_PENDING`]).
+    backlog: Arc<tokio::sync::Semaphore>,
+    metrics: Arc<crate::metrics::Metrics>,
+    term: crate::fencing::term::Term,
+    /// When this controller started: container events from before it were
+    /// published by the vkd before (or lost with it), never twice.
+    started: SystemTime,
+    /// What was published of each Pod's container events, for the Pods that
+    /// have had any: beside the records, which stay small for the many
+    /// Pods whose probes never fail.
+    container: Mutex<HashMap<String, ContainerEvents>>,
+}
+
+impl EventSink {
+    pub(super) fn new(
+        settings: &Settings,
+        client: &Client,
+        writes: Arc<DefaultDirectRateLimiter>,
+        shared: &Shared,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: EVENT_REPORTER.into(),
+                instance: Some(settings.node.clone()),
+            },
+        );
+        Self {
+            node: settings.node.clone(),
+            client: client.clone(),
+            recorder,
+            writes,
+            rate: Arc::new(RateLimiter::direct(
+                Quota::per_second(nz(settings.event_qps)).allow_burst(nz(settings.event_burst)),
+            )),
+            slots: Arc::new(tokio::sync::Semaphore::new(EVENTS_IN_FLIGHT)),
+            backlog: Arc::new(tokio::sync::Semaphore::new(EVENTS_PENDING)),
+            metrics: Arc::clone(&shared.metrics),
+            term: shared.term.clone(),
+            started: SystemTime::now(),
+            container: Mutex::default(),
+        }
+    }
+
+    /// The Pod is gone: what was published of its container events goes too.
+    pub(super) fn forget(&self, uid: &str) {
+        self.container
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+    }
+
+    async fn throttle(&self) {
+        throttle(&self.writes, &self.metrics, "event").await;
+    }
+
     pub(super) async fn node_event(&self, reason: &str, note: &str) {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
-            name: Some(self.settings.node.clone()),
+            name: Some(self.node.clone()),
             ..ObjectReference::default()
         };
         let ev = KubeEvent {
@@ -137,15 +206,15 @@ impl PodController {
     ) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-        if pace == Pace::ShedOverRate && self.event_limiter.check().is_err() {
-            self.shared.metrics.event_dropped();
+        if pace == Pace::ShedOverRate && self.rate.check().is_err() {
+            self.metrics.event_dropped();
             debug!(reason, "event dropped: over --event-qps");
             return;
         }
-        let waiting = match Arc::clone(&self.event_backlog).try_acquire_owned() {
+        let waiting = match Arc::clone(&self.backlog).try_acquire_owned() {
             Ok(w) => w,
             Err(tokio::sync::TryAcquireError::NoPermits) => {
-                self.shared.metrics.event_dropped();
+                self.metrics.event_dropped();
                 debug!(
                     reason,
                     "event dropped: {EVENTS_PENDING} are waiting to be sent"
@@ -173,20 +242,20 @@ impl PodController {
             note: Some(note.chars().take(1000).collect()),
             action: Some(action.to_owned()),
             reporting_controller: Some(EVENT_REPORTER.to_owned()),
-            reporting_instance: Some(self.settings.node.clone()),
+            reporting_instance: Some(self.node.clone()),
             regarding: Some(Self::pod_reference(rec)),
             ..Event::default()
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &rec.namespace);
-        let slots = Arc::clone(&self.event_slots);
-        let limiter = Arc::clone(&self.limiter);
+        let slots = Arc::clone(&self.slots);
+        let limiter = Arc::clone(&self.writes);
         // A shed-over-rate Event took its turn above.
-        let event_limiter = (pace == Pace::Wait).then(|| Arc::clone(&self.event_limiter));
-        let metrics = Arc::clone(&self.shared.metrics);
+        let event_limiter = (pace == Pace::Wait).then(|| Arc::clone(&self.rate));
+        let metrics = Arc::clone(&self.metrics);
         let reason = reason.to_owned();
         // The term's work: an Event still waiting when the term ends is
         // dropped with it, not sent by a replica that no longer acts.
-        let work = self.shared.term.work();
+        let work = self.term.work();
         tokio::spawn(
             async move {
                 let send = async {
@@ -232,7 +301,7 @@ impl PodController {
         note: &str,
         action: &str,
     ) {
-        self.throttle("event").await;
+        self.throttle().await;
         let ev = KubeEvent {
             type_: EventType::Warning,
             reason: reason.to_owned(),
@@ -255,7 +324,7 @@ impl PodController {
             return;
         };
         let before = self
-            .container_events
+            .container
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&*rec.uid)
@@ -270,7 +339,7 @@ impl PodController {
                 continue;
             }
             if !budget.take(SystemTime::now()) {
-                self.shared.metrics.event_dropped();
+                self.metrics.event_dropped();
                 debug!(
                     reason = e.reason,
                     "event dropped: the Pod's budget is spent"
@@ -300,12 +369,12 @@ impl PodController {
                 action: action.to_owned(),
                 secondary: None,
             };
-            self.throttle("event").await;
+            self.throttle().await;
             if let Err(err) = self.recorder.publish(&ev, &reference).await {
                 warn!(error = %err, reason = e.reason, "publishing event failed");
             }
         }
-        self.container_events
+        self.container
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(rec.uid.to_string(), ContainerEvents { seen: last, budget });

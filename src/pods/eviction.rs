@@ -62,7 +62,7 @@ impl PodController {
                 };
                 // Still running as it was when the pass began: not ended,
                 // deleted or failed meanwhile.
-                let marked = self.touch_if(&uid, evictable, |r| {
+                let marked = self.store.touch_if(&uid, evictable, |r| {
                     r.progress.failing_mut().evicting = Some(message.as_str().into());
                 });
                 if !marked {

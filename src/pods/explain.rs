@@ -13,54 +13,6 @@ use super::*;
 const RECENT: usize = 20;
 
 impl PodController {
-    /// Records a decision in the daemon's log ([`crate::explain::DecisionLog`]).
-    pub(super) fn decided(
-        &self,
-        uid: &str,
-        pod: &str,
-        instance: &str,
-        action: Decided,
-        detail: impl Into<String>,
-    ) {
-        self.shared.decisions.record(
-            &self.settings.node,
-            uid,
-            pod,
-            instance,
-            self.settings.epoch,
-            action,
-            detail,
-        );
-    }
-
-    /// The audit line of an instance removed or stopped, and its decision.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn audit_removed(
-        &self,
-        uid: &str,
-        pod: &str,
-        instance: &str,
-        instance_epoch: u64,
-        action: Decided,
-        cause: &str,
-    ) {
-        crate::fencing::audit(
-            uid,
-            pod,
-            &self.settings.node,
-            self.provider.name(),
-            instance,
-            instance_epoch,
-            cause,
-        );
-        let detail = if instance_epoch == self.settings.epoch {
-            cause.to_owned()
-        } else {
-            format!("{cause} (instance made under epoch {instance_epoch})")
-        };
-        self.decided(uid, pod, instance, action, detail);
-    }
-
     fn seconds_since_lease_renewal(&self) -> Option<f64> {
         self.lease_age().map(|d| d.as_secs_f64())
     }
@@ -452,7 +404,7 @@ mod tests {
             orphan.action
         );
 
-        c.audit_removed(
+        c.cx().audit_removed(
             "u8",
             "ns/old",
             "i-old",
@@ -488,8 +440,10 @@ mod tests {
         *provider.instance.lock().unwrap() = Some(instance("u1", "i-own", 1));
         let (c, _log) = controller(Arc::clone(&provider));
         c.upsert(&pod("u1", "p"));
-        c.decided("u1", "ns/p", "i-own", Decided::Created, "made");
-        c.decided("u2", "ns/q", "", Decided::Queued, "not this one");
+        c.cx()
+            .decided("u1", "ns/p", "i-own", Decided::Created, "made");
+        c.cx()
+            .decided("u2", "ns/q", "", Decided::Queued, "not this one");
 
         assert!(c.explain_pod("ns", "nope").await.is_none());
         let a = c.explain_pod("ns", "p").await.unwrap();

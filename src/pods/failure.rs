@@ -18,7 +18,7 @@ pub(super) const IMAGE_BACKOFF: Duration = Duration::from_secs(10);
 
 pub(super) const IMAGE_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
-impl PodController {
+impl Cx<'_> {
     /// The backend cannot run a container's image. As the kubelet after a
     /// failed pull, the Pod stays Pending with its containers waiting in
     /// `ErrImagePull`, then `ImagePullBackOff`, and the start is tried again
@@ -106,7 +106,7 @@ impl PodController {
     /// Read from the stored record, whose start time a status write may just
     /// have set.
     pub(super) fn deadline_action(&self, uid: &str, otherwise: Option<Duration>) -> Action {
-        let left = self.records().get(uid).and_then(|r| {
+        let left = self.store.lock().get(uid).and_then(|r| {
             if r.terminal() {
                 return None;
             }

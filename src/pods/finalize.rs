@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl PodController {
+impl Cx<'_> {
     /// Graceful deletion: stop the instance, confirm it is gone, then let the Pod go.
     ///
     /// Before the Pod goes, its final status is written, as the kubelet's is
@@ -43,7 +43,8 @@ impl PodController {
                 "backend {} could not delete instance: {e}; retrying",
                 self.provider.name()
             );
-            self.repeating_event(rec, "DeletionFailed", &note, "Delete")
+            self.events
+                .repeating_event(rec, "DeletionFailed", &note, "Delete")
                 .await;
             return Err(e.into());
         }

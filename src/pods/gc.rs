@@ -58,7 +58,7 @@ impl PodController {
             .unwrap_or_else(|p| p.into_inner()) = unowned.into_iter().collect();
         for d in &plan.duplicates {
             self.shared.metrics.duplicates_found.inc();
-            self.audit_removed(
+            self.cx().audit_removed(
                 &d.owner.uid,
                 &d.owner.to_string(),
                 &d.id,
@@ -80,8 +80,8 @@ impl PodController {
                 orphans = plan.orphans.len(),
                 listed, "orphan collection braked: {why}"
             );
-            self.decided("", "", "", Decided::Braked, why.clone());
-            self.node_event("OrphanDeletionBraked", why).await;
+            self.cx().decided("", "", "", Decided::Braked, why.clone());
+            self.events.node_event("OrphanDeletionBraked", why).await;
             return;
         }
         let n = plan.orphans.len();
@@ -119,7 +119,7 @@ impl PodController {
         match self.provider.get(uid).await? {
             Some(_) => Ok(Action::After(DELETE_CONFIRM)),
             None => {
-                self.audit_removed(
+                self.cx().audit_removed(
                     uid,
                     &instance.owner.to_string(),
                     &instance.id,

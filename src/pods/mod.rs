@@ -6,6 +6,7 @@ pub mod admission;
 #[cfg(test)]
 mod controller_tests;
 mod create;
+mod cx;
 pub mod ephemeral;
 mod events;
 pub mod eviction;
@@ -22,6 +23,7 @@ pub mod services;
 pub mod spec;
 pub mod status;
 mod status_write;
+mod store;
 #[cfg(test)]
 mod test_support;
 pub mod volume_refresh;
@@ -47,11 +49,13 @@ use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, Provider
 
 use crate::explain::Action as Decided;
 use create::Start;
-use events::{EVENT_REPORTER, EVENTS_IN_FLIGHT, EVENTS_PENDING};
+use cx::Cx;
+use events::EventSink;
 use failure::Failure;
 use model::{PodRecord, Stamp};
 use queue::WorkQueue;
 use status::Waiting;
+use store::PodStore;
 
 /// How often a Pod that waits for backend capacity is looked at again.
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
@@ -163,20 +167,11 @@ pub struct PodController {
     /// The Pod watch's own client, so its events never queue behind writes.
     watch_client: Client,
     provider: Arc<dyn Provider>,
-    /// Boxed: a map's slots stay allocated at its largest size and are only
-    /// 60-90% full, so a slot should be a pointer, not a whole record.
-    records: Mutex<HashMap<String, Box<PodRecord>>>,
+    store: PodStore,
     queue: Arc<WorkQueue>,
     /// Pod writes wait here; the node lease uses another client and never does.
-    limiter: Arc<DefaultDirectRateLimiter>,
-    /// Events being sent: a worker hands its Event to a task and goes on; the
-    /// task waits for one of these slots.
-    event_slots: Arc<tokio::sync::Semaphore>,
-    /// Events handed to tasks and not yet sent ([`EVENTS_PENDING`]).
-    event_backlog: Arc<tokio::sync::Semaphore>,
-    /// Pod Events per second, as the kubelet's --event-qps (see [`Pace`]).
-    event_limiter: Arc<DefaultDirectRateLimiter>,
-    recorder: Recorder,
+    writes: Arc<DefaultDirectRateLimiter>,
+    events: EventSink,
     synced: AtomicBool,
     admitter: crate::topology::Admitter,
     shared: Shared,
@@ -189,13 +184,6 @@ pub struct PodController {
     unowned_phases: Mutex<Vec<(String, i64)>>,
     /// When the last collection pass listed the backend.
     last_gc_pass: Mutex<Option<SystemTime>>,
-    /// When this controller started: container events from before it were
-    /// published by the vkd before (or lost with it), never twice.
-    started: SystemTime,
-    /// What was published of each Pod's container events, for the Pods that
-    /// have had any: beside the records, which stay small for the many
-    /// Pods whose probes never fail.
-    container_events: Mutex<HashMap<String, events::ContainerEvents>>,
     /// The Node as admission last read it ([`node_fit`]).
     node_view: Mutex<Option<Arc<admission::NodeView>>>,
 }
@@ -220,19 +208,10 @@ impl PodController {
         provider: Arc<dyn Provider>,
         shared: Shared,
     ) -> Arc<Self> {
-        let limiter = Arc::new(RateLimiter::direct(
+        let writes = Arc::new(RateLimiter::direct(
             Quota::per_second(nz(settings.qps)).allow_burst(nz(settings.burst)),
         ));
-        let event_limiter = Arc::new(RateLimiter::direct(
-            Quota::per_second(nz(settings.event_qps)).allow_burst(nz(settings.event_burst)),
-        ));
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: EVENT_REPORTER.into(),
-                instance: Some(settings.node.clone()),
-            },
-        );
+        let events = EventSink::new(&settings, &client, Arc::clone(&writes), &shared);
         let admitter = crate::topology::Admitter::new(Arc::clone(&provider), settings.host.clone());
         Arc::new(Self {
             admitter,
@@ -245,16 +224,11 @@ impl PodController {
             client,
             watch_client,
             provider,
-            records: Mutex::default(),
+            store: PodStore::default(),
             queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
-            limiter,
-            event_limiter,
-            event_slots: Arc::new(tokio::sync::Semaphore::new(EVENTS_IN_FLIGHT)),
-            event_backlog: Arc::new(tokio::sync::Semaphore::new(EVENTS_PENDING)),
-            recorder,
+            writes,
+            events,
             synced: AtomicBool::new(false),
-            started: SystemTime::now(),
-            container_events: Mutex::default(),
             node_view: Mutex::default(),
         })
     }
@@ -301,14 +275,26 @@ impl PodController {
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<String, Box<PodRecord>>> {
-        self.records.lock().unwrap_or_else(|p| p.into_inner())
+        self.store.lock()
+    }
+
+    /// What the steps work with (see [`cx`]).
+    fn cx(&self) -> Cx<'_> {
+        Cx {
+            settings: &self.settings,
+            client: &self.client,
+            provider: &self.provider,
+            admitter: &self.admitter,
+            shared: &self.shared,
+            store: &self.store,
+            events: &self.events,
+            writes: &self.writes,
+            node_view: &self.node_view,
+        }
     }
 
     fn fence(&self) -> Fence {
-        Fence {
-            node: self.settings.node.clone(),
-            epoch: self.settings.epoch,
-        }
+        self.cx().fence()
     }
 
     /// Runs until shutdown. A worker, the watch or the collector that stops
@@ -413,11 +399,6 @@ impl PodController {
                 }
             }
         }
-    }
-
-    /// Waits for the Pod-write rate limiter and counts the write.
-    async fn throttle(&self, kind: &str) {
-        throttle(&self.limiter, &self.shared.metrics, kind).await;
     }
 
     /// Time since the node lease was last renewed, once it has been.
@@ -630,8 +611,11 @@ impl PodController {
         }
     }
 
+    /// The decision table: what a Pod's record says is next, and the step
+    /// that does it.
     async fn reconcile(&self, uid: &str, lane: Lane) -> Result<Action, ReconcileError> {
-        let rec = self.records().get(uid).map(|r| PodRecord::clone(r));
+        let cx = self.cx();
+        let rec = self.store.get(uid);
         let Some(rec) = rec else {
             let approved = self
                 .approved_orphans
@@ -643,27 +627,24 @@ impl PodController {
             }
             // The Pod is gone: a collection pass (with its brake) decides.
             self.admitter.release(uid);
-            self.container_events
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(uid);
+            self.events.forget(uid);
             self.gc_wake.notify_one();
             return Ok(Action::Done);
         };
         if let Some(grace) = rec.deletion_grace {
-            return self.finalize(&rec, grace).await;
+            return cx.finalize(&rec, grace).await;
         }
         if rec.terminal() {
             return Ok(Action::Done);
         }
         if let Some(e) = &rec.spec_error {
-            return self.fail(&rec, e.reason, &e.message).await;
+            return cx.fail(&rec, e.reason, &e.message).await;
         }
         if let (Some(d), Some(start)) = (rec.active_deadline, rec.start_time)
             && d.left(start.time(), SystemTime::now())
                 .is_some_and(|left| left.is_zero())
         {
-            return self.exceed_deadline(&rec, d).await;
+            return cx.exceed_deadline(&rec, d).await;
         }
         if let Some(message) = rec.evicting() {
             let failure = Failure {
@@ -672,7 +653,7 @@ impl PodController {
                 grace: eviction::GRACE,
                 event_type: EventType::Warning,
             };
-            return self.stop_and_fail(&rec, &failure).await;
+            return cx.stop_and_fail(&rec, &failure).await;
         }
         let image_wait = rec
             .image_backoff()
@@ -692,7 +673,7 @@ impl PodController {
                      (vkd.io/partition-policy: fence)",
                     rec.instance_id.as_deref().unwrap_or("(unknown)")
                 );
-                return self.fail(&rec, "PartitionFenced", &message).await;
+                return cx.fail(&rec, "PartitionFenced", &message).await;
             }
             None if rec.instance_id.is_some() || rec.pending.is_none() => {
                 let message = format!(
@@ -700,11 +681,11 @@ impl PodController {
                     self.provider.name(),
                     rec.instance_id.as_deref().unwrap_or("(unknown)")
                 );
-                return self.fail(&rec, "InstanceLost", &message).await;
+                return cx.fail(&rec, "InstanceLost", &message).await;
             }
             // Backing off an image the backend could not run.
-            None if image_wait.is_some() => return Ok(self.deadline_action(uid, image_wait)),
-            None => match self.start(&rec).await? {
+            None if image_wait.is_some() => return Ok(cx.deadline_action(uid, image_wait)),
+            None => match cx.start(&rec).await? {
                 Start::Running(_) if lane == Lane::Create => return Ok(Action::WriteLater),
                 Start::Running(i) => *i,
                 Start::Queued(reason) => {
@@ -735,9 +716,9 @@ impl PodController {
                             waited.as_secs(),
                             timeout.as_secs()
                         );
-                        return self.fail(&rec, "BackendQueueTimeout", &message).await;
+                        return cx.fail(&rec, "BackendQueueTimeout", &message).await;
                     }
-                    self.queued(&rec, &reason).await?;
+                    cx.queued(&rec, &reason).await?;
                     return Ok(Action::After(QUEUED_RECHECK.min(timeout - waited)));
                 }
                 Start::ConfigError(message) => {
@@ -745,19 +726,19 @@ impl PodController {
                     let waiting = Waiting::ConfigError(message);
                     let changed =
                         status::desired_view(&rec, None, &waiting).digest() != rec.observed_digest;
-                    self.write_status(&rec, None, &waiting).await?;
+                    cx.write_status(&rec, None, &waiting).await?;
                     if changed && let Waiting::ConfigError(message) = &waiting {
                         // The kubelet's Event for a container it cannot configure;
                         // once per new message, not once per retry.
                         let note = format!("Error: {message}");
-                        self.event(&rec, EventType::Warning, "Failed", &note, "Create");
+                        cx.event(&rec, EventType::Warning, "Failed", &note, "Create");
                     }
-                    return Ok(self.deadline_action(uid, Some(CONFIG_RECHECK)));
+                    return Ok(cx.deadline_action(uid, Some(CONFIG_RECHECK)));
                 }
-                Start::ImagePull(message) => return self.image_unavailable(&rec, message).await,
-                Start::Sandbox(message) => return self.sandbox_not_created(&rec, message).await,
-                Start::Failed(reason, message) => return self.fail(&rec, &reason, &message).await,
-                Start::Rejected(r) => return self.reject(&rec, &r).await,
+                Start::ImagePull(message) => return cx.image_unavailable(&rec, message).await,
+                Start::Sandbox(message) => return cx.sandbox_not_created(&rec, message).await,
+                Start::Failed(reason, message) => return cx.fail(&rec, &reason, &message).await,
+                Start::Rejected(r) => return cx.reject(&rec, &r).await,
             },
         };
         if instance.epoch < self.settings.epoch && !rec.progress.adoption_noted {
@@ -768,21 +749,21 @@ impl PodController {
                 instance.host.as_deref().unwrap_or("-"),
                 self.settings.epoch
             );
-            self.decided(uid, &rec.key(), &instance.id, Decided::Adopted, detail);
-            self.touch(uid, |r| r.progress.adoption_noted = true);
+            cx.decided(uid, &rec.key(), &instance.id, Decided::Adopted, detail);
+            cx.touch(uid, |r| r.progress.adoption_noted = true);
         }
         if instance.phase != vkd_provider::InstancePhase::Pending {
             // Running or ended: the backend's own figures show what it uses.
             self.admitter.release(uid);
         }
-        self.container_events(&rec, &instance).await;
+        self.events.container_events(&rec, &instance).await;
         // New entries of spec.ephemeralContainers (kubectl debug) start now.
         let mut rec = rec;
-        self.start_ephemeral(&mut rec, &instance).await?;
-        self.write_status(&rec, Some(&instance), &Waiting::Creating)
+        cx.start_ephemeral(&mut rec, &instance).await?;
+        cx.write_status(&rec, Some(&instance), &Waiting::Creating)
             .await?;
         let refresh_in = if instance.phase == vkd_provider::InstancePhase::Running {
-            self.refresh_volumes(&rec).await?
+            cx.refresh_volumes(&rec).await?
         } else {
             None
         };
@@ -790,37 +771,13 @@ impl PodController {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        Ok(self.deadline_action(uid, recheck))
+        Ok(cx.deadline_action(uid, recheck))
     }
 
-    /// Updates the stored record, if the Pod still has one.
-    fn touch(&self, uid: &str, f: impl FnOnce(&mut PodRecord)) {
-        if let Some(r) = self.records().get_mut(uid) {
-            f(r);
-        }
-    }
-
-    /// Updates the stored record if it still is as `when` asks; says whether it was.
-    fn touch_if(
-        &self,
-        uid: &str,
-        when: impl FnOnce(&PodRecord) -> bool,
-        f: impl FnOnce(&mut PodRecord),
-    ) -> bool {
-        let mut records = self.records();
-        match records.get_mut(uid) {
-            Some(r) if when(r) => {
-                f(r);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Updates what the steps learned of a Pod, if it still has a record;
-    /// returns what `f` returns.
+    /// Updates what the steps learned of a Pod ([`PodStore::update`]).
+    #[cfg(test)]
     fn update<R>(&self, uid: &str, f: impl FnOnce(&mut model::Progress) -> R) -> Option<R> {
-        self.records().get_mut(uid).map(|r| f(&mut r.progress))
+        self.store.update(uid, f)
     }
 }
 

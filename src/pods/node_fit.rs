@@ -23,24 +23,20 @@ impl PodController {
                 None => return,
                 Some(Err(e)) => warn!(error = %e, "node watch failed; retrying"),
                 Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
-                    self.set_node_view(NodeView::of(&n));
+                    self.cx().set_node_view(&n);
                 }
                 Some(Ok(_)) => {}
             }
         }
     }
+}
 
-    fn set_node_view(&self, view: NodeView) -> Arc<NodeView> {
-        let view = Arc::new(view);
-        *self.node_view.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&view));
-        view
-    }
-
+impl Cx<'_> {
     /// The Node read now, not from the watch (it may lag a label just added).
     async fn fresh_node_view(&self) -> Result<Arc<NodeView>, ReconcileError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node = nodes.get(&self.settings.node).await?;
-        Ok(self.set_node_view(NodeView::of(&node)))
+        Ok(self.set_node_view(&node))
     }
 
     /// Admits the Pod to the node as the kubelet does, or says why not. Checks
@@ -70,7 +66,7 @@ impl PodController {
     }
 
     fn admit_against(&self, uid: &str, node: &NodeView) -> Result<(), Rejection> {
-        let mut records = self.records();
+        let mut records = self.store.lock();
         let Some(rec) = records.get(uid) else {
             return Ok(());
         };

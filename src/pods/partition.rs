@@ -48,7 +48,7 @@ impl PodController {
             .map(|r| PodRecord::clone(r))
             .collect();
         for rec in targets {
-            self.audit_removed(
+            self.cx().audit_removed(
                 &rec.uid,
                 &rec.key(),
                 rec.instance_id.as_deref().unwrap_or(""),

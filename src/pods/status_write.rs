@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl PodController {
+impl Cx<'_> {
     pub(super) async fn write_status(
         &self,
         rec: &PodRecord,

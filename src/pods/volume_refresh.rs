@@ -16,8 +16,9 @@ use kube::Api;
 use tracing::{debug, info, warn};
 use vkd_provider::{ProviderError, Support, Volume, VolumeSource};
 
+use super::cx::Cx;
 use super::model::{PodRecord, Stamp, VolumeProgress};
-use super::{PodController, ReconcileError, spec};
+use super::{ReconcileError, spec};
 
 /// How often a running Pod's volume sources are read again: the kubelet's
 /// sync period, with which its volumes follow their ConfigMaps and Secrets.
@@ -66,7 +67,7 @@ fn wait(metadata: std::num::NonZeroU64, refresh: &VolumeProgress, now: SystemTim
     refresh.due.time().duration_since(now).unwrap_or_default()
 }
 
-impl PodController {
+impl Cx<'_> {
     /// Refreshes the volumes of a running Pod when due; returns how long until
     /// the next refresh (`None`: the Pod has nothing to refresh).
     pub(super) async fn refresh_volumes(

@@ -1,0 +1,144 @@
+//! What a step works with: a small context of the services it may use, not
+//! the controller. A step (create, finalize, fail, the image back-off,
+//! ephemeral containers, the volume refresh, the status write, the node's
+//! admission) sees the API client, the provider under this term's fence, the
+//! admitter, the records, the Event sink and the decision log, and nothing of
+//! the watch, the work queue or the collector.
+
+use std::sync::Arc;
+
+use governor::DefaultDirectRateLimiter;
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::runtime::events::EventType;
+use vkd_provider::{Fence, Provider};
+
+use super::admission::NodeView;
+use super::events::{EventSink, Pace};
+use super::model::PodRecord;
+use super::store::PodStore;
+use super::{Settings, Shared};
+use crate::explain::Action as Decided;
+
+pub(super) struct Cx<'a> {
+    pub(super) settings: &'a Settings,
+    pub(super) client: &'a Client,
+    pub(super) provider: &'a Arc<dyn Provider>,
+    pub(super) admitter: &'a crate::topology::Admitter,
+    pub(super) shared: &'a Shared,
+    pub(super) store: &'a PodStore,
+    pub(super) events: &'a EventSink,
+    /// Pod writes wait here; the node lease uses another client and never does.
+    pub(super) writes: &'a DefaultDirectRateLimiter,
+    /// The Node as admission last read it.
+    pub(super) node_view: &'a std::sync::Mutex<Option<Arc<NodeView>>>,
+}
+
+impl Cx<'_> {
+    /// The fence every mutation of the backend carries in this term.
+    pub(super) fn fence(&self) -> Fence {
+        Fence {
+            node: self.settings.node.clone(),
+            epoch: self.settings.epoch,
+        }
+    }
+
+    /// Waits for the Pod-write rate limiter and counts the write.
+    pub(super) async fn throttle(&self, kind: &str) {
+        super::throttle(self.writes, &self.shared.metrics, kind).await;
+    }
+
+    /// Updates the stored record, if the Pod still has one.
+    pub(super) fn touch(&self, uid: &str, f: impl FnOnce(&mut PodRecord)) {
+        self.store.touch(uid, f);
+    }
+
+    /// Updates what the steps learned of a Pod ([`PodStore::update`]).
+    pub(super) fn update<R>(
+        &self,
+        uid: &str,
+        f: impl FnOnce(&mut super::model::Progress) -> R,
+    ) -> Option<R> {
+        self.store.update(uid, f)
+    }
+
+    /// A one-off Event about a Pod ([`EventSink::event`]).
+    pub(super) fn event(
+        &self,
+        rec: &PodRecord,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+    ) {
+        self.events.event(rec, type_, reason, note, action);
+    }
+
+    /// [`Self::event`], at the given [`Pace`].
+    pub(super) fn paced_event(
+        &self,
+        rec: &PodRecord,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+        pace: Pace,
+    ) {
+        self.events
+            .paced_event(rec, type_, reason, note, action, pace);
+    }
+
+    /// Records a decision in the daemon's log ([`crate::explain::DecisionLog`]).
+    pub(super) fn decided(
+        &self,
+        uid: &str,
+        pod: &str,
+        instance: &str,
+        action: Decided,
+        detail: impl Into<String>,
+    ) {
+        self.shared.decisions.record(
+            &self.settings.node,
+            uid,
+            pod,
+            instance,
+            self.settings.epoch,
+            action,
+            detail,
+        );
+    }
+
+    /// The audit line of an instance removed or stopped, and its decision.
+    pub(super) fn audit_removed(
+        &self,
+        uid: &str,
+        pod: &str,
+        instance: &str,
+        instance_epoch: u64,
+        action: Decided,
+        cause: &str,
+    ) {
+        crate::fencing::audit(
+            uid,
+            pod,
+            &self.settings.node,
+            self.provider.name(),
+            instance,
+            instance_epoch,
+            cause,
+        );
+        let detail = if instance_epoch == self.settings.epoch {
+            cause.to_owned()
+        } else {
+            format!("{cause} (instance made under epoch {instance_epoch})")
+        };
+        self.decided(uid, pod, instance, action, detail);
+    }
+
+    /// Keeps the Node as admission reads it.
+    pub(super) fn set_node_view(&self, node: &Node) -> Arc<NodeView> {
+        let view = Arc::new(NodeView::of(node));
+        *self.node_view.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&view));
+        view
+    }
+}
