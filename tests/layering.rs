@@ -90,6 +90,22 @@ const RULES: &[Rule] = &[
               place that writes, and steps use the view, not the other way",
     },
     Rule {
+        under: &[
+            "src/pods/create.rs",
+            "src/pods/failure.rs",
+            "src/pods/finalize.rs",
+            "src/pods/ephemeral.rs",
+            "src/pods/volume_refresh.rs",
+            "src/pods/status_write.rs",
+            "src/pods/node_fit.rs",
+            "src/pods/cx.rs",
+        ],
+        except: &[],
+        never: &["PodController", "WorkQueue", "gc_wake", "approved_orphans"],
+        why: "a step works with its small context (Cx, src/pods/cx.rs): never the \
+              controller, its work queue or its collector",
+    },
+    Rule {
         under: &["src/kubelet_api", "src/admin.rs"],
         except: &[],
         never: &["PodController"],

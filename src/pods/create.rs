@@ -12,8 +12,6 @@ pub(super) enum Start {
     /// kubelet after `FailedCreatePodSandBox`.
     Sandbox(String),
     Failed(String, String),
-    /// The node refuses it, as a kubelet would (the kubelet's admission).
-    Rejected(super::admission::Rejection),
 }
 
 impl Start {
@@ -31,28 +29,8 @@ impl Start {
 }
 
 impl Cx<'_> {
-    /// What resolves `pending` (ConfigMaps, Secrets, Services, fieldRefs) for
-    /// this node; with the node's allocatable when the spec reads it.
-    pub(super) async fn resolver(
-        &self,
-        pending: &spec::Pending,
-    ) -> Result<spec::Resolver<'_>, ReconcileError> {
-        let allocatable = if pending.reads_allocatable {
-            Some(self.admitter.allocatable().await?)
-        } else {
-            None
-        };
-        Ok(spec::Resolver {
-            client: self.client,
-            policy: &self.settings.policy,
-            host_ip: &self.settings.host_ip,
-            volumes: self.provider.capabilities().volumes == Support::Supported,
-            services: self.shared.services.as_ref(),
-            allocatable,
-        })
-    }
-
-    /// Admits and creates the instance.
+    /// Places the Pod on the backend and creates its instance (the node
+    /// admitted it before).
     pub(super) async fn start(&self, rec: &PodRecord) -> Result<Start, ReconcileError> {
         let Some(pending) = rec.pending.as_deref() else {
             return Ok(Start::Failed(
@@ -60,13 +38,6 @@ impl Cx<'_> {
                 "no spec to create the instance from".into(),
             ));
         };
-        if !rec.progress.admitted
-            && let Err(rejection) = self.admit_to_node(rec).await?
-        {
-            let detail = format!("{}: {}", rejection.reason, rejection.message);
-            self.decided(&rec.uid, &rec.key(), "", Decided::Rejected, detail);
-            return Ok(Start::Rejected(rejection));
-        }
         let resolver = self.resolver(pending).await?;
         let spec = match resolver.resolve(pending).await {
             Ok(s) => s,

@@ -3,7 +3,10 @@
 //! ephemeral containers, the volume refresh, the status write, the node's
 //! admission) sees the API client, the provider under this term's fence, the
 //! admitter, the records, the Event sink and the decision log, and nothing of
-//! the watch, the work queue or the collector.
+//! the watch, the work queue or the collector. Steps call the services here
+//! (the fence, writes, Events, decisions, the resolver), the one status
+//! writer (`status_write.rs`) and the provider; never another step: what
+//! comes next is the reconcile's decision table's to say.
 
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use super::admission::NodeView;
 use super::events::{EventSink, Pace};
 use super::model::PodRecord;
 use super::store::PodStore;
-use super::{Settings, Shared};
+use super::{ReconcileError, Settings, Shared, spec};
 use crate::explain::Action as Decided;
 
 pub(super) struct Cx<'a> {
@@ -133,6 +136,27 @@ impl Cx<'_> {
             format!("{cause} (instance made under epoch {instance_epoch})")
         };
         self.decided(uid, pod, instance, action, detail);
+    }
+
+    /// What resolves `pending` (ConfigMaps, Secrets, Services, fieldRefs) for
+    /// this node; with the node's allocatable when the spec reads it.
+    pub(super) async fn resolver(
+        &self,
+        pending: &spec::Pending,
+    ) -> Result<spec::Resolver<'_>, ReconcileError> {
+        let allocatable = if pending.reads_allocatable {
+            Some(self.admitter.allocatable().await?)
+        } else {
+            None
+        };
+        Ok(spec::Resolver {
+            client: self.client,
+            policy: &self.settings.policy,
+            host_ip: &self.settings.host_ip,
+            volumes: self.provider.capabilities().volumes == vkd_provider::Support::Supported,
+            services: self.shared.services.as_ref(),
+            allocatable,
+        })
     }
 
     /// Keeps the Node as admission reads it.

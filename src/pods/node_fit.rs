@@ -7,30 +7,6 @@ use k8s_openapi::api::core::v1::Node;
 use super::admission::{self, InUse, NodeView, Rejection};
 use super::*;
 
-impl PodController {
-    /// Keeps [`Self::node_view`] current from a watch of this node alone.
-    pub(super) async fn node_watch(&self, shutdown: CancellationToken) {
-        let nodes: Api<Node> = Api::all(self.watch_client.clone());
-        let cfg =
-            watcher::Config::default().fields(&format!("metadata.name={}", self.settings.node));
-        let mut stream = watcher(nodes, cfg).default_backoff().boxed();
-        loop {
-            let event = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                e = stream.next() => e,
-            };
-            match event {
-                None => return,
-                Some(Err(e)) => warn!(error = %e, "node watch failed; retrying"),
-                Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
-                    self.cx().set_node_view(&n);
-                }
-                Some(Ok(_)) => {}
-            }
-        }
-    }
-}
-
 impl Cx<'_> {
     /// The Node read now, not from the watch (it may lag a label just added).
     async fn fresh_node_view(&self) -> Result<Arc<NodeView>, ReconcileError> {
@@ -55,14 +31,19 @@ impl Cx<'_> {
             Some(n) => n,
             None => self.fresh_node_view().await?,
         };
-        match self.admit_against(&rec.uid, &node) {
+        let verdict = match self.admit_against(&rec.uid, &node) {
             // As the kubelet: when only the labels refused it, look at the Node again.
             Err(r) if r.is_node_affinity() => {
                 let node = self.fresh_node_view().await?;
-                Ok(self.admit_against(&rec.uid, &node))
+                self.admit_against(&rec.uid, &node)
             }
-            other => Ok(other),
+            other => other,
+        };
+        if let Err(rejection) = &verdict {
+            let detail = format!("{}: {}", rejection.reason, rejection.message);
+            self.decided(&rec.uid, &rec.key(), "", Decided::Rejected, detail);
         }
+        Ok(verdict)
     }
 
     fn admit_against(&self, uid: &str, node: &NodeView) -> Result<(), Rejection> {
