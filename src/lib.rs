@@ -435,6 +435,12 @@ async fn act(
         controllers.push(pods);
         info!(node = %name, port, "virtual node configured");
     }
+    // One reader of the backend's events for every node, routing each to
+    // the node that holds its Pod.
+    tasks.spawn(
+        "provider events",
+        pods::route_backend_events(Arc::clone(provider), controllers.clone(), work.clone()),
+    );
     admin_state.set_active(
         registered,
         controllers.iter().map(pods::PodController::index).collect(),

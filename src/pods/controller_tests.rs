@@ -11,7 +11,8 @@ use super::test_support::{
     Scripted, answer, controller, controller_answering, controller_with, events, patches,
     wait_events,
 };
-use super::{Action, Lane};
+use super::{Action, Lane, PodController};
+use tokio_util::sync::CancellationToken;
 
 fn running_instance() -> Instance {
     let t = json!({"secs_since_epoch": 1_767_225_600, "nanos_since_epoch": 0});
@@ -597,27 +598,75 @@ async fn the_terms_end_stops_a_reconcile_in_flight() {
 /// Per-host mode: every node hears every backend event. One for a Pod of
 /// another node queues nothing here (and so wakes no collection pass); one
 /// for this node's Pod queues it.
+/// Per-host mode: one vkd serves a node per backend host from one provider.
+/// The backend's events are read once, not once per node, and each goes to
+/// the node that holds its Pod: the other nodes are not woken, an event of a
+/// Pod no node holds costs none of them anything, and a resync reaches all.
 #[tokio::test]
-async fn another_nodes_backend_event_costs_nothing() {
+async fn backend_events_are_read_once_and_go_to_the_node_that_holds_the_pod() {
     let provider = Arc::new(Scripted::default());
-    let (c, _log) = controller(Arc::clone(&provider));
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
-        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
-    }))
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    *provider.events.lock().unwrap() = Some(rx);
+    let (a, _) = controller(Arc::clone(&provider));
+    let (b, _) = controller_with(Arc::clone(&provider), |s| s.node = "vk-2".into());
+    for (c, uid) in [(&a, "u1"), (&b, "u2")] {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"nodeName": c.node(), "containers": [{"name": "main", "image": "x"}]}
+        }))
+        .unwrap();
+        c.upsert(&pod);
+    }
+    let drain = |c: &Arc<PodController>| {
+        let c = Arc::clone(c);
+        async move {
+            let mut taken = Vec::new();
+            while c.queue_depth() > 0 {
+                taken.push(c.queue.next_in(false).await);
+            }
+            for uid in &taken {
+                c.queue.done(uid);
+            }
+            taken
+        }
+    };
+    drain(&a).await;
+    drain(&b).await;
+    let stop = CancellationToken::new();
+    let router = tokio::spawn(super::route_backend_events(
+        Arc::clone(&provider) as Arc<dyn vkd_provider::Provider>,
+        vec![Arc::clone(&a), Arc::clone(&b)],
+        stop.clone(),
+    ));
+    let changed = |uid: &str| vkd_provider::InstanceEvent::Changed { uid: uid.into() };
+    tx.unbounded_send(changed("u2")).unwrap();
+    tx.unbounded_send(changed("no-nodes-pod")).unwrap();
+    tx.unbounded_send(changed("u1")).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while a.queue_depth() + b.queue_depth() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
     .unwrap();
-    c.upsert(&pod);
-    let mut taken = Vec::new();
-    while c.queue_depth() > 0 {
-        taken.push(c.queue.next_in(false).await);
-    }
-    for uid in &taken {
-        c.queue.done(uid);
-    }
-    c.on_provider_event(&vkd_provider::InstanceEvent::Changed {
-        uid: "another-nodes-pod".into(),
-    });
-    assert_eq!(c.queue_depth(), 0);
-    c.on_provider_event(&vkd_provider::InstanceEvent::Changed { uid: "u1".into() });
-    assert_eq!(c.queue_depth(), 1);
+    assert_eq!(drain(&a).await, ["u1"]);
+    assert_eq!(drain(&b).await, ["u2"]);
+    tx.unbounded_send(vkd_provider::InstanceEvent::Resync)
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while a.queue_depth() + b.queue_depth() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        provider
+            .event_streams
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one stream for both nodes"
+    );
+    stop.cancel();
+    router.await.unwrap().unwrap();
 }

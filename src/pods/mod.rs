@@ -31,6 +31,7 @@ pub mod volume_refresh;
 mod watch;
 
 pub use index::PodIndex;
+pub use watch::route_backend_events;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -328,7 +329,6 @@ impl PodController {
         }
         task!("pod watch", watch);
         task!("node watch", node_watch);
-        task!("provider events", provider_events);
         task!("resync", resync);
         task!("collector", collect);
         task!("partition watch", partition_watch);

@@ -32,6 +32,10 @@ pub(super) struct Scripted {
     pub listed: Mutex<Vec<Instance>>,
     /// `get` never answers (a backend that hangs).
     pub get_hangs: bool,
+    /// What the first `events` stream carries (later ones carry nothing).
+    pub events: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<InstanceEvent>>>,
+    /// How many event streams were asked for.
+    pub event_streams: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -77,7 +81,12 @@ impl Provider for Scripted {
         Ok(self.listed.lock().unwrap().clone())
     }
     fn events(&self) -> BoxStream<'static, InstanceEvent> {
-        futures::stream::pending().boxed()
+        self.event_streams
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match self.events.lock().unwrap().take() {
+            Some(rx) => rx.boxed(),
+            None => futures::stream::pending().boxed(),
+        }
     }
     async fn start_ephemeral(
         &self,

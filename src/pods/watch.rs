@@ -109,38 +109,22 @@ impl PodController {
         Some(uid)
     }
 
-    pub(super) async fn provider_events(&self, shutdown: CancellationToken) {
-        let mut events = self.provider.events();
-        loop {
-            let ev = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                e = events.next() => e,
-            };
-            match ev {
-                None => {
-                    // A provider without (more) events: the periodic resync still
-                    // visits every Pod, so this is no reason to stop the node.
-                    warn!("the provider's event stream ended; relying on resync");
-                    shutdown.cancelled().await;
-                    return;
-                }
-                Some(event) => self.on_provider_event(&event),
-            }
-        }
-    }
-
-    /// A backend event: its Pod is looked at again. An instance of a Pod this
-    /// node does not hold (another node's, in per-host mode, where every node
-    /// hears every event) costs nothing here; an orphan of this node is the
-    /// collector's, which the Pod's deletion already woke.
-    pub(super) fn on_provider_event(&self, event: &InstanceEvent) {
+    /// A backend event: its Pod is looked at again, if this node holds it
+    /// (says whether it does). An instance of a Pod no node holds is an
+    /// orphan: the collector's, which the Pod's deletion already woke.
+    pub(super) fn on_provider_event(&self, event: &InstanceEvent) -> bool {
         match event {
             InstanceEvent::Changed { uid } => {
-                if self.records().contains_key(uid) {
+                let held = self.records().contains_key(uid);
+                if held {
                     self.queue.add(uid);
                 }
+                held
             }
-            InstanceEvent::Resync => self.enqueue_all(),
+            InstanceEvent::Resync => {
+                self.enqueue_all();
+                true
+            }
         }
     }
 
@@ -180,6 +164,42 @@ impl PodController {
                     self.cx().set_node_view(&n);
                 }
                 Some(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+/// Reads the provider's instance events once for all the nodes this vkd
+/// serves, and hands each to the node whose Pod it concerns (a resync to
+/// every node). In per-host mode one provider serves a node per host: a
+/// stream per node would deliver every event to every node.
+pub async fn route_backend_events(
+    provider: Arc<dyn Provider>,
+    nodes: Vec<Arc<PodController>>,
+    shutdown: CancellationToken,
+) -> Result<(), std::convert::Infallible> {
+    let mut events = provider.events();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            e = events.next() => e,
+        };
+        match event {
+            None => {
+                // A provider without (more) events: the periodic resync still
+                // visits every Pod, so this is no reason to stop the nodes.
+                warn!("the provider's event stream ended; relying on resync");
+                shutdown.cancelled().await;
+                return Ok(());
+            }
+            Some(event @ InstanceEvent::Changed { .. }) => {
+                // The first node that holds the Pod takes it; the rest are not asked.
+                let _ = nodes.iter().any(|n| n.on_provider_event(&event));
+            }
+            Some(InstanceEvent::Resync) => {
+                for n in &nodes {
+                    n.on_provider_event(&InstanceEvent::Resync);
+                }
             }
         }
     }
