@@ -93,6 +93,8 @@ const RULES: &[Rule] = &[
         under: &[
             "src/pods/create.rs",
             "src/pods/failure.rs",
+            "src/pods/deadline.rs",
+            "src/pods/image_backoff.rs",
             "src/pods/finalize.rs",
             "src/pods/ephemeral.rs",
             "src/pods/volume_refresh.rs",
