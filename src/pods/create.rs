@@ -184,7 +184,7 @@ impl Cx<'_> {
                 instance.host.as_deref().unwrap_or("-"),
                 self.settings.epoch
             );
-            self.paced_event(
+            self.events.paced_event(
                 rec,
                 EventType::Normal,
                 "InstanceCreated",
@@ -207,7 +207,8 @@ impl Cx<'_> {
         self.write_status(rec, None, &Waiting::Queued(reason.to_owned()))
             .await?;
         if rec.progress.queued_since.is_none() {
-            self.event(rec, EventType::Normal, "BackendQueued", reason, "Admit");
+            self.events
+                .event(rec, EventType::Normal, "BackendQueued", reason, "Admit");
             self.update(&rec.uid, |p| p.queued_since = Some(Stamp::now()));
         }
         Ok(())

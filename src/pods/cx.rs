@@ -13,11 +13,10 @@ use std::sync::Arc;
 use governor::DefaultDirectRateLimiter;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::runtime::events::EventType;
 use vkd_provider::{Fence, Provider};
 
 use super::admission::NodeView;
-use super::events::{EventSink, Pace};
+use super::events::EventSink;
 use super::model::PodRecord;
 use super::store::PodStore;
 use super::{ReconcileError, Settings, Shared, spec};
@@ -63,32 +62,6 @@ impl Cx<'_> {
         f: impl FnOnce(&mut super::model::Progress) -> R,
     ) -> Option<R> {
         self.store.update(uid, f)
-    }
-
-    /// A one-off Event about a Pod ([`EventSink::event`]).
-    pub(super) fn event(
-        &self,
-        rec: &PodRecord,
-        type_: EventType,
-        reason: &str,
-        note: &str,
-        action: &str,
-    ) {
-        self.events.event(rec, type_, reason, note, action);
-    }
-
-    /// [`Self::event`], at the given [`Pace`].
-    pub(super) fn paced_event(
-        &self,
-        rec: &PodRecord,
-        type_: EventType,
-        reason: &str,
-        note: &str,
-        action: &str,
-        pace: Pace,
-    ) {
-        self.events
-            .paced_event(rec, type_, reason, note, action, pace);
     }
 
     /// Records a decision in the daemon's log ([`crate::explain::DecisionLog`]).

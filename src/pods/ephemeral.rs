@@ -159,7 +159,8 @@ impl Cx<'_> {
             reason, message, "ephemeral container not started"
         );
         let note = format!("ephemeral container {name}: {reason}: {message}");
-        self.event(rec, EventType::Warning, "Failed", &note, "Start");
+        self.events
+            .event(rec, EventType::Warning, "Failed", &note, "Start");
         progress.refuse(r);
     }
 }

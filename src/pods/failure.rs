@@ -103,7 +103,7 @@ impl Cx<'_> {
             r.progress.failing = None;
             r.observe(&observed, now);
         });
-        self.event(
+        self.events.event(
             rec,
             failure.event_type,
             failure.reason,
@@ -157,7 +157,8 @@ impl Cx<'_> {
             self.patch_status(rec, body).await?;
             let observed = view.observed();
             self.touch(&rec.uid, |r| r.observe(&observed, SystemTime::now()));
-            self.event(rec, EventType::Warning, reason, event_message, "Admit");
+            self.events
+                .event(rec, EventType::Warning, reason, event_message, "Admit");
         }
         Ok(Action::Done)
     }

@@ -31,14 +31,14 @@ impl Cx<'_> {
         warn!(%message, failures, "image not runnable; waiting as after a failed pull");
         // The kubelet's pair of Events, once each rather than at every retry.
         match failures {
-            1 => self.event(
+            1 => self.events.event(
                 rec,
                 EventType::Warning,
                 "Failed",
                 &format!("Failed to pull image: {message}"),
                 "Pull",
             ),
-            2 => self.event(
+            2 => self.events.event(
                 rec,
                 EventType::Normal,
                 "BackOff",
@@ -63,7 +63,7 @@ impl Cx<'_> {
         self.write_status(rec, None, &Waiting::Creating).await?;
         let (failures, wait) = self.back_off_start(rec);
         warn!(%message, failures, "the backend could not create the Pod's sandbox; trying again");
-        self.event(
+        self.events.event(
             rec,
             EventType::Warning,
             vkd_provider::SANDBOX_NOT_CREATED,

@@ -198,7 +198,8 @@ impl PodController {
                             // The kubelet's Event for a container it cannot configure;
                             // once per new message, not once per retry.
                             let note = format!("Error: {message}");
-                            cx.event(&rec, EventType::Warning, "Failed", &note, "Create");
+                            cx.events
+                                .event(&rec, EventType::Warning, "Failed", &note, "Create");
                         }
                         return Ok(cx.deadline_action(uid, Some(CONFIG_RECHECK)));
                     }
