@@ -1,6 +1,15 @@
 //! The Pod controller: watches the Pods bound to this node, runs each as a backend
 //! instance, writes their status, and finalizes their deletion once the backend
 //! confirms the instance is gone.
+//!
+//! Where to start reading: [`model`] (what a Pod's record holds, and who writes
+//! each part), `reconcile.rs` (the decision table: which step runs next),
+//! `cx.rs` (what a step may use), then the step you are changing (`create.rs`,
+//! `node_fit.rs`, `failure.rs`, `deadline.rs`, `image_backoff.rs`,
+//! `finalize.rs`, `ephemeral.rs`, `volume_refresh.rs`, `status_write.rs`).
+//! Translation is below them ([`spec`], [`status`], [`admission`]); the
+//! inputs (`watch.rs`) and the collector (`gc.rs`, `partition.rs`,
+//! `eviction.rs`) are the controller's. docs/architecture.md has the picture.
 
 pub mod admission;
 #[cfg(test)]
