@@ -22,6 +22,16 @@ use super::store::PodStore;
 use super::{ReconcileError, Settings, Shared, spec};
 use crate::explain::Action as Decided;
 
+/// Why a Pod fails while its containers may still run, and how they stop
+/// (what the decision table hands [`Cx::stop_and_fail`]).
+pub(super) struct Failure<'a> {
+    pub(super) reason: &'a str,
+    pub(super) message: &'a str,
+    /// The grace period its containers get.
+    pub(super) grace: std::time::Duration,
+    pub(super) event_type: kube::runtime::events::EventType,
+}
+
 pub(super) struct Cx<'a> {
     pub(super) settings: &'a Settings,
     pub(super) client: &'a Client,

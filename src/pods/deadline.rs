@@ -1,7 +1,7 @@
 //! `activeDeadlineSeconds`: when a Pod is looked at again for it, and what
 //! happens when it passes.
 
-use super::failure::Failure;
+use super::cx::Failure;
 use super::*;
 
 impl Cx<'_> {
@@ -24,20 +24,15 @@ impl Cx<'_> {
             (None, None) => Action::Done,
         }
     }
+}
 
-    /// `activeDeadlineSeconds` passed: as the kubelet, stop the containers
-    /// (with the Pod's grace period) and fail the Pod with `DeadlineExceeded`.
-    pub(super) async fn exceed_deadline(
-        &self,
-        rec: &PodRecord,
-        deadline: model::ActiveDeadline,
-    ) -> Result<Action, ReconcileError> {
-        let failure = Failure {
-            reason: DEADLINE_REASON,
-            message: DEADLINE_MESSAGE,
-            grace: Duration::from_secs(deadline.grace_seconds.into()),
-            event_type: EventType::Normal,
-        };
-        self.stop_and_fail(rec, &failure).await
+/// `activeDeadlineSeconds` passed: as the kubelet, the containers stop with
+/// the Pod's grace period and the Pod fails with `DeadlineExceeded`.
+pub(super) fn exceeded(deadline: model::ActiveDeadline) -> Failure<'static> {
+    Failure {
+        reason: DEADLINE_REASON,
+        message: DEADLINE_MESSAGE,
+        grace: Duration::from_secs(deadline.grace_seconds.into()),
+        event_type: EventType::Normal,
     }
 }

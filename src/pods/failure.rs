@@ -4,14 +4,7 @@
 
 use super::*;
 
-/// Why a Pod fails while its containers may still run, and how they stop.
-pub(super) struct Failure<'a> {
-    pub(super) reason: &'a str,
-    pub(super) message: &'a str,
-    /// The grace period its containers get.
-    pub(super) grace: Duration,
-    pub(super) event_type: EventType,
-}
+use super::cx::Failure;
 
 impl Cx<'_> {
     /// As the kubelet's killPod with a status function: stop the containers

@@ -16,11 +16,12 @@ impl Cx<'_> {
     /// `ErrImagePull`, then `ImagePullBackOff`, and the start is tried again
     /// after a back-off that doubles from [`IMAGE_BACKOFF`] to
     /// [`IMAGE_BACKOFF_MAX`]; an update of the Pod (a fixed image) tries at once.
+    /// Returns how long until the next try.
     pub(super) async fn image_unavailable(
         &self,
         rec: &PodRecord,
         message: String,
-    ) -> Result<Action, ReconcileError> {
+    ) -> Result<Duration, ReconcileError> {
         let backoff = rec.image_backoff().is_some();
         let waiting = Waiting::ImagePull {
             message: message.clone(),
@@ -47,7 +48,7 @@ impl Cx<'_> {
             ),
             _ => {}
         }
-        Ok(self.deadline_action(&rec.uid, Some(wait)))
+        Ok(wait)
     }
 
     /// The backend could not set up the Pod's sandbox (its network, say) and
@@ -59,7 +60,7 @@ impl Cx<'_> {
         &self,
         rec: &PodRecord,
         message: String,
-    ) -> Result<Action, ReconcileError> {
+    ) -> Result<Duration, ReconcileError> {
         self.write_status(rec, None, &Waiting::Creating).await?;
         let (failures, wait) = self.back_off_start(rec);
         warn!(%message, failures, "the backend could not create the Pod's sandbox; trying again");
@@ -70,7 +71,7 @@ impl Cx<'_> {
             &format!("Failed to create pod sandbox: {message}"),
             "Create",
         );
-        Ok(self.deadline_action(&rec.uid, Some(wait)))
+        Ok(wait)
     }
 
     /// Counts a start that failed and sets when the next may be tried: after

@@ -64,8 +64,8 @@ use vkd_provider::{Admission, Fence, Instance, InstanceEvent, Provider, Provider
 use crate::explain::Action as Decided;
 use create::Start;
 use cx::Cx;
+use cx::Failure;
 use events::EventSink;
-use failure::Failure;
 use model::{PodRecord, Stamp};
 use queue::WorkQueue;
 use status::Waiting;

@@ -102,7 +102,7 @@ impl PodController {
             && d.left(start.time(), SystemTime::now())
                 .is_some_and(|left| left.is_zero())
         {
-            return cx.exceed_deadline(&rec, d).await;
+            return cx.stop_and_fail(&rec, &deadline::exceeded(d)).await;
         }
         if let Some(message) = rec.evicting() {
             let failure = Failure {
@@ -203,8 +203,14 @@ impl PodController {
                         }
                         return Ok(cx.deadline_action(uid, Some(CONFIG_RECHECK)));
                     }
-                    Start::ImagePull(message) => return cx.image_unavailable(&rec, message).await,
-                    Start::Sandbox(message) => return cx.sandbox_not_created(&rec, message).await,
+                    Start::ImagePull(message) => {
+                        let wait = cx.image_unavailable(&rec, message).await?;
+                        return Ok(cx.deadline_action(uid, Some(wait)));
+                    }
+                    Start::Sandbox(message) => {
+                        let wait = cx.sandbox_not_created(&rec, message).await?;
+                        return Ok(cx.deadline_action(uid, Some(wait)));
+                    }
                     Start::Failed(reason, message) => {
                         return cx.fail(&rec, &reason, &message).await;
                     }
