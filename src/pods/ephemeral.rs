@@ -43,7 +43,7 @@ impl Cx<'_> {
         let outcome = self.hand_over(rec, &mut progress, pending, instance).await;
         // Only this Pod's reconcile writes it, and one runs at a time.
         let progress = Some(Box::new(progress));
-        self.touch(&rec.uid, |r| r.progress.ephemeral.clone_from(&progress));
+        self.update(&rec.uid, |p| p.ephemeral.clone_from(&progress));
         rec.progress.ephemeral = progress;
         outcome
     }

@@ -226,7 +226,7 @@ impl PodController {
                 self.settings.epoch
             );
             cx.decided(uid, &rec.key(), &instance.id, Decided::Adopted, detail);
-            cx.touch(uid, |r| r.progress.adoption_noted = true);
+            cx.update(uid, |p| p.adoption_noted = true);
         }
         if instance.phase != vkd_provider::InstancePhase::Pending {
             // Running or ended: the backend's own figures show what it uses.

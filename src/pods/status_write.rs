@@ -48,7 +48,7 @@ impl Cx<'_> {
             .iter()
             .any(|c| c.state == status::StateView::Running);
         let ready = view.conditions[3] == Some(true);
-        let progress = self.update(&rec.uid, |p| {
+        let timeline = self.update(&rec.uid, |p| {
             if running {
                 p.timeline.started.get_or_insert(now.into());
             }
@@ -56,31 +56,27 @@ impl Cx<'_> {
             if newly_ready {
                 p.timeline.ready = Some(now.into());
             }
-            (p.clone(), newly_ready)
+            (p.timeline.clone(), newly_ready)
         });
-        let Some((progress, newly_ready)) = progress else {
+        let Some((timeline, newly_ready)) = timeline else {
             debug!("the Pod is gone; its status is not written");
             return Ok(());
         };
-        if newly_ready {
-            let t = &progress.timeline;
-            if let Some(base) = t.bound.or(t.observed).map(Stamp::time) {
-                let since = |x: Option<Stamp>| x.and_then(|x| x.time().duration_since(base).ok());
-                let stages: Vec<(&str, Duration)> = t
-                    .stages()
-                    .into_iter()
-                    .filter_map(|(n, x)| Some((n, since(x)?)))
-                    .collect();
-                self.shared.metrics.started(&stages);
-            }
+        if newly_ready && let Some(base) = timeline.bound.or(timeline.observed).map(Stamp::time) {
+            let since = |x: Option<Stamp>| x.and_then(|x| x.time().duration_since(base).ok());
+            let stages: Vec<(&str, Duration)> = timeline
+                .stages()
+                .into_iter()
+                .filter_map(|(n, x)| Some((n, since(x)?)))
+                .collect();
+            self.shared.metrics.started(&stages);
         }
-        let mut rec = rec.clone();
-        rec.progress = progress;
-        // The first status written starts the Pod's clock.
+        // The first status written starts the Pod's clock (the patch says
+        // `now` where the record has no start time).
         let start = rec.start_time.unwrap_or_else(|| now.into());
-        rec.observe_start(start);
-        let body = status::patch_body(&rec, &view, instance, &self.settings.host_ip, now);
-        self.patch_status(&rec, body).await?;
+        let body =
+            status::patch_body_at(rec, &timeline, &view, instance, &self.settings.host_ip, now);
+        self.patch_status(rec, body).await?;
         debug!(phase = %view.phase, "status written");
         let observed = view.observed();
         self.touch(&rec.uid, |r| {

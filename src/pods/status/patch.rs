@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use vkd_provider::{ContainerState, ContainerStatus, Instance};
 
 use super::*;
-use crate::pods::model::{ContainerInfo, PodRecord, Stamp};
+use crate::pods::model::{ContainerInfo, PodRecord, Stamp, Timeline};
 
 /// RFC 3339 with seconds, as metav1.Time is written.
 pub fn time(t: SystemTime) -> String {
@@ -20,6 +20,19 @@ pub fn time(t: SystemTime) -> String {
 /// instance id and the timeline travel in the same request as annotations.
 pub fn patch_body(
     rec: &PodRecord,
+    view: &StatusView,
+    instance: Option<&Instance>,
+    host_ip: &str,
+    now: SystemTime,
+) -> Value {
+    patch_body_at(rec, &rec.progress.timeline, view, instance, host_ip, now)
+}
+
+/// [`patch_body`] with the startup timeline as the steps have it now (it may
+/// be newer than `rec`'s copy).
+pub fn patch_body_at(
+    rec: &PodRecord,
+    timeline: &Timeline,
     view: &StatusView,
     instance: Option<&Instance>,
     host_ip: &str,
@@ -78,7 +91,7 @@ pub fn patch_body(
         let mut scheduled =
             json!({"type": "PodScheduled", "status": "True", "observedGeneration": g});
         // Bound by spec.nodeName: no scheduler wrote one, so it starts now.
-        if rec.progress.timeline.bound.is_none() {
+        if timeline.bound.is_none() {
             scheduled["lastTransitionTime"] = json!(time(now));
         }
         conditions.push(scheduled);
@@ -117,7 +130,7 @@ pub fn patch_body(
     if let Some(id) = &view.instance_id {
         annotations.insert(INSTANCE_ID.into(), json!(id));
     }
-    annotations.insert(TIMELINE.into(), json!(rec.progress.timeline.render()));
+    annotations.insert(TIMELINE.into(), json!(timeline.render()));
     if let Some(host) = instance.and_then(|i| i.host.as_deref()) {
         annotations.insert(HOST.into(), json!(host));
     }
