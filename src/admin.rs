@@ -174,6 +174,7 @@ mod tests {
                 lifecycle_events: false,
                 event_qps: 50,
                 event_burst: 100,
+                dra: None,
             },
             client.clone(),
             client,

@@ -302,6 +302,15 @@ pub struct RunArgs {
     /// gets its grace period. Streaming calls are bounded only while starting.
     #[arg(long, env = "VKD_PROVIDER_TIMEOUT")]
     pub provider_timeout: Option<String>,
+    /// Publish the hosts' GPUs as DRA ResourceSlices (resource.k8s.io/v1) and
+    /// run Pods on the devices their ResourceClaims were allocated; the Node
+    /// then no longer advertises `nvidia.com/gpu` (docs/dra.md). Default false.
+    #[arg(long, env = "VKD_DRA")]
+    pub dra: Option<bool>,
+    /// The DRA driver name of the slices (default `gpu.vkd.io`; `gpu.nvidia.com`
+    /// lets NVIDIA's DeviceClasses and claims match).
+    #[arg(long, env = "VKD_DRA_DRIVER")]
+    pub dra_driver: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -365,6 +374,8 @@ struct FileConfig {
     partition_fence_after: Option<String>,
     lifecycle_events: Option<bool>,
     provider_timeout: Option<String>,
+    dra: Option<bool>,
+    dra_driver: Option<String>,
 }
 
 /// A configuration problem, naming the field.
@@ -447,6 +458,8 @@ pub struct Config {
     pub event_burst: u32,
     /// The deadline of one provider call (`--provider-timeout`).
     pub provider_timeout: Duration,
+    /// `None`: DRA off (`--dra`).
+    pub dra: Option<crate::dra::Settings>,
     /// How often the node lease is renewed (the kubelet's 10 s).
     pub lease_renew_interval: Duration,
     /// The lease duration (the kubelet's 40 s).
@@ -742,6 +755,21 @@ impl Config {
             args.provider_timeout.or(file.provider_timeout),
             120,
         )?;
+        let dra_driver = args
+            .dra_driver
+            .or(file.dra_driver)
+            .unwrap_or_else(|| crate::dra::devices::VKD_DOMAIN.to_owned());
+        if dra_driver.len() > 63 || check_node_name(&dra_driver).is_err() {
+            return Err(bad(
+                "dra-driver",
+                format!("{dra_driver:?} is not a DNS subdomain of at most 63 characters"),
+            ));
+        }
+        let dra = args
+            .dra
+            .or(file.dra)
+            .unwrap_or(false)
+            .then_some(crate::dra::Settings { driver: dra_driver });
         let partition_fence_after = duration(
             "partition-fence-after",
             args.partition_fence_after.or(file.partition_fence_after),
@@ -861,6 +889,7 @@ impl Config {
             event_qps,
             event_burst,
             provider_timeout,
+            dra,
             lease_renew_interval: Duration::from_secs(10),
             lease_duration: Duration::from_secs(40),
             status_report_interval: Duration::from_secs(300),

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod api_client;
 pub mod cli;
 pub mod config;
+pub mod dra;
 pub mod explain;
 pub mod fencing;
 pub mod kubelet_api;
@@ -386,6 +387,7 @@ async fn act(
                 lifecycle_events: cfg.lifecycle_events,
                 event_qps: cfg.event_qps,
                 event_burst: cfg.event_burst,
+                dra: cfg.dra.clone(),
             },
             clients.pods.clone(),
             clients.watch.clone(),
@@ -417,6 +419,7 @@ async fn act(
                 status_report_interval: cfg.status_report_interval,
                 policy: cfg.policy.to_string(),
                 host,
+                dra: cfg.dra.clone(),
             },
             clients.node.clone(),
             Arc::clone(provider),

@@ -174,7 +174,11 @@ impl Admitter {
         let _turn = self.turn.lock().await;
         let uid = spec.pod.uid.as_str();
         let mut spec = spec.clone();
-        if let Some(h) = &self.host {
+        // A placement the spec brings (a DRA allocation) is already on this
+        // node's host: the Pod's claims were checked against its pools.
+        if let Some(h) = &self.host
+            && spec.placement.is_none()
+        {
             spec.placement = Some(Placement {
                 host: h.clone(),
                 gpu_ids: Vec::new(),
@@ -216,6 +220,12 @@ impl Admitter {
             // Queued or refused on what the backend says now, never on an old snapshot.
             (snapshot, fresh) = self.snapshot(true).await?;
         }
+    }
+
+    /// The hosts this Admitter places on, each as it is with nothing running
+    /// (what a DRA allocation is read against).
+    pub async fn hosts(&self) -> Result<Vec<HostSlice>, ProviderError> {
+        Ok(self.snapshot(false).await?.0.total.clone())
     }
 
     /// What admission holds for one Pod (`pod`: its `namespace/name`).

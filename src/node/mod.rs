@@ -57,6 +57,8 @@ pub struct Settings {
     pub policy: String,
     /// In per-host mode, the one host slice this Node stands for.
     pub host: Option<String>,
+    /// Publish the GPUs as DRA ResourceSlices rather than `nvidia.com/gpu`.
+    pub dra: Option<crate::dra::Settings>,
 }
 
 pub struct NodeAgent {
@@ -65,6 +67,8 @@ pub struct NodeAgent {
     provider: Arc<dyn Provider>,
     /// Unix milliseconds of the last successful lease renewal, for the partition policy.
     last_renewal: Arc<std::sync::atomic::AtomicU64>,
+    /// The Node's ResourceSlices, with DRA on.
+    slices: Option<crate::dra::publish::Publisher>,
 }
 
 impl std::fmt::Debug for NodeAgent {
@@ -99,11 +103,20 @@ impl NodeAgent {
         provider: Arc<dyn Provider>,
         last_renewal: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
+        let slices = settings.dra.clone().map(|dra| {
+            crate::dra::publish::Publisher::new(
+                client.clone(),
+                dra,
+                settings.name.clone(),
+                settings.host.is_some(),
+            )
+        });
         Self {
             settings,
             client,
             provider,
             last_renewal,
+            slices,
         }
     }
 
@@ -298,8 +311,11 @@ impl NodeAgent {
             "cpu": vkd_provider::quantity::format_cpu(cpu),
             "memory": mem.to_string(),
             "pods": pods.to_string(),
-            "nvidia.com/gpu": gpus.to_string(),
         });
+        // With DRA the GPUs are devices in ResourceSlices: counted once, there.
+        if self.slices.is_none() {
+            resources["nvidia.com/gpu"] = json!(gpus.to_string());
+        }
         // Only where the backend says: a figure it left out is not claimed.
         if disk > 0 {
             resources["ephemeral-storage"] = json!(disk.to_string());
@@ -408,7 +424,7 @@ impl NodeAgent {
             }
         };
         info!(node = %self.settings.name, "node registered");
-        owner.send_replace(Some(node_uid));
+        owner.send_replace(Some(node_uid.clone()));
         let _ = registered.send(true);
         let api: Api<Node> = Api::all(self.client.clone());
         let mut posted: Vec<(&'static str, Posted)> = Vec::new();
@@ -428,6 +444,11 @@ impl NodeAgent {
             }
             let now = SystemTime::now();
             let ([(status, reason, message), backend], cap) = self.observe().await;
+            if let (Some(slices), Some(cap)) = (&self.slices, &cap)
+                && let Err(e) = slices.sync(&cap.hosts, &node_uid).await
+            {
+                warn!(error = %e, "publishing the node's ResourceSlices failed; trying again at the next look");
+            }
             let meta = self.topology(cap.as_ref());
             if cap.is_some() && meta != last_meta {
                 match self.register(cap.as_ref()).await {
@@ -541,6 +562,7 @@ mod tests {
             status_report_interval: Duration::from_secs(300),
             policy: String::new(),
             host: None,
+            dra: None,
         }
     }
 

@@ -277,7 +277,7 @@ fn matches_affinity(req: &Requirements, node: &NodeView) -> bool {
 }
 
 /// One term: every expression and field holds; a term with none matches nothing.
-fn matches_term(term: &NodeSelectorTerm, node: &NodeView) -> bool {
+pub(super) fn matches_term(term: &NodeSelectorTerm, node: &NodeView) -> bool {
     let expressions = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
     if expressions.is_empty() && fields.is_empty() {

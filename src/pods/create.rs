@@ -1,5 +1,6 @@
 //! Resolving, admitting and creating a Pod's instance.
 
+use super::claims::{self, Prepared};
 use super::*;
 
 pub(super) enum Start {
@@ -11,6 +12,8 @@ pub(super) enum Start {
     /// The backend could not set up what the Pod runs in: waits, as the
     /// kubelet after `FailedCreatePodSandBox`.
     Sandbox(String),
+    /// The Pod's ResourceClaims are not ready for it yet (DRA).
+    Claims(String),
     Failed(String, String),
 }
 
@@ -46,6 +49,26 @@ impl Cx<'_> {
             }
             Err(spec::ResolveError::Config(message)) => return Ok(Start::ConfigError(message)),
             Err(spec::ResolveError::Kube(e)) => return Err(e.into()),
+        };
+        let (spec, claims) = match self.prepare_claims(pending).await? {
+            Prepared::Nothing => (spec, Vec::new()),
+            Prepared::Placed { placement, claims } => {
+                let mut spec = spec;
+                spec.resources.gpus = u32::try_from(placement.gpu_ids.len()).unwrap_or(u32::MAX);
+                spec.placement = Some(placement);
+                (spec, claims)
+            }
+            Prepared::Wait(message) => return Ok(Start::Claims(message)),
+            Prepared::Unusable(message) => {
+                self.decided(
+                    &rec.uid,
+                    &rec.key(),
+                    "",
+                    Decided::Rejected,
+                    format!("{}: {message}", claims::UNUSABLE),
+                );
+                return Ok(Start::Failed(claims::UNUSABLE.into(), message));
+            }
         };
         let spec = &spec;
         // A create that failed without an answer (a deadline, a cut connection)
@@ -150,6 +173,12 @@ impl Cx<'_> {
             Err(e) => return Err(e.into()),
         };
         self.admitter.created(&rec.uid);
+        if let Some(placement) = &spec.placement
+            && !claims.is_empty()
+        {
+            self.write_device_status(&claims, placement, &instance)
+                .await;
+        }
         self.decided(
             &rec.uid,
             &rec.key(),

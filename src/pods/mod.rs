@@ -12,6 +12,7 @@
 //! `eviction.rs`) are the controller's. docs/architecture.md has the picture.
 
 pub mod admission;
+mod claims;
 #[cfg(test)]
 mod controller_tests;
 mod create;
@@ -152,6 +153,8 @@ pub struct Settings {
     /// Pod Events per second and their burst (the kubelet's --event-qps, --event-burst).
     pub event_qps: u32,
     pub event_burst: u32,
+    /// DRA on: Pods run on the devices their ResourceClaims hold.
+    pub dra: Option<crate::dra::Settings>,
 }
 
 /// What the Pod controllers share with the rest of the daemon.

@@ -207,6 +207,10 @@ impl PodController {
                         let wait = cx.image_unavailable(&rec, message).await?;
                         return Ok(cx.deadline_action(uid, Some(wait)));
                     }
+                    Start::Claims(message) => {
+                        cx.claims_not_ready(&rec, &message).await?;
+                        return Ok(cx.deadline_action(uid, Some(CONFIG_RECHECK)));
+                    }
                     Start::Sandbox(message) => {
                         let wait = cx.sandbox_not_created(&rec, message).await?;
                         return Ok(cx.deadline_action(uid, Some(wait)));

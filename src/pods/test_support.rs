@@ -154,6 +154,7 @@ pub(super) fn controller_answering(
         lifecycle_events: false,
         event_qps: 1000,
         event_burst: 1000,
+        dra: None,
     };
     change(&mut settings);
     let c = PodController::new(

@@ -133,8 +133,13 @@ impl Vkd {
 
     /// The sim backend's instances, read from its state directory by `vkd sim list`.
     pub fn instances(&self) -> Result<Vec<Value>> {
+        self.instances_on(&self.node)
+    }
+
+    /// [`Self::instances`] of one of its Nodes (per-host mode has several).
+    pub fn instances_on(&self, node: &str) -> Result<Vec<Value>> {
         let out = Command::new(VKD)
-            .args(["sim", "list", "--json", "--node", &self.node, "--state-dir"])
+            .args(["sim", "list", "--json", "--node", node, "--state-dir"])
             .arg(&self.state_dir)
             .output()?;
         ensure!(

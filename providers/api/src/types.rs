@@ -473,7 +473,7 @@ pub struct Terminated {
 }
 
 /// A GPU on a host slice.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gpu {
     pub id: String,
     pub model: String,

@@ -54,6 +54,8 @@ pub struct Pending {
     pub service_links: bool,
     /// What the Pod asks of the host, for [`check_host_access`].
     pub host_access: HostAccess,
+    /// The ResourceClaims it uses, as the kubelet finds them.
+    pub claims: Vec<crate::dra::devices::ClaimRef>,
 }
 
 /// The node's allocatable cpu and memory, which an unset limit reads as.
@@ -184,6 +186,7 @@ pub fn pending(pod: &Pod, node: &str) -> Result<Pending, SpecError> {
         reads_allocatable: reads_allocatable(spec),
         service_links: spec.enable_service_links.unwrap_or(true),
         host_access: host_access(spec, &all),
+        claims: crate::dra::devices::claim_refs(pod),
     })
 }
 

@@ -1,0 +1,589 @@
+//! Host slices as DRA devices, and an allocation back as a placement: the pure
+//! mapping both of vkd's DRA sides use (the publisher writes what
+//! [`slices`] returns; the create step reads an allocation with
+//! [`placement`]). No I/O.
+//!
+//! - One pool per host, named after the Node that stands for it: in per-host
+//!   mode the Node itself (as NVIDIA's driver names its pools), in aggregate
+//!   mode `<node>-<host>`. Every slice carries `nodeName` = that Node.
+//! - One device per GPU, named after its id when the id is a DNS label (the
+//!   sim's `host-a-gpu0`), else `gpu-<index>`.
+//! - Attributes a GPU Pod selects on: `type`, `uuid`, `productName`,
+//!   `architecture`/`cudaComputeCapability` for models vkd knows, `memory` as
+//!   capacity, and vkd's own `gpu.vkd.io/host` and `gpu.vkd.io/nvlinkDomain`
+//!   (host-qualified, so a domain name a backend reuses on every host never
+//!   joins two hosts). The standard `resource.kubernetes.io/pcieRoot` and
+//!   `numaNode` are published only in per-host mode, where they mean what they
+//!   mean on bare metal; in aggregate mode they would repeat on every host and
+//!   a `matchAttribute` on them would co-select GPUs of different hosts, so the
+//!   host-qualified `gpu.vkd.io/pcieRoot` and `gpu.vkd.io/numaNode` stand in.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, DeviceRequestAllocationResult, ResourcePool,
+    ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use vkd_provider::{HostSlice, Placement};
+
+/// vkd's attribute domain (and its default driver name).
+pub const VKD_DOMAIN: &str = "gpu.vkd.io";
+/// The attribute a claim matches on to keep its GPUs on one host.
+pub const HOST_ATTRIBUTE: &str = "gpu.vkd.io/host";
+/// The attribute a claim matches on to keep its GPUs in one NVLink domain.
+pub const NVLINK_ATTRIBUTE: &str = "gpu.vkd.io/nvlinkDomain";
+/// The API's limit on devices in one ResourceSlice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
+/// Where a pool's slices go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout<'a> {
+    /// The Node the slices name (`nodeName`).
+    pub node: &'a str,
+    /// Per-host mode: the Node stands for exactly one host.
+    pub per_host: bool,
+    pub driver: &'a str,
+}
+
+impl Layout<'_> {
+    /// The pool of one host.
+    pub fn pool(&self, host: &str) -> String {
+        if self.per_host {
+            self.node.to_owned()
+        } else {
+            format!("{}-{}", self.node, crate::topology::node_suffix(host))
+        }
+    }
+}
+
+/// One pool as it should be published: the slices' specs, generation unset (0).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSpec {
+    pub pool: String,
+    pub host: String,
+    pub slices: Vec<ResourceSliceSpec>,
+}
+
+impl PoolSpec {
+    pub fn devices(&self) -> usize {
+        self.slices
+            .iter()
+            .map(|s| s.devices.as_ref().map_or(0, Vec::len))
+            .sum()
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Each GPU's device name, in the host's order: its id when every id is a
+/// distinct DNS label, else `gpu-<index>` for all of them (never a mix, so a
+/// name always means one GPU).
+pub fn device_names(h: &HostSlice) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let by_id = h
+        .gpus
+        .iter()
+        .all(|g| is_dns_label(&g.id) && seen.insert(g.id.as_str()));
+    h.gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            if by_id {
+                g.id.clone()
+            } else {
+                format!("gpu-{i}")
+            }
+        })
+        .collect()
+}
+
+fn string(v: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(v.into()),
+        ..Default::default()
+    }
+}
+
+/// Architecture and compute capability of the models vkd knows by name; a
+/// backend's model string decides (`H100-SXM5-80GB`, `NVIDIA A100-SXM4-40GB`).
+fn architecture(model: &str) -> Option<(&'static str, &'static str)> {
+    let m = model.to_ascii_uppercase();
+    let table: [(&str, &str, &str); 9] = [
+        ("GB200", "Blackwell", "10.0.0"),
+        ("B200", "Blackwell", "10.0.0"),
+        ("H200", "Hopper", "9.0.0"),
+        ("H100", "Hopper", "9.0.0"),
+        ("L40", "Ada Lovelace", "8.9.0"),
+        ("L4", "Ada Lovelace", "8.9.0"),
+        ("A100", "Ampere", "8.0.0"),
+        ("V100", "Volta", "7.0.0"),
+        ("T4", "Turing", "7.5.0"),
+    ];
+    table
+        .iter()
+        .find(|(key, _, _)| {
+            m.split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|word| word == *key)
+        })
+        .map(|(_, arch, cc)| (*arch, *cc))
+}
+
+fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String) -> Device {
+    let g = &h.gpus[i];
+    let mut attributes: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
+    attributes.insert("type".into(), string("gpu"));
+    attributes.insert("uuid".into(), string(g.id.clone()));
+    attributes.insert("productName".into(), string(g.model.clone()));
+    if let Some((arch, cc)) = architecture(&g.model) {
+        attributes.insert("architecture".into(), string(arch));
+        attributes.insert(
+            "cudaComputeCapability".into(),
+            DeviceAttribute {
+                version: Some(cc.into()),
+                ..Default::default()
+            },
+        );
+    }
+    attributes.insert(HOST_ATTRIBUTE.into(), string(h.name.clone()));
+    let domain = g.nvlink_domain.as_deref().unwrap_or(&g.id);
+    attributes.insert(
+        NVLINK_ATTRIBUTE.into(),
+        string(format!("{}/{domain}", h.name)),
+    );
+    if let Some(root) = &g.pcie_root {
+        if layout.per_host {
+            attributes.insert(PCIE_ROOT.into(), string(root.clone()));
+        }
+        attributes.insert(
+            format!("{VKD_DOMAIN}/pcieRoot"),
+            string(format!("{}/{root}", h.name)),
+        );
+    }
+    if let Some(numa) = g.numa_node {
+        if layout.per_host {
+            attributes.insert(
+                NUMA_NODE.into(),
+                DeviceAttribute {
+                    int: Some(i64::from(numa)),
+                    ..Default::default()
+                },
+            );
+        }
+        attributes.insert(
+            format!("{VKD_DOMAIN}/numaNode"),
+            string(format!("{}/{numa}", h.name)),
+        );
+    }
+    let capacity = BTreeMap::from([(
+        "memory".to_owned(),
+        DeviceCapacity {
+            value: Quantity(format!("{}Mi", g.memory_mib)),
+            ..Default::default()
+        },
+    )]);
+    Device {
+        name,
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        ..Default::default()
+    }
+}
+
+/// The pools of `hosts` (each host that has GPUs), as `layout` places them.
+pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice]) -> Vec<PoolSpec> {
+    hosts
+        .iter()
+        .filter(|h| !h.gpus.is_empty())
+        .map(|h| {
+            let pool = layout.pool(&h.name);
+            let devices: Vec<Device> = device_names(h)
+                .into_iter()
+                .enumerate()
+                .map(|(i, name)| device(layout, h, i, name))
+                .collect();
+            let chunks: Vec<Vec<Device>> = devices
+                .chunks(MAX_DEVICES_PER_SLICE)
+                .map(<[Device]>::to_vec)
+                .collect();
+            let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
+            let slices = chunks
+                .into_iter()
+                .map(|devices| ResourceSliceSpec {
+                    driver: layout.driver.to_owned(),
+                    node_name: Some(layout.node.to_owned()),
+                    pool: ResourcePool {
+                        name: pool.clone(),
+                        generation: 0,
+                        resource_slice_count: count,
+                    },
+                    devices: Some(devices),
+                    ..Default::default()
+                })
+                .collect();
+            PoolSpec {
+                pool,
+                host: h.name.clone(),
+                slices,
+            }
+        })
+        .collect()
+}
+
+/// The name of a pool's `i`th slice: stable, so a new leader writes over its
+/// predecessor's slices rather than beside them.
+pub fn slice_name(driver: &str, pool: &str, i: usize) -> String {
+    let driver: String = driver
+        .chars()
+        .map(|c| if c == '.' { '-' } else { c })
+        .collect();
+    format!("{pool}-{driver}-{i}")
+}
+
+/// A ResourceClaim a Pod uses, as the kubelet finds it
+/// (`resourceclaim.Name` in Kubernetes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRef {
+    /// The Pod's name for it (`spec.resourceClaims[].name`), or
+    /// `extended resources` for the scheduler's claim behind `nvidia.com/gpu`.
+    pub entry: String,
+    /// The ResourceClaim's name; `None` while the claim of a template has
+    /// not been made yet.
+    pub claim: Option<String>,
+    /// Made from a template for this Pod: it must be owned by the Pod.
+    pub generated: bool,
+}
+
+/// The claims of `pod`, in its order, then the scheduler's claim for
+/// extended resources that DRA serves. A template entry whose status says no
+/// claim is needed is left out, as the kubelet does.
+pub fn claim_refs(pod: &Pod) -> Vec<ClaimRef> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let status = pod.status.as_ref();
+    let generated: BTreeMap<&str, Option<&str>> = status
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
+        .collect();
+    let mut refs = Vec::new();
+    for c in spec.resource_claims.iter().flatten() {
+        if let Some(name) = &c.resource_claim_name {
+            refs.push(ClaimRef {
+                entry: c.name.clone(),
+                claim: Some(name.clone()),
+                generated: false,
+            });
+        } else if c.resource_claim_template_name.is_some() {
+            match generated.get(c.name.as_str()) {
+                Some(None) => {}
+                Some(Some(name)) => refs.push(ClaimRef {
+                    entry: c.name.clone(),
+                    claim: Some((*name).to_owned()),
+                    generated: true,
+                }),
+                None => refs.push(ClaimRef {
+                    entry: c.name.clone(),
+                    claim: None,
+                    generated: true,
+                }),
+            }
+        }
+    }
+    if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref()) {
+        refs.push(ClaimRef {
+            entry: "extended resources".into(),
+            claim: Some(ext.resource_claim_name.clone()),
+            generated: false,
+        });
+    }
+    refs
+}
+
+/// Why an allocation cannot be run here: the Pod is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unusable(pub String);
+
+/// The placement of the devices `results` (of any number of claims) allocate
+/// on `hosts`: one host and its GPU ids. `Ok(None)` when none of them is this
+/// driver's. Devices of another driver, of a pool that is not this Node's, or
+/// on two hosts cannot be run here.
+pub fn placement(
+    layout: &Layout<'_>,
+    hosts: &[HostSlice],
+    results: &[(String, DeviceRequestAllocationResult)],
+) -> Result<Option<Placement>, Unusable> {
+    let mut placed: Option<Placement> = None;
+    for (claim, r) in results {
+        if r.driver != layout.driver {
+            return Err(Unusable(format!(
+                "ResourceClaim {claim}: device {}/{} is of driver {}, which node {} does not serve (it serves {})",
+                r.pool, r.device, r.driver, layout.node, layout.driver
+            )));
+        }
+        let Some(h) = hosts.iter().find(|h| layout.pool(&h.name) == r.pool) else {
+            return Err(Unusable(format!(
+                "ResourceClaim {claim}: pool {} is not one of node {}'s",
+                r.pool, layout.node
+            )));
+        };
+        let names = device_names(h);
+        let Some(i) = names.iter().position(|n| *n == r.device) else {
+            return Err(Unusable(format!(
+                "ResourceClaim {claim}: host {} has no device {} (it has {})",
+                h.name,
+                r.device,
+                names.join(", ")
+            )));
+        };
+        let id = h.gpus[i].id.clone();
+        match &mut placed {
+            None => {
+                placed = Some(Placement {
+                    host: h.name.clone(),
+                    gpu_ids: vec![id],
+                });
+            }
+            Some(p) if p.host == h.name => {
+                if !p.gpu_ids.contains(&id) {
+                    p.gpu_ids.push(id);
+                }
+            }
+            Some(p) => {
+                return Err(Unusable(format!(
+                    "ResourceClaim {claim}: device {} is on host {}, another device of the Pod on host {}; a Pod runs on one host (match on {HOST_ATTRIBUTE})",
+                    r.device, h.name, p.host
+                )));
+            }
+        }
+    }
+    Ok(placed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vkd_provider::Gpu;
+
+    fn host(name: &str, n: usize, domain: &str) -> HostSlice {
+        HostSlice {
+            name: name.into(),
+            gpus: (0..n)
+                .map(|i| Gpu {
+                    id: format!("{name}-gpu{i}"),
+                    model: "H100-SXM5-80GB".into(),
+                    memory_mib: 81920,
+                    nvlink_domain: Some(domain.into()),
+                    numa_node: Some(0),
+                    pcie_root: Some("pci0000:00".into()),
+                    free: true,
+                })
+                .collect(),
+            max_pods: 110,
+            ..Default::default()
+        }
+    }
+
+    fn attr<'a>(d: &'a Device, k: &str) -> &'a DeviceAttribute {
+        &d.attributes.as_ref().unwrap()[k]
+    }
+
+    #[test]
+    fn aggregate_mode_has_a_pool_per_host_and_nothing_that_joins_hosts() {
+        let layout = Layout {
+            node: "vk",
+            per_host: false,
+            driver: VKD_DOMAIN,
+        };
+        let pools = pools(
+            &layout,
+            &[host("host-a", 4, "nvl"), host("host-b", 4, "nvl")],
+        );
+        assert_eq!(pools.len(), 2);
+        assert_eq!(pools[0].pool, "vk-host-a");
+        assert_eq!(pools[1].pool, "vk-host-b");
+        let s = &pools[0].slices[0];
+        assert_eq!(s.node_name.as_deref(), Some("vk"));
+        assert_eq!(s.pool.resource_slice_count, 1);
+        let d = &s.devices.as_ref().unwrap()[0];
+        assert_eq!(d.name, "host-a-gpu0");
+        assert_eq!(attr(d, "type").string.as_deref(), Some("gpu"));
+        assert_eq!(attr(d, HOST_ATTRIBUTE).string.as_deref(), Some("host-a"));
+        // The same domain name on two hosts is two domains.
+        assert_eq!(
+            attr(d, NVLINK_ATTRIBUTE).string.as_deref(),
+            Some("host-a/nvl")
+        );
+        assert_eq!(
+            attr(d, "cudaComputeCapability").version.as_deref(),
+            Some("9.0.0")
+        );
+        let keys = d.attributes.as_ref().unwrap();
+        assert!(!keys.contains_key(PCIE_ROOT) && !keys.contains_key(NUMA_NODE));
+        assert_eq!(
+            attr(d, "gpu.vkd.io/pcieRoot").string.as_deref(),
+            Some("host-a/pci0000:00")
+        );
+        assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, "81920Mi");
+    }
+
+    #[test]
+    fn per_host_mode_publishes_the_standard_attributes_in_the_nodes_pool() {
+        let layout = Layout {
+            node: "vk-host-a",
+            per_host: true,
+            driver: "gpu.nvidia.com",
+        };
+        let pools = pools(&layout, &[host("host-a", 2, "nvl")]);
+        assert_eq!(pools[0].pool, "vk-host-a");
+        let d = &pools[0].slices[0].devices.as_ref().unwrap()[1];
+        assert_eq!(attr(d, PCIE_ROOT).string.as_deref(), Some("pci0000:00"));
+        assert_eq!(attr(d, NUMA_NODE).int, Some(0));
+        assert_eq!(pools[0].slices[0].driver, "gpu.nvidia.com");
+    }
+
+    #[test]
+    fn a_big_host_is_split_into_slices_and_ids_that_are_no_labels_get_indexes() {
+        let mut h = host("host-a", 130, "nvl");
+        h.gpus[3].id = "GPU-ABC".into();
+        let layout = Layout {
+            node: "vk",
+            per_host: false,
+            driver: VKD_DOMAIN,
+        };
+        let pools = pools(&layout, &[h]);
+        assert_eq!(pools[0].slices.len(), 2);
+        assert_eq!(pools[0].devices(), 130);
+        assert!(
+            pools[0]
+                .slices
+                .iter()
+                .all(|s| s.pool.resource_slice_count == 2)
+        );
+        assert_eq!(
+            pools[0].slices[1].devices.as_ref().unwrap()[0].name,
+            "gpu-128"
+        );
+        // Hosts without GPUs have no pool.
+        assert!(super::pools(&layout, &[host("cpu-only", 0, "")]).is_empty());
+    }
+
+    fn result(pool: &str, device: &str) -> (String, DeviceRequestAllocationResult) {
+        (
+            "ns/claim".into(),
+            DeviceRequestAllocationResult {
+                driver: VKD_DOMAIN.into(),
+                pool: pool.into(),
+                device: device.into(),
+                request: "gpus".into(),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn an_allocation_is_the_placement_on_exactly_its_gpus() {
+        let layout = Layout {
+            node: "vk",
+            per_host: false,
+            driver: VKD_DOMAIN,
+        };
+        let hosts = [host("host-a", 4, "nvl"), host("host-b", 4, "nvl")];
+        let p = placement(
+            &layout,
+            &hosts,
+            &[
+                result("vk-host-b", "host-b-gpu3"),
+                result("vk-host-b", "host-b-gpu1"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.host, "host-b");
+        assert_eq!(p.gpu_ids, ["host-b-gpu3", "host-b-gpu1"]);
+        assert_eq!(placement(&layout, &hosts, &[]).unwrap(), None);
+    }
+
+    #[test]
+    fn allocations_vkd_cannot_run_are_refused_naming_the_claim() {
+        let layout = Layout {
+            node: "vk",
+            per_host: false,
+            driver: VKD_DOMAIN,
+        };
+        let hosts = [host("host-a", 4, "nvl"), host("host-b", 4, "nvl")];
+        let two_hosts = placement(
+            &layout,
+            &hosts,
+            &[
+                result("vk-host-a", "host-a-gpu0"),
+                result("vk-host-b", "host-b-gpu0"),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            two_hosts.0.contains("a Pod runs on one host"),
+            "{two_hosts}"
+        );
+        let other_node = placement(&layout, &hosts, &[result("other-host-a", "x")]).unwrap_err();
+        assert!(
+            other_node
+                .0
+                .starts_with("ResourceClaim ns/claim: pool other-host-a"),
+            "{other_node}"
+        );
+        let gone = placement(&layout, &hosts, &[result("vk-host-a", "host-a-gpu9")]).unwrap_err();
+        assert!(gone.0.contains("has no device host-a-gpu9"), "{gone}");
+        let mut foreign = result("vk-host-a", "host-a-gpu0");
+        foreign.1.driver = "gpu.nvidia.com".into();
+        assert!(placement(&layout, &hosts, &[foreign]).is_err());
+    }
+
+    #[test]
+    fn claims_are_found_as_the_kubelet_finds_them() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [], "resourceClaims": [
+                {"name": "direct", "resourceClaimName": "shared"},
+                {"name": "made", "resourceClaimTemplateName": "t"},
+                {"name": "not-yet", "resourceClaimTemplateName": "t"},
+                {"name": "not-needed", "resourceClaimTemplateName": "t"},
+            ]},
+            "status": {
+                "resourceClaimStatuses": [
+                    {"name": "made", "resourceClaimName": "p-made-x1"},
+                    {"name": "not-needed"},
+                ],
+                "extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-x2", "requestMappings": []},
+            },
+        }))
+        .unwrap();
+        let refs = claim_refs(&pod);
+        let names: Vec<(&str, Option<&str>, bool)> = refs
+            .iter()
+            .map(|r| (r.entry.as_str(), r.claim.as_deref(), r.generated))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("direct", Some("shared"), false),
+                ("made", Some("p-made-x1"), true),
+                ("not-yet", None, true),
+                ("extended resources", Some("p-extended-resources-x2"), false),
+            ]
+        );
+    }
+}

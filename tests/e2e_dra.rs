@@ -1,0 +1,542 @@
+//! End-to-end: DRA on the real control plane and scheduler. vkd publishes a
+//! 4+4 fleet's GPUs as ResourceSlices; the scheduler allocates claims on them
+//! (and refuses the ones no host can hold, before binding); vkd runs each Pod
+//! on exactly the allocated GPUs and says so on the claim.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
+
+mod common;
+use common::{Vkd, items, running_and_ready, str_at};
+
+fn main() -> ExitCode {
+    Suite::new("dra", &[]).run(&[
+        (
+            "aggregate_node_runs_claims_on_exactly_the_allocated_gpus",
+            aggregate,
+        ),
+        (
+            "per_host_nodes_serve_plain_gpu_pods_and_follow_capacity_across_a_restart",
+            per_host,
+        ),
+    ])
+}
+
+fn device_classes(c: &Cluster) -> Result<()> {
+    c.kubectl(&[
+        "apply",
+        "-k",
+        &repo_root().join("manifests/dra").display().to_string(),
+    ])?;
+    Ok(())
+}
+
+/// A ResourceClaimTemplate for `count` GPUs; `constraints` are matchAttribute names.
+fn template(ns: &str, name: &str, count: u32, constraints: &[&str], cel: Option<&str>) -> String {
+    let constraints: String = constraints
+        .iter()
+        .map(|a| format!("\n      - {{requests: [gpus], matchAttribute: {a}}}"))
+        .collect();
+    let selectors = cel
+        .map(|e| format!("\n          selectors: [{{cel: {{expression: {e:?}}}}}]"))
+        .unwrap_or_default();
+    format!(
+        r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly:
+          deviceClassName: gpu.vkd.io
+          count: {count}{selectors}
+      constraints: {}{constraints}
+"#,
+        if constraints.is_empty() { "[]" } else { "" }
+    )
+}
+
+fn claim_pod(ns: &str, name: &str, selector: &str, template: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  nodeSelector: {{vkd.io/e2e: {selector}}}
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+  resourceClaims: [{{name: gpus, resourceClaimTemplateName: {template}}}]
+  containers:
+  - name: train
+    image: example/train:1
+    resources: {{claims: [{{name: gpus}}]}}
+"#
+    )
+}
+
+fn plain_gpu_pod(ns: &str, name: &str, selector: &str, gpus: u32) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  nodeSelector: {{vkd.io/e2e: {selector}}}
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+  containers:
+  - name: train
+    image: example/train:1
+    resources: {{limits: {{nvidia.com/gpu: {gpus}}}}}
+"#
+    )
+}
+
+fn slices(c: &Cluster, node: &str) -> Result<Vec<Value>> {
+    let list = c.kubectl_json(&[
+        "get",
+        "resourceslices",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+    ])?;
+    Ok(items(&list))
+}
+
+fn wait_ready(c: &Cluster, ns: &str, name: &str) -> Result<Value> {
+    wait_for(&format!("{name} Ready"), Duration::from_secs(90), || {
+        let p = c.kubectl_json(&["get", "pod", name, "-n", ns])?;
+        Ok(running_and_ready(&p).then_some(p))
+    })
+}
+
+/// Each instance's host and GPU ids, by Pod UID.
+type Instances = BTreeMap<String, (String, BTreeSet<String>)>;
+
+fn instances(vkd: &Vkd, node: &str) -> Result<Instances> {
+    Ok(vkd
+        .instances_on(node)?
+        .iter()
+        .map(|i| {
+            let gpus = i["gpus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|g| g.as_str().map(str::to_owned))
+                .collect();
+            (
+                str_at(i, "podUID").to_owned(),
+                (str_at(i, "host").to_owned(), gpus),
+            )
+        })
+        .collect())
+}
+
+/// The devices each claim of a namespace was allocated, by claim name.
+fn allocations(c: &Cluster, ns: &str) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let claims = c.kubectl_json(&["get", "resourceclaims", "-n", ns])?;
+    Ok(items(&claims)
+        .iter()
+        .map(|cl| {
+            let devices = at(cl, "status.allocation.devices.results")
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| str_at(r, "device").to_owned())
+                .collect();
+            (str_at(cl, "metadata.name").to_owned(), devices)
+        })
+        .collect())
+}
+
+/// The names of a Pod's claims, its own and the scheduler's for extended resources.
+fn claim_names(pod: &Value) -> Vec<String> {
+    let mut names: Vec<String> = at(pod, "status.resourceClaimStatuses")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["resourceClaimName"].as_str().map(str::to_owned))
+        .collect();
+    if let Some(n) = at(pod, "status.extendedResourceClaimStatus.resourceClaimName").as_str() {
+        names.push(n.to_owned());
+    }
+    names
+}
+
+/// Checks a running Pod's instance holds exactly its allocated devices (the
+/// sim's GPU ids are the device names), all on the instance's host.
+fn holds_allocation(
+    pod: &Value,
+    claims: &BTreeMap<String, BTreeSet<String>>,
+    instances: &Instances,
+) -> Result<BTreeSet<String>> {
+    let name = str_at(pod, "metadata.name");
+    let want: BTreeSet<String> = claim_names(pod)
+        .iter()
+        .flat_map(|n| claims.get(n).cloned().unwrap_or_default())
+        .collect();
+    let (host, gpus) = instances
+        .get(str_at(pod, "metadata.uid"))
+        .with_context(|| format!("no instance for {name}"))?;
+    ensure!(
+        *gpus == want,
+        "{name}: instance on {host} has GPUs {gpus:?}, its claims hold {want:?}"
+    );
+    ensure!(
+        !want.is_empty() && want.iter().all(|d| d.starts_with(host.as_str())),
+        "{name}: devices {want:?} are not all on {host}"
+    );
+    Ok(want)
+}
+
+fn runs_on_allocation(c: &Cluster, vkd: &Vkd, ns: &str, pod: &Value) -> Result<BTreeSet<String>> {
+    let node = str_at(pod, "spec.nodeName");
+    holds_allocation(pod, &allocations(c, ns)?, &instances(vkd, node)?)
+}
+
+fn aggregate(c: &Cluster) -> Result<()> {
+    device_classes(c)?;
+    let fleet = repo_root().join("testdata/fleets/dra.yaml");
+    let vkd = Vkd::start_provider(
+        c,
+        "vk-dra",
+        "sim",
+        &fleet,
+        &["--node-label", "vkd.io/e2e=dra", "--dra", "true"],
+    )?;
+    let ns = c.namespace("dra-agg")?;
+    let published = wait_for("two pools of 4 devices", Duration::from_secs(60), || {
+        let s = slices(c, "vk-dra")?;
+        let devices: usize = s
+            .iter()
+            .map(|s| at(s, "spec.devices").as_array().map_or(0, Vec::len))
+            .sum();
+        Ok((s.len() == 2 && devices == 8).then_some(s))
+    })?;
+    let pools: BTreeSet<&str> = published
+        .iter()
+        .map(|s| str_at(s, "spec.pool.name"))
+        .collect();
+    ensure!(
+        pools == BTreeSet::from(["vk-dra-host-a", "vk-dra-host-b"]),
+        "{pools:?}"
+    );
+    let owner = &at(&published[0], "metadata.ownerReferences")[0];
+    ensure!(
+        owner["kind"] == "Node" && owner["name"] == "vk-dra",
+        "{owner}"
+    );
+    let node = c.kubectl_json(&["get", "node", "vk-dra"])?;
+    ensure!(
+        at(&node, "status.capacity").get("nvidia.com/gpu").is_none(),
+        "the GPUs are counted twice: {}",
+        at(&node, "status.capacity")
+    );
+
+    // 8 GPUs on one host: the scheduler refuses; nothing is bound or created.
+    c.apply(&template(&ns, "eight", 8, &["gpu.vkd.io/host"], None))?;
+    c.apply(&claim_pod(&ns, "eight", "dra", "eight"))?;
+    let eight = wait_for(
+        "the 8-GPU Pod to be Unschedulable",
+        Duration::from_secs(60),
+        || {
+            let p = c.kubectl_json(&["get", "pod", "eight", "-n", &ns])?;
+            let refused = condition(&p, "PodScheduled")
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "Unschedulable");
+            Ok(refused.then_some(p))
+        },
+    )?;
+    ensure!(str_at(&eight, "spec.nodeName").is_empty());
+    let why = str_at(
+        condition(&eight, "PodScheduled").unwrap_or(&Value::Null),
+        "message",
+    )
+    .to_owned();
+    ensure!(why.contains("cannot allocate all claims"), "{why}");
+
+    // 4 on one host, in one NVLink domain: it runs on exactly those GPUs.
+    c.apply(&template(
+        &ns,
+        "four",
+        4,
+        &["gpu.vkd.io/host", "gpu.vkd.io/nvlinkDomain"],
+        Some("device.attributes['gpu.vkd.io'].productName == 'H100-SXM5-80GB'"),
+    ))?;
+    c.apply(&claim_pod(&ns, "four", "dra", "four"))?;
+    let four = wait_ready(c, &ns, "four")?;
+    let held = runs_on_allocation(c, &vkd, &ns, &four)?;
+    ensure!(held.len() == 4, "{held:?}");
+    let claim_name = str_at(
+        &at(&four, "status.resourceClaimStatuses")[0],
+        "resourceClaimName",
+    );
+    let claim = wait_for("the claim's device status", Duration::from_secs(30), || {
+        let cl = c.kubectl_json(&["get", "resourceclaim", claim_name, "-n", &ns])?;
+        let n = at(&cl, "status.devices").as_array().map_or(0, Vec::len);
+        Ok((n == 4).then_some(cl))
+    })?;
+    let device = &at(&claim, "status.devices")[0];
+    ensure!(
+        held.contains(device["data"]["uuid"].as_str().unwrap_or_default())
+            && device["conditions"][0]["type"] == "Ready",
+        "{device}"
+    );
+    ensure!(
+        vkd.instances()?
+            .iter()
+            .all(|i| str_at(i, "name") != "eight"),
+        "the refused Pod reached the backend"
+    );
+
+    // A plain `nvidia.com/gpu: 1` Pod, through the DeviceClass's extended resource.
+    c.apply(&plain_gpu_pod(&ns, "plain", "dra", 1))?;
+    let plain = wait_ready(c, &ns, "plain")?;
+    ensure!(
+        !str_at(
+            &plain,
+            "status.extendedResourceClaimStatus.resourceClaimName"
+        )
+        .is_empty(),
+        "{}",
+        at(&plain, "status")
+    );
+    let plain_gpus = runs_on_allocation(c, &vkd, &ns, &plain)?;
+    ensure!(
+        plain_gpus.len() == 1 && plain_gpus.is_disjoint(&held),
+        "{plain_gpus:?} {held:?}"
+    );
+
+    // Random claims: every allocation the scheduler makes is one vkd runs on
+    // exactly those devices, and no device is ever held twice.
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "four",
+        "plain",
+        "eight",
+        "-n",
+        &ns,
+        "--wait=true",
+    ])?;
+    let rounds = random_claims(c, &vkd, &ns)?;
+    eprintln!(
+        "aggregate: 8-GPU claim Unschedulable ({why}); 4-GPU claim ran on {held:?}; plain nvidia.com/gpu: 1 on {plain_gpus:?}; random claims: {rounds}"
+    );
+    c.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=90s"])?;
+    Ok(())
+}
+
+/// Rounds of random claims against the fleet: each round creates a batch of
+/// Pods with random counts (1-8), constraints (host always, and at random the
+/// NVLink domain or the PCIe root) and CEL selectors, waits until each runs or
+/// is refused by the scheduler, checks every running one, and deletes them.
+fn random_claims(c: &Cluster, vkd: &Vkd, ns: &str) -> Result<String> {
+    const ROUNDS: usize = 25;
+    const PER_ROUND: usize = 8;
+    let mut rng = fastrand::Rng::with_seed(36);
+    let (mut ran, mut refused) = (0, 0);
+    for round in 0..ROUNDS {
+        let mut yaml = String::new();
+        for i in 0..PER_ROUND {
+            let count = rng.u32(1..=8);
+            let mut constraints = vec!["gpu.vkd.io/host"];
+            match rng.u8(0..3) {
+                0 => constraints.push("gpu.vkd.io/nvlinkDomain"),
+                1 => constraints.push("gpu.vkd.io/pcieRoot"),
+                _ => {}
+            }
+            let cel = match rng.u8(0..3) {
+                0 => Some("device.attributes['gpu.vkd.io'].productName == 'H100-SXM5-80GB'"),
+                1 => Some("device.capacity['gpu.vkd.io'].memory.compareTo(quantity('40Gi')) >= 0"),
+                _ => None,
+            };
+            let name = format!("r{round}-{i}");
+            yaml.push_str(&template(ns, &name, count, &constraints, cel));
+            yaml.push_str("---");
+            yaml.push_str(&claim_pod(ns, &name, "dra", &name));
+            yaml.push_str("---");
+        }
+        c.apply(&yaml)?;
+        let settled = wait_for(
+            "every random Pod to run or wait unscheduled",
+            Duration::from_secs(120),
+            || {
+                let pods = c.kubectl_json(&["get", "pods", "-n", ns])?;
+                let pods = items(&pods);
+                let done = pods.iter().all(|p| {
+                    running_and_ready(p)
+                        || condition(p, "PodScheduled").is_some_and(|c| c["status"] == "False")
+                });
+                Ok((done && pods.len() == PER_ROUND).then_some(pods))
+            },
+        )?;
+        let claims = allocations(c, ns)?;
+        let instances = instances(vkd, "vk-dra")?;
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        for p in &settled {
+            let name = str_at(p, "metadata.name").to_owned();
+            if !running_and_ready(p) {
+                ensure!(str_at(p, "spec.nodeName").is_empty(), "{name} waits bound");
+                refused += 1;
+                continue;
+            }
+            for gpu in holds_allocation(p, &claims, &instances)? {
+                if let Some(other) = held.insert(gpu.clone(), name.clone()) {
+                    anyhow::bail!("{gpu} is held by {other} and {name}");
+                }
+            }
+            ran += 1;
+        }
+        c.kubectl(&["delete", "pods", "--all", "-n", ns, "--wait=true"])?;
+        c.kubectl(&["delete", "resourceclaimtemplates", "--all", "-n", ns])?;
+    }
+    Ok(format!(
+        "{} claims in {ROUNDS} rounds: {ran} ran on exactly their devices, {refused} waited unbound, no device held twice",
+        ROUNDS * PER_ROUND
+    ))
+}
+
+fn per_host(c: &Cluster) -> Result<()> {
+    device_classes(c)?;
+    let fleet = c.dir().join("dra-per-host.yaml");
+    let original = std::fs::read_to_string(repo_root().join("testdata/fleets/two-by-four.yaml"))?;
+    std::fs::write(&fleet, &original)?;
+    let args = [
+        "--node-label",
+        "vkd.io/e2e=drp",
+        "--node-mode",
+        "per-host",
+        "--dra",
+        "true",
+        "--client-ca-file",
+        c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
+    ];
+    let mut vkd = Vkd::start_provider(c, "vk-drp", "sim", &fleet, &args)?;
+    let ns = c.namespace("dra-ph")?;
+    for node in ["vk-drp-host-a", "vk-drp-host-b"] {
+        let s = wait_for(&format!("{node}'s pool"), Duration::from_secs(60), || {
+            let s = slices(c, node)?;
+            Ok((s.len() == 1).then_some(s))
+        })?;
+        ensure!(str_at(&s[0], "spec.pool.name") == node);
+        let attrs = &at(&s[0], "spec.devices")[0]["attributes"];
+        ensure!(
+            attrs.get("resource.kubernetes.io/numaNode").is_some(),
+            "per-host devices carry the standard attributes: {attrs}"
+        );
+    }
+
+    // An unchanged `nvidia.com/gpu: 2` Pod is served from the slices.
+    c.apply(&plain_gpu_pod(&ns, "plain", "drp", 2))?;
+    let plain = wait_ready(c, &ns, "plain")?;
+    let held = runs_on_allocation(c, &vkd, &ns, &plain)?;
+    ensure!(held.len() == 2, "{held:?}");
+    let plain_node = str_at(&plain, "spec.nodeName").to_owned();
+
+    // 6 on one host: no host has 6, until host-b grows. The time from the
+    // backend's change to the Pod bound is the DRA path's whole delay.
+    c.apply(&template(&ns, "six", 6, &[], None))?;
+    c.apply(&claim_pod(&ns, "six", "drp", "six"))?;
+    wait_for("six Unschedulable", Duration::from_secs(60), || {
+        let p = c.kubectl_json(&["get", "pod", "six", "-n", &ns])?;
+        Ok(condition(&p, "PodScheduled")
+            .is_some_and(|c| c["status"] == "False")
+            .then_some(()))
+    })?;
+    let before = generation(c, "vk-drp-host-b")?;
+    let changed = Instant::now();
+    std::fs::write(
+        &fleet,
+        original.replacen(
+            "- {count: 4, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
+            "- {count: 6, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
+            1,
+        ),
+    )?;
+    let republished = wait_for("host-b's 6 devices", Duration::from_secs(60), || {
+        let s = slices(c, "vk-drp-host-b")?;
+        let n = at(&s[0], "spec.devices").as_array().map_or(0, Vec::len);
+        Ok((n == 6).then(Instant::now))
+    })?;
+    let after = generation(c, "vk-drp-host-b")?;
+    ensure!(after > before, "generation {before} -> {after}");
+    let six = wait_ready(c, &ns, "six")?;
+    let bound = changed.elapsed();
+    ensure!(str_at(&six, "spec.nodeName") == "vk-drp-host-b");
+    runs_on_allocation(c, &vkd, &ns, &six)?;
+
+    // SIGKILL of the leader, and a new one: the pools continue at a higher
+    // generation, no device is in two slices, the running Pods are adopted and
+    // no allocated device is handed out again.
+    let gens: Vec<i64> = ["vk-drp-host-a", "vk-drp-host-b"]
+        .iter()
+        .map(|n| generation(c, n))
+        .collect::<Result<_>>()?;
+    vkd.kill()?;
+    std::fs::write(
+        &fleet,
+        original
+            .replacen(
+                "- {count: 4, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-a",
+                "- {count: 5, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-a",
+                1,
+            )
+            .replacen(
+                "- {count: 4, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
+                "- {count: 6, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
+                1,
+            ),
+    )?;
+    vkd.spawn()?;
+    wait_for(
+        "host-a's pool at a higher generation",
+        Duration::from_secs(60),
+        || Ok((generation(c, "vk-drp-host-a")? > gens[0]).then_some(())),
+    )?;
+    ensure!(generation(c, "vk-drp-host-b")? >= gens[1]);
+    let mut seen = BTreeSet::new();
+    for node in ["vk-drp-host-a", "vk-drp-host-b"] {
+        for s in slices(c, node)? {
+            for d in at(&s, "spec.devices").as_array().into_iter().flatten() {
+                let name = format!("{}/{}", str_at(&s, "spec.pool.name"), str_at(d, "name"));
+                ensure!(seen.insert(name.clone()), "{name} is in two slices");
+            }
+        }
+    }
+    ensure!(seen.len() == 11, "{seen:?}");
+    c.apply(&plain_gpu_pod(&ns, "after", "drp", 1))?;
+    let after_pod = wait_ready(c, &ns, "after")?;
+    let after_gpus = runs_on_allocation(c, &vkd, &ns, &after_pod)?;
+    ensure!(
+        after_gpus.is_disjoint(&held),
+        "{after_gpus:?} was {plain_node}'s {held:?}"
+    );
+    for (name, p) in [("plain", &plain), ("six", &six)] {
+        let now = c.kubectl_json(&["get", "pod", name, "-n", &ns])?;
+        ensure!(
+            running_and_ready(&now) && str_at(&now, "metadata.uid") == str_at(p, "metadata.uid"),
+            "{name} did not survive the restart"
+        );
+    }
+    eprintln!(
+        "per-host: plain nvidia.com/gpu: 2 on {plain_node} {held:?}; host-b 4 -> 6 GPUs: slices republished in {:.1}s, the 6-GPU Pod Ready {:.1}s after the change; after SIGKILL the pools went {gens:?} -> higher, 11 devices, none twice",
+        (republished - changed).as_secs_f64(),
+        bound.as_secs_f64()
+    );
+    c.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=90s"])?;
+    Ok(())
+}
+
+fn generation(c: &Cluster, node: &str) -> Result<i64> {
+    let s = slices(c, node)?;
+    s.iter()
+        .map(|s| at(s, "spec.pool.generation").as_i64().unwrap_or(0))
+        .max()
+        .context("no slice")
+}
