@@ -311,6 +311,11 @@ pub struct RunArgs {
     /// lets NVIDIA's DeviceClasses and claims match).
     #[arg(long, env = "VKD_DRA_DRIVER")]
     pub dra_driver: Option<String>,
+    /// With --dra: the published devices carry binding conditions, so the
+    /// scheduler binds a Pod only once the backend holds its placement, and a
+    /// backend's refusal sends it back to scheduling (default true).
+    #[arg(long, env = "VKD_DRA_BINDING_CONDITIONS")]
+    pub dra_binding_conditions: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -376,6 +381,7 @@ struct FileConfig {
     provider_timeout: Option<String>,
     dra: Option<bool>,
     dra_driver: Option<String>,
+    dra_binding_conditions: Option<bool>,
 }
 
 /// A configuration problem, naming the field.
@@ -769,7 +775,13 @@ impl Config {
             .dra
             .or(file.dra)
             .unwrap_or(false)
-            .then_some(crate::dra::Settings { driver: dra_driver });
+            .then(|| crate::dra::Settings {
+                driver: dra_driver,
+                binding_conditions: args
+                    .dra_binding_conditions
+                    .or(file.dra_binding_conditions)
+                    .unwrap_or(true),
+            });
         let partition_fence_after = duration(
             "partition-fence-after",
             args.partition_fence_after.or(file.partition_fence_after),

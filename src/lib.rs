@@ -343,6 +343,7 @@ async fn act(
         ..shared.clone()
     };
     let mut controllers = Vec::new();
+    let mut binding_sides = Vec::new();
     let mut registered = Vec::new();
     let nodes = nodes(cfg, provider.as_ref()).await?;
     // Every node's kubelet port is the node's, not a Pod's (per-host mode
@@ -435,6 +436,12 @@ async fn act(
             format!("pod controller of node {name}"),
             Arc::clone(&pods).run(work.clone()),
         );
+        binding_sides.push(dra::binding::NodeSide {
+            node: name.clone(),
+            per_host: cfg.node_mode == config::NodeMode::PerHost,
+            admitter: pods.admitter(),
+            queue_timeout: cfg.queue_timeout,
+        });
         controllers.push(pods);
         info!(node = %name, port, "virtual node configured");
     }
@@ -444,6 +451,14 @@ async fn act(
         "provider events",
         pods::route_backend_events(Arc::clone(provider), controllers.clone(), work.clone()),
     );
+    if let Some(dra) = cfg.dra.clone().filter(|d| d.binding_conditions) {
+        let binder = Arc::new(dra::binding::Binder::new(
+            clients.pods.clone(),
+            dra,
+            binding_sides,
+        ));
+        tasks.spawn("DRA admission before binding", binder.run(work.clone()));
+    }
     admin_state.set_active(
         registered,
         controllers.iter().map(pods::PodController::index).collect(),

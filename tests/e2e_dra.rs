@@ -24,16 +24,20 @@ fn main() -> ExitCode {
             "per_host_nodes_serve_plain_gpu_pods_and_follow_capacity_across_a_restart",
             per_host,
         ),
+        (
+            "a_backend_refusal_before_binding_sends_the_pod_to_another_node",
+            refusal,
+        ),
     ])
 }
 
+/// The manifests' DeviceClasses (the tests apply them side by side: a lost
+/// race to create one is tried again).
 fn device_classes(c: &Cluster) -> Result<()> {
-    c.kubectl(&[
-        "apply",
-        "-k",
-        &repo_root().join("manifests/dra").display().to_string(),
-    ])?;
-    Ok(())
+    let dir = repo_root().join("manifests/dra").display().to_string();
+    wait_for("the DeviceClasses applied", Duration::from_secs(30), || {
+        Ok(c.kubectl(&["apply", "-k", &dir]).ok().map(|_| ()))
+    })
 }
 
 /// A ResourceClaimTemplate for `count` GPUs; `constraints` are matchAttribute names.
@@ -65,11 +69,23 @@ spec:
 }
 
 fn claim_pod(ns: &str, name: &str, selector: &str, template: &str) -> String {
+    claim_pod_with(ns, name, selector, template, "{}", "{}")
+}
+
+/// [`claim_pod`] with annotations and CPU/memory requests (YAML flow maps).
+fn claim_pod_with(
+    ns: &str,
+    name: &str,
+    selector: &str,
+    template: &str,
+    annotations: &str,
+    requests: &str,
+) -> String {
     format!(
         r#"
 apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: {ns}}}
+metadata: {{name: {name}, namespace: {ns}, annotations: {annotations}}}
 spec:
   nodeSelector: {{vkd.io/e2e: {selector}}}
   tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
@@ -77,7 +93,7 @@ spec:
   containers:
   - name: train
     image: example/train:1
-    resources: {{claims: [{{name: gpus}}]}}
+    resources: {{claims: [{{name: gpus}}], requests: {requests}}}
 "#
     )
 }
@@ -284,7 +300,11 @@ fn aggregate(c: &Cluster) -> Result<()> {
     let device = &at(&claim, "status.devices")[0];
     ensure!(
         held.contains(device["data"]["uuid"].as_str().unwrap_or_default())
-            && device["conditions"][0]["type"] == "Ready",
+            && device["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True"),
         "{device}"
     );
     ensure!(
@@ -325,8 +345,9 @@ fn aggregate(c: &Cluster) -> Result<()> {
         "--wait=true",
     ])?;
     let rounds = random_claims(c, &vkd, &ns)?;
+    let queued = queue_before_binding(c, &ns)?;
     eprintln!(
-        "aggregate: 8-GPU claim Unschedulable ({why}); 4-GPU claim ran on {held:?}; plain nvidia.com/gpu: 1 on {plain_gpus:?}; random claims: {rounds}"
+        "aggregate: 8-GPU claim Unschedulable ({why}); 4-GPU claim ran on {held:?}; plain nvidia.com/gpu: 1 on {plain_gpus:?}; random claims: {rounds}; {queued}"
     );
     c.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=90s"])?;
     Ok(())
@@ -337,8 +358,8 @@ fn aggregate(c: &Cluster) -> Result<()> {
 /// NVLink domain or the PCIe root) and CEL selectors, waits until each runs or
 /// is refused by the scheduler, checks every running one, and deletes them.
 fn random_claims(c: &Cluster, vkd: &Vkd, ns: &str) -> Result<String> {
-    const ROUNDS: usize = 25;
-    const PER_ROUND: usize = 8;
+    const ROUNDS: usize = 17;
+    const PER_ROUND: usize = 12;
     let mut rng = fastrand::Rng::with_seed(36);
     let (mut ran, mut refused) = (0, 0);
     for round in 0..ROUNDS {
@@ -402,6 +423,152 @@ fn random_claims(c: &Cluster, vkd: &Vkd, ns: &str) -> Result<String> {
     ))
 }
 
+/// A backend that must queue says so before binding: a GPU the scheduler
+/// sees free, on a host whose CPU the backend has given away. The Pod stays
+/// unbound with `BackendReserved=False`, then binds and runs when the CPU frees.
+fn queue_before_binding(c: &Cluster, ns: &str) -> Result<String> {
+    let on_a = Some("device.attributes['gpu.vkd.io'].host == 'host-a'");
+    c.apply(&template(ns, "one-on-a", 1, &[], on_a))?;
+    c.apply(&claim_pod_with(
+        ns,
+        "hog",
+        "dra",
+        "one-on-a",
+        "{}",
+        "{cpu: \"24\"}",
+    ))?;
+    wait_ready(c, ns, "hog")?;
+    c.apply(&claim_pod_with(
+        ns,
+        "waiter",
+        "dra",
+        "one-on-a",
+        "{}",
+        "{cpu: \"24\"}",
+    ))?;
+    let claim = wait_for(
+        "the waiter's claim to say BackendReserved=False",
+        Duration::from_secs(60),
+        || {
+            let p = c.kubectl_json(&["get", "pod", "waiter", "-n", ns])?;
+            let Some(name) = claim_names(&p).into_iter().next() else {
+                return Ok(None);
+            };
+            let cl = c.kubectl_json(&["get", "resourceclaim", &name, "-n", ns])?;
+            let reserved = at(&cl, "status.devices")[0]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "vkd.io/BackendReserved")
+                .cloned();
+            Ok(reserved
+                .filter(|r| r["status"] == "False" && r["reason"] == "BackendQueued")
+                .map(|r| (p, r)))
+        },
+    )?;
+    let (waiter, reserved) = claim;
+    ensure!(
+        str_at(&waiter, "spec.nodeName").is_empty(),
+        "a queued Pod was bound to {}",
+        str_at(&waiter, "spec.nodeName")
+    );
+    let message = str_at(&reserved, "message").to_owned();
+    ensure!(message.contains("cpu"), "{message}");
+    let freed = Instant::now();
+    c.kubectl(&["delete", "pod", "hog", "-n", ns, "--wait=true"])?;
+    let waiter = wait_ready(c, ns, "waiter")?;
+    ensure!(str_at(&waiter, "spec.nodeName") == "vk-dra");
+    c.kubectl(&["delete", "pod", "waiter", "-n", ns, "--wait=true"])?;
+    Ok(format!(
+        "queue before binding: waiter unbound with BackendReserved=False ({message}), Ready {:.1}s after the CPU freed",
+        freed.elapsed().as_secs_f64()
+    ))
+}
+
+/// A backend that refuses sends the Pod back to the scheduler: on a per-host
+/// fleet, a Pod that wants its 3 GPUs in one NVLink domain (vkd's own
+/// annotation, which the scheduler does not read) is allocated on host-b,
+/// whose domains hold 2; vkd rejects it before binding, and once host-a has
+/// room the scheduler places it there.
+fn refusal(c: &Cluster) -> Result<()> {
+    device_classes(c)?;
+    let fleet = repo_root().join("testdata/fleets/dra.yaml");
+    let vkd = Vkd::start_provider(
+        c,
+        "vk-drr",
+        "sim",
+        &fleet,
+        &[
+            "--node-label",
+            "vkd.io/e2e=drr",
+            "--node-mode",
+            "per-host",
+            "--dra",
+            "true",
+            "--client-ca-file",
+            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
+        ],
+    )?;
+    let ns = c.namespace("dra-refuse")?;
+    for node in ["vk-drr-host-a", "vk-drr-host-b"] {
+        wait_for(&format!("{node}'s pool"), Duration::from_secs(60), || {
+            Ok((slices(c, node)?.len() == 1).then_some(()))
+        })?;
+    }
+    let on = |h: &str| format!("device.attributes['gpu.vkd.io'].host == '{h}'");
+    c.apply(&template(&ns, "two-on-a", 2, &[], Some(&on("host-a"))))?;
+    c.apply(&claim_pod(&ns, "hog-a", "drr", "two-on-a"))?;
+    wait_ready(c, &ns, "hog-a")?;
+    // Only host-b has 3 free GPUs: the scheduler allocates there, vkd refuses.
+    c.apply(&template(&ns, "three", 3, &["gpu.vkd.io/host"], None))?;
+    c.apply(&claim_pod_with(
+        &ns,
+        "picky",
+        "drr",
+        "three",
+        "{vkd.io/gpu-topology: nvlink}",
+        "{}",
+    ))?;
+    let refused = wait_for("a BackendRejected Event", Duration::from_secs(60), || {
+        let ev = c.kubectl_json(&[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            "involvedObject.name=picky,reason=BackendRejected",
+        ])?;
+        Ok(items(&ev).first().map(|e| str_at(e, "message").to_owned()))
+    })?;
+    ensure!(refused.contains("TopologyUnsatisfiable"), "{refused}");
+    let picky = c.kubectl_json(&["get", "pod", "picky", "-n", &ns])?;
+    ensure!(
+        str_at(&picky, "spec.nodeName").is_empty(),
+        "a refused Pod was bound to {}",
+        str_at(&picky, "spec.nodeName")
+    );
+    ensure!(
+        instances(&vkd, "vk-drr-host-b")?.is_empty(),
+        "the refused Pod reached host-b's backend"
+    );
+    // host-b fills up, host-a frees: the scheduler tries again, on host-a.
+    c.apply(&template(&ns, "two-on-b", 2, &[], Some(&on("host-b"))))?;
+    c.apply(&claim_pod(&ns, "hog-b", "drr", "two-on-b"))?;
+    wait_ready(c, &ns, "hog-b")?;
+    c.kubectl(&["delete", "pod", "hog-a", "-n", &ns, "--wait=true"])?;
+    let picky = wait_for("picky Ready", Duration::from_secs(120), || {
+        let p = c.kubectl_json(&["get", "pod", "picky", "-n", &ns])?;
+        Ok(running_and_ready(&p).then_some(p))
+    })?;
+    ensure!(str_at(&picky, "spec.nodeName") == "vk-drr-host-a");
+    let held = runs_on_allocation(c, &vkd, &ns, &picky)?;
+    eprintln!(
+        "refusal: picky refused before binding on host-b ({refused}), then ran on vk-drr-host-a with {held:?}"
+    );
+    c.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=90s"])?;
+    Ok(())
+}
+
 fn per_host(c: &Cluster) -> Result<()> {
     device_classes(c)?;
     let fleet = c.dir().join("dra-per-host.yaml");
@@ -439,7 +606,8 @@ fn per_host(c: &Cluster) -> Result<()> {
     ensure!(held.len() == 2, "{held:?}");
     let plain_node = str_at(&plain, "spec.nodeName").to_owned();
 
-    // 6 on one host: no host has 6, until host-b grows. The time from the
+    // 6 on one host: no host has 6, until host-b grows to 8 (the plain Pod
+    // may hold 2 of them). The time from the
     // backend's change to the Pod bound is the DRA path's whole delay.
     c.apply(&template(&ns, "six", 6, &[], None))?;
     c.apply(&claim_pod(&ns, "six", "drp", "six"))?;
@@ -455,14 +623,14 @@ fn per_host(c: &Cluster) -> Result<()> {
         &fleet,
         original.replacen(
             "- {count: 4, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
-            "- {count: 6, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
+            "- {count: 8, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
             1,
         ),
     )?;
-    let republished = wait_for("host-b's 6 devices", Duration::from_secs(60), || {
+    let republished = wait_for("host-b's 8 devices", Duration::from_secs(60), || {
         let s = slices(c, "vk-drp-host-b")?;
         let n = at(&s[0], "spec.devices").as_array().map_or(0, Vec::len);
-        Ok((n == 6).then(Instant::now))
+        Ok((n == 8).then(Instant::now))
     })?;
     let after = generation(c, "vk-drp-host-b")?;
     ensure!(after > before, "generation {before} -> {after}");
@@ -489,7 +657,7 @@ fn per_host(c: &Cluster) -> Result<()> {
             )
             .replacen(
                 "- {count: 4, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
-                "- {count: 6, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
+                "- {count: 8, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-b",
                 1,
             ),
     )?;
@@ -509,7 +677,7 @@ fn per_host(c: &Cluster) -> Result<()> {
             }
         }
     }
-    ensure!(seen.len() == 11, "{seen:?}");
+    ensure!(seen.len() == 13, "{seen:?}");
     c.apply(&plain_gpu_pod(&ns, "after", "drp", 1))?;
     let after_pod = wait_ready(c, &ns, "after")?;
     let after_gpus = runs_on_allocation(c, &vkd, &ns, &after_pod)?;
@@ -525,7 +693,7 @@ fn per_host(c: &Cluster) -> Result<()> {
         );
     }
     eprintln!(
-        "per-host: plain nvidia.com/gpu: 2 on {plain_node} {held:?}; host-b 4 -> 6 GPUs: slices republished in {:.1}s, the 6-GPU Pod Ready {:.1}s after the change; after SIGKILL the pools went {gens:?} -> higher, 11 devices, none twice",
+        "per-host: plain nvidia.com/gpu: 2 on {plain_node} {held:?}; host-b 4 -> 8 GPUs: slices republished in {:.1}s, the 6-GPU Pod Ready {:.1}s after the change; after SIGKILL the pools went {gens:?} -> higher, 13 devices, none twice",
         (republished - changed).as_secs_f64(),
         bound.as_secs_f64()
     );

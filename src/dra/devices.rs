@@ -139,7 +139,7 @@ fn architecture(model: &str) -> Option<(&'static str, &'static str)> {
         .map(|(_, arch, cc)| (*arch, *cc))
 }
 
-fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String) -> Device {
+fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String, binding: bool) -> Device {
     let g = &h.gpus[i];
     let mut attributes: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
     attributes.insert("type".into(), string("gpu"));
@@ -192,16 +192,24 @@ fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String) -> Device 
             ..Default::default()
         },
     )]);
+    let (conditions, failures) = if binding {
+        super::binding::conditions()
+    } else {
+        (Vec::new(), Vec::new())
+    };
     Device {
         name,
         attributes: Some(attributes),
         capacity: Some(capacity),
+        binding_conditions: binding.then_some(conditions),
+        binding_failure_conditions: binding.then_some(failures),
         ..Default::default()
     }
 }
 
-/// The pools of `hosts` (each host that has GPUs), as `layout` places them.
-pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice]) -> Vec<PoolSpec> {
+/// The pools of `hosts` (each host that has GPUs), as `layout` places them;
+/// with `binding`, each device carries vkd's binding conditions.
+pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice], binding: bool) -> Vec<PoolSpec> {
     hosts
         .iter()
         .filter(|h| !h.gpus.is_empty())
@@ -210,7 +218,7 @@ pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice]) -> Vec<PoolSpec> {
             let devices: Vec<Device> = device_names(h)
                 .into_iter()
                 .enumerate()
-                .map(|(i, name)| device(layout, h, i, name))
+                .map(|(i, name)| device(layout, h, i, name, binding))
                 .collect();
             let chunks: Vec<Vec<Device>> = devices
                 .chunks(MAX_DEVICES_PER_SLICE)
@@ -438,6 +446,10 @@ mod tests {
             Some("host-a/pci0000:00")
         );
         assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, "81920Mi");
+        assert_eq!(
+            d.binding_conditions.as_deref(),
+            Some(&["vkd.io/BackendReserved".to_owned()][..])
+        );
     }
 
     #[test]
@@ -447,7 +459,7 @@ mod tests {
             per_host: true,
             driver: "gpu.nvidia.com",
         };
-        let pools = pools(&layout, &[host("host-a", 2, "nvl")]);
+        let pools = pools(&layout, &[host("host-a", 2, "nvl")], false);
         assert_eq!(pools[0].pool, "vk-host-a");
         let d = &pools[0].slices[0].devices.as_ref().unwrap()[1];
         assert_eq!(attr(d, PCIE_ROOT).string.as_deref(), Some("pci0000:00"));
@@ -464,7 +476,7 @@ mod tests {
             per_host: false,
             driver: VKD_DOMAIN,
         };
-        let pools = pools(&layout, &[h]);
+        let pools = pools(&layout, &[h], false);
         assert_eq!(pools[0].slices.len(), 2);
         assert_eq!(pools[0].devices(), 130);
         assert!(
@@ -478,7 +490,7 @@ mod tests {
             "gpu-128"
         );
         // Hosts without GPUs have no pool.
-        assert!(super::pools(&layout, &[host("cpu-only", 0, "")]).is_empty());
+        assert!(super::pools(&layout, &[host("cpu-only", 0, "")], false).is_empty());
     }
 
     fn result(pool: &str, device: &str) -> (String, DeviceRequestAllocationResult) {

@@ -4,6 +4,7 @@
 //! a Pod's claims and runs it on exactly the devices they hold). The mapping
 //! both use is [`devices`]; docs/dra.md says it for a person.
 
+pub mod binding;
 pub mod devices;
 pub mod publish;
 
@@ -12,6 +13,9 @@ pub mod publish;
 pub struct Settings {
     /// The driver name the slices and allocations carry (`gpu.vkd.io`).
     pub driver: String,
+    /// Devices carry binding conditions: the scheduler binds a Pod only once
+    /// the backend holds its placement ([`binding`]).
+    pub binding_conditions: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -22,4 +26,8 @@ pub enum DraError {
         #[source]
         source: kube::Error,
     },
+    #[error("the Pod's spec: {0}")]
+    Spec(String),
+    #[error("the provider: {0}")]
+    Provider(String),
 }

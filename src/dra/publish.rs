@@ -152,7 +152,7 @@ impl Publisher {
         if state.stale || !state.listed {
             self.list(&mut state).await?;
         }
-        let wanted = pools(&self.layout(), hosts);
+        let wanted = pools(&self.layout(), hosts, self.settings.binding_conditions);
         let result = self.apply(&mut state, &wanted, node_uid).await;
         if result.is_err() {
             state.stale = true;
@@ -355,6 +355,7 @@ mod tests {
             client,
             Settings {
                 driver: "gpu.vkd.io".into(),
+                binding_conditions: false,
             },
             "vk".into(),
             false,

@@ -190,7 +190,7 @@ pub struct PodController {
     writes: Arc<DefaultDirectRateLimiter>,
     events: EventSink,
     synced: AtomicBool,
-    admitter: crate::topology::Admitter,
+    admitter: Arc<crate::topology::Admitter>,
     shared: Shared,
     gc_wake: tokio::sync::Notify,
     /// Orphans a collection pass decided to delete.
@@ -229,7 +229,10 @@ impl PodController {
             Quota::per_second(nz(settings.qps)).allow_burst(nz(settings.burst)),
         ));
         let events = EventSink::new(&settings, &client, Arc::clone(&writes), &shared);
-        let admitter = crate::topology::Admitter::new(Arc::clone(&provider), settings.host.clone());
+        let admitter = Arc::new(crate::topology::Admitter::new(
+            Arc::clone(&provider),
+            settings.host.clone(),
+        ));
         Arc::new(Self {
             admitter,
             shared,
@@ -293,6 +296,12 @@ impl PodController {
 
     fn records(&self) -> MutexGuard<'_, HashMap<String, Box<PodRecord>>> {
         self.store.lock()
+    }
+
+    /// The node's placement and reservations, which DRA's admission before
+    /// binding shares ([`crate::dra::binding`]).
+    pub fn admitter(&self) -> Arc<crate::topology::Admitter> {
+        Arc::clone(&self.admitter)
     }
 
     /// What the steps work with (see [`cx`]).

@@ -179,6 +179,24 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
                 format!(
                     "waiting for {gpus} free nvidia.com/gpu in one NVLink domain; largest free is {largest}: {parts}"
                 )
+            } else if gpus > 0 && free.iter().any(|h| pick(h).is_some()) {
+                // The GPUs are free; the host that has them lacks CPU, memory or room.
+                format!(
+                    "waiting for {} cpu and {} memory free on a host with {gpus} free nvidia.com/gpu; {}",
+                    quantity::format_cpu(r.cpu_millis),
+                    gib(r.memory_bytes),
+                    free.iter()
+                        .filter(|h| pick(h).is_some())
+                        .map(|h| format!(
+                            "{} has {} cpu, {} memory, {} Pods free",
+                            h.name,
+                            quantity::format_cpu(h.cpu_millis_free),
+                            gib(h.memory_bytes_free),
+                            h.max_pods.saturating_sub(h.pods_running)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             } else if gpus > 0 {
                 format!(
                     "waiting for {gpus} free nvidia.com/gpu on one host; largest free slice is {}: {}",

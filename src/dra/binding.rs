@@ -1,0 +1,636 @@
+//! Admission before binding: the devices vkd publishes carry the binding
+//! condition [`RESERVED`] and the failure condition [`REJECTED`], so the
+//! scheduler, once it has allocated a Pod's claims on them, waits in PreBind
+//! until vkd says on the claim whether the backend holds the placement.
+//!
+//! For each unbound Pod whose claims are allocated on this daemon's pools,
+//! the node's admitter decides on exactly the allocated GPUs (as the create
+//! step would, and keeping the reservation the create step then uses):
+//! - fits: `BackendReserved=True`; the scheduler binds, vkd creates;
+//! - must wait: `BackendReserved=False`, reason `BackendQueued` and what it
+//!   waits for; looked at again every [`RECHECK`]. The Pod stays unbound.
+//!   After `--queue-timeout`, or when the scheduler's own `bindingTimeout`
+//!   (10 minutes unless its DynamicResources args say otherwise) runs out
+//!   first, the allocation fails and the Pod is scheduled again;
+//! - never: `BackendRejected=True` with the backend's reason: the scheduler
+//!   fails PreBind, frees the devices and schedules the Pod again, to another
+//!   Node if one fits.
+//!
+//! A reservation whose Pod was deallocated, deleted or bound elsewhere is
+//! released.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use vkd_provider::{Admission, Placement};
+
+use super::devices::{self, Layout};
+use super::{DraError, Settings};
+use crate::topology::Admitter;
+
+/// The binding condition: the backend holds the placement.
+pub const RESERVED: &str = "vkd.io/BackendReserved";
+/// The binding failure condition: the backend can never run it.
+pub const REJECTED: &str = "vkd.io/BackendRejected";
+/// How often a Pod the backend queues is looked at again.
+pub const RECHECK: Duration = Duration::from_secs(5);
+const FIELD_MANAGER: &str = "vkd-binding";
+
+/// One Node this daemon serves, as admission before binding sees it.
+#[derive(Clone)]
+pub struct NodeSide {
+    pub node: String,
+    pub per_host: bool,
+    pub admitter: Arc<Admitter>,
+    pub queue_timeout: Duration,
+}
+
+impl std::fmt::Debug for NodeSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSide")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What vkd last said for one unbound Pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Said {
+    Reserved(Placement),
+    Queued(String),
+    Rejected,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    namespace: String,
+    name: String,
+    node: usize,
+    said: Said,
+    /// The allocation it answered (`pool/device`, sorted).
+    devices: Vec<String>,
+    /// Whether the answer reached the claims.
+    written: bool,
+    /// The claims it was answered on (the scheduler's claim for extended
+    /// resources may reach the Pod's status only after its watch event).
+    claims: Vec<String>,
+    since: Instant,
+}
+
+pub struct Binder {
+    client: Client,
+    recorder: Recorder,
+    settings: Settings,
+    nodes: Vec<NodeSide>,
+    /// Unbound Pods vkd has answered for, by UID.
+    tracked: tokio::sync::Mutex<HashMap<String, Tracked>>,
+}
+
+impl std::fmt::Debug for Binder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binder")
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The Pods a claim is reserved for: (name, uid).
+fn reserved_pods(claim: &ResourceClaim) -> Vec<(String, String)> {
+    claim
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| (r.name.clone(), r.uid.clone()))
+        .collect()
+}
+
+fn results(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default()
+}
+
+impl Binder {
+    pub fn new(client: Client, settings: Settings, nodes: Vec<NodeSide>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "vkd".into(),
+                instance: nodes.first().map(|n| n.node.clone()),
+            },
+        );
+        Self {
+            client,
+            recorder,
+            settings,
+            nodes,
+            tracked: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// Watches the claims until `shutdown`, answering for the Pods whose
+    /// devices are this daemon's.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), DraError> {
+        let api: Api<ResourceClaim> = Api::all(self.client.clone());
+        let mut claims = watcher(api, watcher::Config::default()).boxed();
+        let mut tick = tokio::time::interval(RECHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                _ = tick.tick() => self.recheck().await,
+                event = claims.next() => match event {
+                    Some(Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))) => {
+                        self.claim_changed(&c).await;
+                    }
+                    Some(Ok(watcher::Event::Delete(c))) => {
+                        self.claim_changed(&c).await;
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        warn!(error = %e, "the ResourceClaim watch failed; it resumes");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    None => return Ok(()),
+                },
+            }
+        }
+    }
+
+    /// Every Pod the claim is (or was) reserved for, looked at again.
+    async fn claim_changed(&self, claim: &ResourceClaim) {
+        let Some(ns) = claim.metadata.namespace.clone() else {
+            return;
+        };
+        let mut pods = reserved_pods(claim);
+        // A claim deallocated or released: the Pods vkd held it for.
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let reserved: Vec<String> = pods.iter().map(|(_, uid)| uid.clone()).collect();
+        {
+            let tracked = self.tracked.lock().await;
+            for (uid, t) in tracked.iter() {
+                if t.namespace == ns && !pods.iter().any(|(_, u)| u == uid) {
+                    pods.push((t.name.clone(), uid.clone()));
+                }
+            }
+        }
+        if pods.is_empty() {
+            return;
+        }
+        let ours = results(claim).iter().any(|r| {
+            r.driver == self.settings.driver
+                && r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty())
+        });
+        if !ours
+            && !self
+                .tracked
+                .lock()
+                .await
+                .values()
+                .any(|t| t.namespace == ns)
+        {
+            return;
+        }
+        debug!(claim = %name, "claim changed");
+        for (pod, uid) in pods {
+            let hint = if reserved.contains(&uid) {
+                vec![name.clone()]
+            } else {
+                Vec::new()
+            };
+            self.consider(&ns, &pod, &uid, &hint).await;
+        }
+    }
+
+    /// The queued Pods, and any whose claims changed unseen, looked at again.
+    async fn recheck(&self) {
+        let pods: Vec<(String, String, String, Vec<String>)> = self
+            .tracked
+            .lock()
+            .await
+            .iter()
+            .map(|(uid, t)| {
+                (
+                    t.namespace.clone(),
+                    t.name.clone(),
+                    uid.clone(),
+                    t.claims.clone(),
+                )
+            })
+            .collect();
+        for (ns, name, uid, claims) in pods {
+            self.consider(&ns, &name, &uid, &claims).await;
+        }
+    }
+
+    async fn forget(&self, uid: &str, release: bool) {
+        if let Some(t) = self.tracked.lock().await.remove(uid)
+            && release
+        {
+            self.nodes[t.node].admitter.release(uid);
+            info!(pod = %format!("{}/{}", t.namespace, t.name), "released the reservation made before binding");
+        }
+    }
+
+    /// Answers for one unbound Pod: reserve, queue or reject its allocation.
+    /// `hints`: claims reserved for it that its status may not list yet.
+    async fn consider(&self, ns: &str, name: &str, uid: &str, hints: &[String]) {
+        if let Err(e) = self.answer(ns, name, uid, hints).await {
+            warn!(pod = %format!("{ns}/{name}"), error = %e, "admission before binding failed; trying again");
+        }
+    }
+
+    async fn answer(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        hints: &[String],
+    ) -> Result<(), DraError> {
+        let api_err = |what: String| move |source| DraError::Api { what, source };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let pod = pods
+            .get_opt(name)
+            .await
+            .map_err(api_err(format!("reading Pod {ns}/{name}")))?;
+        let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid)) else {
+            self.forget(uid, true).await;
+            return Ok(());
+        };
+        if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            // Bound: the node's Pod controller takes over (and the reservation,
+            // when bound here); bound elsewhere, nothing is held for it.
+            let here = self.nodes.iter().any(|n| n.node == bound);
+            self.forget(uid, !here).await;
+            return Ok(());
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.forget(uid, true).await;
+            return Ok(());
+        }
+        // Its claims, and the results of them that are this daemon's.
+        let claims_api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
+        let mut claims = Vec::new();
+        let mut names = Vec::new();
+        for r in devices::claim_refs(&pod) {
+            let Some(claim) = r.claim else {
+                return Ok(());
+            };
+            names.push(claim);
+        }
+        for h in hints {
+            if !names.contains(h) {
+                names.push(h.clone());
+            }
+        }
+        for claim in &names {
+            let Some(c) = claims_api
+                .get_opt(claim)
+                .await
+                .map_err(api_err(format!("reading ResourceClaim {ns}/{claim}")))?
+            else {
+                continue;
+            };
+            claims.push(c);
+        }
+        let mut mine: Vec<(String, DeviceRequestAllocationResult)> = Vec::new();
+        let mut waiting_on_us = false;
+        for c in &claims {
+            let reserved = reserved_pods(c).iter().any(|(_, u)| u == uid);
+            for r in results(c) {
+                if r.driver != self.settings.driver {
+                    continue;
+                }
+                waiting_on_us |=
+                    reserved && r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty());
+                mine.push((c.metadata.name.clone().unwrap_or_default(), r));
+            }
+        }
+        if !waiting_on_us {
+            // Deallocated (a failure or the scheduler's timeout) or not ours.
+            self.forget(uid, true).await;
+            return Ok(());
+        }
+        let mut devices: Vec<String> = mine
+            .iter()
+            .map(|(_, r)| format!("{}/{}", r.pool, r.device))
+            .collect();
+        devices.sort();
+        let Some((index, side, hosts)) = self.side_of(&mine).await? else {
+            return Ok(());
+        };
+        let layout = Layout {
+            node: &side.node,
+            per_host: side.per_host,
+            driver: &self.settings.driver,
+        };
+        let placement = match devices::placement(&layout, &hosts, &mine) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
+                    .await;
+                self.say(
+                    &claims,
+                    &pod,
+                    false,
+                    Some(("UnusableResourceClaim", &e.0)),
+                    None,
+                )
+                .await?;
+                self.written(uid).await;
+                return Ok(());
+            }
+        };
+        let previous = self
+            .tracked
+            .lock()
+            .await
+            .get(uid)
+            .filter(|t| t.devices == devices)
+            .map(|t| (t.said.clone(), t.since, t.written));
+        match &previous {
+            Some((Said::Reserved(p), _, true))
+                if *p == placement && side.admitter.held_placement(uid).as_ref() == Some(p) =>
+            {
+                return Ok(());
+            }
+            Some((Said::Rejected, _, true)) => return Ok(()),
+            _ => {}
+        }
+        let previous = previous.map(|(said, since, _)| (said, since));
+        let mut spec = crate::pods::spec::pending(&pod, &side.node)
+            .map_err(|e| DraError::Spec(e.message))?
+            .spec;
+        spec.resources.gpus = u32::try_from(placement.gpu_ids.len()).unwrap_or(u32::MAX);
+        spec.placement = Some(placement.clone());
+        let admission = side
+            .admitter
+            .admit(&spec)
+            .await
+            .map_err(|e| DraError::Provider(e.to_string()))?;
+        match admission {
+            Admission::Fits(p) => {
+                let message = format!(
+                    "backend holds host {} GPUs {} for it",
+                    p.host,
+                    p.gpu_ids.join(",")
+                );
+                // Tracked before it is said: a failed write leaves the
+                // reservation to be said again, or released, never leaked.
+                self.track(
+                    uid,
+                    ns,
+                    name,
+                    index,
+                    Said::Reserved(p.clone()),
+                    &devices,
+                    &names,
+                )
+                .await;
+                self.say(
+                    &claims,
+                    &pod,
+                    true,
+                    None,
+                    Some(("BackendReserved", &message)),
+                )
+                .await?;
+                self.written(uid).await;
+                info!(pod = %format!("{ns}/{name}"), host = %p.host, "reserved before binding");
+            }
+            Admission::Queued { reason } => {
+                let waited = previous
+                    .as_ref()
+                    .map_or(Duration::ZERO, |(_, since)| since.elapsed());
+                if waited >= side.queue_timeout {
+                    let message = format!(
+                        "waited {}s for the backend (--queue-timeout {}s): {reason}",
+                        waited.as_secs(),
+                        side.queue_timeout.as_secs()
+                    );
+                    self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
+                        .await;
+                    self.say(
+                        &claims,
+                        &pod,
+                        false,
+                        Some(("BackendQueueTimeout", &message)),
+                        None,
+                    )
+                    .await?;
+                    self.written(uid).await;
+                    return Ok(());
+                }
+                let new = previous.as_ref().map(|(s, _)| s) != Some(&Said::Queued(reason.clone()));
+                self.track(
+                    uid,
+                    ns,
+                    name,
+                    index,
+                    Said::Queued(reason.clone()),
+                    &devices,
+                    &names,
+                )
+                .await;
+                if new {
+                    self.say(&claims, &pod, false, None, Some(("BackendQueued", &reason)))
+                        .await?;
+                    self.written(uid).await;
+                    info!(pod = %format!("{ns}/{name}"), %reason, "queued before binding");
+                }
+            }
+            Admission::Rejected { reason, message } => {
+                self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
+                    .await;
+                self.say(&claims, &pod, false, Some((&reason, &message)), None)
+                    .await?;
+                self.written(uid).await;
+                info!(pod = %format!("{ns}/{name}"), %reason, %message, "rejected before binding");
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn track(
+        &self,
+        uid: &str,
+        ns: &str,
+        name: &str,
+        node: usize,
+        said: Said,
+        devices: &[String],
+        claims: &[String],
+    ) {
+        let mut tracked = self.tracked.lock().await;
+        let since = tracked
+            .get(uid)
+            .filter(|t| t.devices == devices)
+            .map_or_else(Instant::now, |t| t.since);
+        tracked.insert(
+            uid.to_owned(),
+            Tracked {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                node,
+                said,
+                devices: devices.to_vec(),
+                written: false,
+                claims: claims.to_vec(),
+                since,
+            },
+        );
+    }
+
+    /// The answer tracked for `uid` reached its claims.
+    async fn written(&self, uid: &str) {
+        if let Some(t) = self.tracked.lock().await.get_mut(uid) {
+            t.written = true;
+        }
+    }
+
+    /// The Node whose pools hold these devices, with its hosts.
+    async fn side_of(
+        &self,
+        results: &[(String, DeviceRequestAllocationResult)],
+    ) -> Result<Option<(usize, &NodeSide, Vec<vkd_provider::HostSlice>)>, DraError> {
+        let Some((_, first)) = results.first() else {
+            return Ok(None);
+        };
+        for (i, side) in self.nodes.iter().enumerate() {
+            let hosts = side
+                .admitter
+                .hosts()
+                .await
+                .map_err(|e| DraError::Provider(e.to_string()))?;
+            let layout = Layout {
+                node: &side.node,
+                per_host: side.per_host,
+                driver: &self.settings.driver,
+            };
+            if hosts.iter().any(|h| layout.pool(&h.name) == first.pool) {
+                return Ok(Some((i, side, hosts)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes the two conditions on each of the Pod's devices of this driver.
+    async fn say(
+        &self,
+        claims: &[ResourceClaim],
+        pod: &Pod,
+        reserved: bool,
+        rejected: Option<(&str, &str)>,
+        reserved_why: Option<(&str, &str)>,
+    ) -> Result<(), DraError> {
+        let now = crate::pods::status::time(std::time::SystemTime::now());
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let (r_reason, r_message) =
+            reserved_why.unwrap_or(("BackendRejected", "the backend refused it"));
+        let conditions = json!([
+            {
+                "type": RESERVED,
+                "status": if reserved { "True" } else { "False" },
+                "reason": r_reason, "message": r_message, "lastTransitionTime": now,
+            },
+            {
+                "type": REJECTED,
+                "status": if rejected.is_some() { "True" } else { "False" },
+                "reason": rejected.map_or("BackendAccepts", |r| r.0),
+                "message": rejected.map_or_else(
+                    || format!("the backend can run Pod {pod_name}"),
+                    |r| r.1.to_owned(),
+                ),
+                "lastTransitionTime": now,
+            },
+        ]);
+        let (type_, reason, note) = match (rejected, reserved_why) {
+            (Some((reason, message)), _) => (
+                EventType::Warning,
+                "BackendRejected",
+                format!("{reason}: {message}; the scheduler places it again"),
+            ),
+            (None, Some((reason, message))) => (EventType::Normal, reason, message.to_owned()),
+            (None, None) => (EventType::Normal, "BackendReserved", String::new()),
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(
+                format!("before binding: {note}")
+                    .chars()
+                    .take(1000)
+                    .collect(),
+            ),
+            action: "Admit".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %e, reason, "publishing event failed");
+        }
+        for c in claims {
+            let (Some(name), Some(ns)) = (&c.metadata.name, &c.metadata.namespace) else {
+                continue;
+            };
+            let devices: Vec<serde_json::Value> = results(c)
+                .iter()
+                .filter(|r| r.driver == self.settings.driver)
+                .map(|r| {
+                    json!({"driver": r.driver, "pool": r.pool, "device": r.device,
+                           "conditions": conditions})
+                })
+                .collect();
+            if devices.is_empty() {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": ns},
+                "status": {"devices": devices},
+            });
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
+            api.patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(body),
+            )
+            .await
+            .map_err(|source| DraError::Api {
+                what: format!("writing the binding conditions of ResourceClaim {ns}/{name}"),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The binding conditions the published devices carry.
+pub fn conditions() -> (Vec<String>, Vec<String>) {
+    (vec![RESERVED.to_owned()], vec![REJECTED.to_owned()])
+}
