@@ -425,7 +425,8 @@ async fn act(
             clients.node.clone(),
             Arc::clone(provider),
             Arc::clone(&node_shared.last_lease_renewal),
-        );
+        )
+        .with_metrics(Arc::clone(&shared.metrics));
         let (tx, rx) = watch::channel(false);
         registered.push(rx);
         tasks.spawn(
@@ -456,6 +457,7 @@ async fn act(
             clients.pods.clone(),
             dra,
             binding_sides,
+            Arc::clone(&shared.metrics),
         ));
         tasks.spawn("DRA admission before binding", binder.run(work.clone()));
     }

@@ -62,6 +62,8 @@ pub struct Metrics {
     api_throttled: Counter<f64, std::sync::atomic::AtomicU64>,
     events_dropped: Counter,
     kubelet_api_refused: Family<Labels, Counter>,
+    dra_devices: Family<Labels, Gauge>,
+    dra_admissions: Family<Labels, Counter>,
     lease_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     provider_duration: Family<Labels, Histogram, fn() -> Histogram>,
     provider_errors: Family<Labels, Counter>,
@@ -116,6 +118,8 @@ impl Default for Metrics {
             api_writes: reg!("api_writes", "Writes to the API server for Pods, by kind", Family::default()),
             api_throttled: reg!("api_throttled_seconds", "Time Pod writes waited for the client rate limiter", Counter::default()),
             events_dropped: reg!("events_dropped", "Pod Events not sent: over --event-qps (InstanceCreated only) or too many waiting for the API server", Counter::default()),
+            dra_devices: reg!("dra_devices", "GPUs published as DRA devices, by pool (--dra)", Family::default()),
+            dra_admissions: reg!("dra_admissions_before_binding", "Answers to the scheduler's binding conditions, by pool and answer (reserved, queued, rejected)", Family::default()),
             kubelet_api_refused: reg!("kubelet_api_connections_refused", "Kubelet API connections closed as soon as accepted: every slot taken (limit) or the peer address holding its share (peer_limit)", Family::default()),
             lease_age: reg!("node_lease_renewal_age_seconds", "Seconds since the node lease was last renewed", Gauge::default()),
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
@@ -200,6 +204,20 @@ impl Metrics {
     pub fn kubelet_api_refused(&self, reason: &str) {
         self.kubelet_api_refused
             .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
+    }
+
+    /// A pool's published devices (0 once its host is gone).
+    pub fn dra_devices(&self, pool: &str, devices: usize) {
+        self.dra_devices
+            .get_or_create(&labels(&[("pool", pool)]))
+            .set(i64::try_from(devices).unwrap_or(i64::MAX));
+    }
+
+    /// One answer given before binding for devices of `pool`.
+    pub fn dra_admission(&self, pool: &str, answer: &str) {
+        self.dra_admissions
+            .get_or_create(&labels(&[("pool", pool), ("answer", answer)]))
             .inc();
     }
 

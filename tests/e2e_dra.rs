@@ -12,7 +12,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
-use common::{Vkd, items, running_and_ready, str_at};
+use common::{Vkd, admin_get, items, metric, running_and_ready, str_at};
 
 fn main() -> ExitCode {
     Suite::new("dra", &[]).run(&[
@@ -332,6 +332,66 @@ fn aggregate(c: &Cluster) -> Result<()> {
         "{plain_gpus:?} {held:?}"
     );
 
+    // A Pod bound by name, past the scheduler: its claim is never allocated,
+    // and it never runs; it waits with the kubelet's Event.
+    c.apply(
+        &claim_pod(&ns, "unallocated", "dra", "four")
+            .replace("  containers:", "  nodeName: vk-dra\n  containers:"),
+    )?;
+    let event = wait_for(
+        "a FailedPrepareDynamicResources Event",
+        Duration::from_secs(60),
+        || {
+            let ev = c.kubectl_json(&[
+                "get",
+                "events",
+                "-n",
+                &ns,
+                "--field-selector",
+                "involvedObject.name=unallocated,reason=FailedPrepareDynamicResources",
+            ])?;
+            Ok(items(&ev).first().map(|e| str_at(e, "message").to_owned()))
+        },
+    )?;
+    ensure!(
+        event.starts_with("Failed to prepare dynamic resources: ")
+            && (event.contains("ResourceClaim") || event.contains("no claim made")),
+        "{event}"
+    );
+    let unallocated = c.kubectl_json(&["get", "pod", "unallocated", "-n", &ns])?;
+    ensure!(
+        at(&unallocated, "status.phase") == "Pending"
+            && vkd
+                .instances()?
+                .iter()
+                .all(|i| str_at(i, "name") != "unallocated"),
+        "a Pod whose claim is not allocated ran: {}",
+        at(&unallocated, "status")
+    );
+
+    // The metrics count the pools' devices and the answers before binding.
+    let (_, text) = admin_get(&vkd, "/metrics")?;
+    ensure!(
+        metric(&text, "vkd_dra_devices{pool=\"vk-dra-host-a\"}") == Some(4.0),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("dra"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    ensure!(
+        metric(
+            &text,
+            "vkd_dra_admissions_before_binding_total{pool=\"vk-dra-host-a\",answer=\"reserved\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("dra"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
     // Random claims: every allocation the scheduler makes is one vkd runs on
     // exactly those devices, and no device is ever held twice.
     c.kubectl(&[
@@ -340,6 +400,7 @@ fn aggregate(c: &Cluster) -> Result<()> {
         "four",
         "plain",
         "eight",
+        "unallocated",
         "-n",
         &ns,
         "--wait=true",

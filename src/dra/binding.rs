@@ -90,6 +90,7 @@ struct Tracked {
 
 pub struct Binder {
     client: Client,
+    metrics: Arc<crate::metrics::Metrics>,
     recorder: Recorder,
     settings: Settings,
     nodes: Vec<NodeSide>,
@@ -127,7 +128,12 @@ fn results(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
 }
 
 impl Binder {
-    pub fn new(client: Client, settings: Settings, nodes: Vec<NodeSide>) -> Self {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        nodes: Vec<NodeSide>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -137,6 +143,7 @@ impl Binder {
         );
         Self {
             client,
+            metrics,
             recorder,
             settings,
             nodes,
@@ -541,6 +548,18 @@ impl Binder {
         rejected: Option<(&str, &str)>,
         reserved_why: Option<(&str, &str)>,
     ) -> Result<(), DraError> {
+        let answer = match (reserved, rejected) {
+            (_, Some(_)) => "rejected",
+            (true, None) => "reserved",
+            (false, None) => "queued",
+        };
+        if let Some(r) = claims
+            .iter()
+            .flat_map(results)
+            .find(|r| r.driver == self.settings.driver)
+        {
+            self.metrics.dra_admission(&r.pool, answer);
+        }
         let now = crate::pods::status::time(std::time::SystemTime::now());
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         let (r_reason, r_message) =

@@ -419,6 +419,7 @@ mod tests {
         let pools = pools(
             &layout,
             &[host("host-a", 4, "nvl"), host("host-b", 4, "nvl")],
+            true,
         );
         assert_eq!(pools.len(), 2);
         assert_eq!(pools[0].pool, "vk-host-a");

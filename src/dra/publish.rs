@@ -54,6 +54,7 @@ pub struct Synced {
 
 pub struct Publisher {
     client: Client,
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
     settings: Settings,
     node: String,
     per_host: bool,
@@ -73,11 +74,18 @@ impl Publisher {
     pub fn new(client: Client, settings: Settings, node: String, per_host: bool) -> Self {
         Self {
             client,
+            metrics: None,
             settings,
             node,
             per_host,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Counts the published devices by pool on these metrics.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn layout(&self) -> Layout<'_> {
@@ -175,6 +183,9 @@ impl Publisher {
         };
         let mut keep = std::collections::BTreeSet::new();
         for pool in wanted {
+            if let Some(m) = &self.metrics {
+                m.dra_devices(&pool.pool, pool.devices());
+            }
             let names: Vec<String> = (0..pool.slices.len())
                 .map(|i| slice_name(driver, &pool.pool, i))
                 .collect();
@@ -247,6 +258,12 @@ impl Publisher {
                         source,
                     });
                 }
+            }
+            if let Some(m) = &self.metrics
+                && let Some(w) = state.slices.get(&name)
+                && !wanted.iter().any(|p| p.pool == w.pool)
+            {
+                m.dra_devices(&w.pool, 0);
             }
             if let Some(w) = state.slices.remove(&name) {
                 warn!(slice = %name, pool = %w.pool, "ResourceSlice deleted: its host or devices are gone");

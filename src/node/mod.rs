@@ -71,6 +71,14 @@ pub struct NodeAgent {
     slices: Option<crate::dra::publish::Publisher>,
 }
 
+impl NodeAgent {
+    /// Counts what the Node publishes through DRA on these metrics.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.slices = self.slices.map(|s| s.with_metrics(metrics));
+        self
+    }
+}
+
 impl std::fmt::Debug for NodeAgent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeAgent")
