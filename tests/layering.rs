@@ -100,12 +100,34 @@ const RULES: &[Rule] = &[
             "src/pods/volume_refresh.rs",
             "src/pods/status_write.rs",
             "src/pods/node_fit.rs",
+            "src/pods/claims.rs",
             "src/pods/cx.rs",
         ],
         except: &[],
         never: &["PodController", "WorkQueue", "gc_wake", "approved_orphans"],
         why: "a step works with its small context (Cx, src/pods/cx.rs): never the \
               controller, its work queue or its collector",
+    },
+    Rule {
+        under: &["src/dra/devices.rs"],
+        except: &[],
+        never: &[
+            "tokio",
+            "kube::Api",
+            "kube::Client",
+            "crate::pods",
+            "super::publish",
+            "super::binding",
+        ],
+        why: "the DRA mapping (host slices to devices, an allocation to a placement) is pure \
+              translation that the publisher, the binder and the create step share",
+    },
+    Rule {
+        under: &["src/dra"],
+        except: &[],
+        never: &["PodController", "PodRecord", "WorkQueue"],
+        why: "DRA works with a node's admitter and the Pod as the API has it, never the \
+              Pod layer's controller or records",
     },
     Rule {
         under: &["src/kubelet_api", "src/admin.rs"],

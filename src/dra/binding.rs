@@ -39,10 +39,7 @@ use super::devices::{self, Layout};
 use super::{DraError, Settings};
 use crate::topology::Admitter;
 
-/// The binding condition: the backend holds the placement.
-pub const RESERVED: &str = "vkd.io/BackendReserved";
-/// The binding failure condition: the backend can never run it.
-pub const REJECTED: &str = "vkd.io/BackendRejected";
+pub use super::devices::{REJECTED, RESERVED};
 /// How often a Pod the backend queues is looked at again.
 pub const RECHECK: Duration = Duration::from_secs(5);
 const FIELD_MANAGER: &str = "vkd-binding";
@@ -647,9 +644,4 @@ impl Binder {
         }
         Ok(())
     }
-}
-
-/// The binding conditions the published devices carry.
-pub fn conditions() -> (Vec<String>, Vec<String>) {
-    (vec![RESERVED.to_owned()], vec![REJECTED.to_owned()])
 }

@@ -34,6 +34,11 @@ pub const VKD_DOMAIN: &str = "gpu.vkd.io";
 pub const HOST_ATTRIBUTE: &str = "gpu.vkd.io/host";
 /// The attribute a claim matches on to keep its GPUs in one NVLink domain.
 pub const NVLINK_ATTRIBUTE: &str = "gpu.vkd.io/nvlinkDomain";
+/// The binding condition every device carries (with binding conditions on):
+/// the backend holds the placement (`dra::binding`).
+pub const RESERVED: &str = "vkd.io/BackendReserved";
+/// The binding failure condition: the backend can never run it.
+pub const REJECTED: &str = "vkd.io/BackendRejected";
 /// The API's limit on devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
@@ -192,17 +197,12 @@ fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String, binding: b
             ..Default::default()
         },
     )]);
-    let (conditions, failures) = if binding {
-        super::binding::conditions()
-    } else {
-        (Vec::new(), Vec::new())
-    };
     Device {
         name,
         attributes: Some(attributes),
         capacity: Some(capacity),
-        binding_conditions: binding.then_some(conditions),
-        binding_failure_conditions: binding.then_some(failures),
+        binding_conditions: binding.then(|| vec![RESERVED.to_owned()]),
+        binding_failure_conditions: binding.then(|| vec![REJECTED.to_owned()]),
         ..Default::default()
     }
 }
