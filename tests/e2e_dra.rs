@@ -405,8 +405,8 @@ fn aggregate(c: &Cluster) -> Result<()> {
         &ns,
         "--wait=true",
     ])?;
-    let rounds = random_claims(c, &vkd, &ns)?;
     let queued = queue_before_binding(c, &ns)?;
+    let rounds = random_claims(c, &vkd, &ns)?;
     eprintln!(
         "aggregate: 8-GPU claim Unschedulable ({why}); 4-GPU claim ran on {held:?}; plain nvidia.com/gpu: 1 on {plain_gpus:?}; random claims: {rounds}; {queued}"
     );
@@ -478,6 +478,12 @@ fn random_claims(c: &Cluster, vkd: &Vkd, ns: &str) -> Result<String> {
         c.kubectl(&["delete", "pods", "--all", "-n", ns, "--wait=true"])?;
         c.kubectl(&["delete", "resourceclaimtemplates", "--all", "-n", ns])?;
     }
+    // The last round's claims are deallocated and deleted after their Pods:
+    // what comes next starts on a fleet the scheduler sees free.
+    wait_for("the random claims gone", Duration::from_secs(60), || {
+        let claims = c.kubectl_json(&["get", "resourceclaims", "-n", ns])?;
+        Ok(items(&claims).is_empty().then_some(()))
+    })?;
     Ok(format!(
         "{} claims in {ROUNDS} rounds: {ran} ran on exactly their devices, {refused} waited unbound, no device held twice",
         ROUNDS * PER_ROUND

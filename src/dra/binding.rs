@@ -103,27 +103,6 @@ impl std::fmt::Debug for Binder {
     }
 }
 
-/// The Pods a claim is reserved for: (name, uid).
-fn reserved_pods(claim: &ResourceClaim) -> Vec<(String, String)> {
-    claim
-        .status
-        .iter()
-        .flat_map(|s| s.reserved_for.iter().flatten())
-        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
-        .map(|r| (r.name.clone(), r.uid.clone()))
-        .collect()
-}
-
-fn results(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default()
-}
-
 impl Binder {
     pub fn new(
         client: Client,
@@ -182,7 +161,7 @@ impl Binder {
         let Some(ns) = claim.metadata.namespace.clone() else {
             return;
         };
-        let mut pods = reserved_pods(claim);
+        let mut pods = devices::reserved_pods(claim);
         // A claim deallocated or released: the Pods vkd held it for.
         let name = claim.metadata.name.clone().unwrap_or_default();
         let reserved: Vec<String> = pods.iter().map(|(_, uid)| uid.clone()).collect();
@@ -197,7 +176,7 @@ impl Binder {
         if pods.is_empty() {
             return;
         }
-        let ours = results(claim).iter().any(|r| {
+        let ours = devices::allocated(claim).iter().any(|r| {
             r.driver == self.settings.driver
                 && r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty())
         });
@@ -316,8 +295,8 @@ impl Binder {
         let mut mine: Vec<(String, DeviceRequestAllocationResult)> = Vec::new();
         let mut waiting_on_us = false;
         for c in &claims {
-            let reserved = reserved_pods(c).iter().any(|(_, u)| u == uid);
-            for r in results(c) {
+            let reserved = devices::reserved_pods(c).iter().any(|(_, u)| u == uid);
+            for r in devices::allocated(c) {
                 if r.driver != self.settings.driver {
                     continue;
                 }
@@ -552,69 +531,58 @@ impl Binder {
         };
         if let Some(r) = claims
             .iter()
-            .flat_map(results)
+            .flat_map(devices::allocated)
             .find(|r| r.driver == self.settings.driver)
         {
             self.metrics.dra_admission(&r.pool, answer);
         }
         let now = crate::pods::status::time(std::time::SystemTime::now());
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let (r_reason, r_message) =
-            reserved_why.unwrap_or(("BackendRejected", "the backend refused it"));
-        let conditions = json!([
-            {
-                "type": RESERVED,
-                "status": if reserved { "True" } else { "False" },
-                "reason": r_reason, "message": r_message, "lastTransitionTime": now,
-            },
-            {
-                "type": REJECTED,
-                "status": if rejected.is_some() { "True" } else { "False" },
-                "reason": rejected.map_or("BackendAccepts", |r| r.0),
-                "message": rejected.map_or_else(
-                    || format!("the backend can run Pod {pod_name}"),
-                    |r| r.1.to_owned(),
-                ),
-                "lastTransitionTime": now,
-            },
-        ]);
-        let (type_, reason, note) = match (rejected, reserved_why) {
-            (Some((reason, message)), _) => (
+        let conditions =
+            devices::binding_conditions(reserved, rejected, reserved_why, &pod_name, &now);
+        // The happy path's answer is the claim's condition alone: an Event per
+        // Pod would be one more write per Pod in a storm. Waiting and refusals
+        // get one, as the create step's queueing and failures do.
+        let event = match (rejected, reserved) {
+            (Some((reason, message)), _) => Some((
                 EventType::Warning,
                 "BackendRejected",
                 format!("{reason}: {message}; the scheduler places it again"),
-            ),
-            (None, Some((reason, message))) => (EventType::Normal, reason, message.to_owned()),
-            (None, None) => (EventType::Normal, "BackendReserved", String::new()),
+            )),
+            (None, false) => reserved_why
+                .map(|(reason, message)| (EventType::Normal, reason, message.to_owned())),
+            (None, true) => None,
         };
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: pod.metadata.name.clone(),
-            namespace: pod.metadata.namespace.clone(),
-            uid: pod.metadata.uid.clone(),
-            ..Default::default()
-        };
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(
-                format!("before binding: {note}")
-                    .chars()
-                    .take(1000)
-                    .collect(),
-            ),
-            action: "Admit".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %e, reason, "publishing event failed");
+        if let Some((type_, reason, note)) = event {
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                namespace: pod.metadata.namespace.clone(),
+                uid: pod.metadata.uid.clone(),
+                ..Default::default()
+            };
+            let event = Event {
+                type_,
+                reason: reason.to_owned(),
+                note: Some(
+                    format!("before binding: {note}")
+                        .chars()
+                        .take(1000)
+                        .collect(),
+                ),
+                action: "Admit".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&event, &reference).await {
+                warn!(error = %e, reason, "publishing event failed");
+            }
         }
         for c in claims {
             let (Some(name), Some(ns)) = (&c.metadata.name, &c.metadata.namespace) else {
                 continue;
             };
-            let devices: Vec<serde_json::Value> = results(c)
+            let devices: Vec<serde_json::Value> = devices::allocated(c)
                 .iter()
                 .filter(|r| r.driver == self.settings.driver)
                 .map(|r| {
@@ -625,11 +593,7 @@ impl Binder {
             if devices.is_empty() {
                 continue;
             }
-            let body = json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": ns},
-                "status": {"devices": devices},
-            });
+            let body = devices::device_status(name, ns, devices);
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
             api.patch_status(
                 name,

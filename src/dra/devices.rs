@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceRequestAllocationResult, ResourcePool,
-    ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, DeviceRequestAllocationResult, ResourceClaim,
+    ResourcePool, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use vkd_provider::{HostSlice, Placement};
@@ -256,6 +256,73 @@ pub fn slice_name(driver: &str, pool: &str, i: usize) -> String {
         .map(|c| if c == '.' { '-' } else { c })
         .collect();
     format!("{pool}-{driver}-{i}")
+}
+
+/// The Pods a claim is reserved for: (name, uid).
+pub fn reserved_pods(claim: &ResourceClaim) -> Vec<(String, String)> {
+    claim
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| (r.name.clone(), r.uid.clone()))
+        .collect()
+}
+
+/// The devices a claim is allocated (none while it is not).
+pub fn allocated(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default()
+}
+
+/// The two binding conditions of a device, as vkd answers the scheduler:
+/// [`RESERVED`] true when the backend holds the placement (`why` says what it
+/// holds or waits for), [`REJECTED`] true with the backend's reason when it
+/// never can.
+pub fn binding_conditions(
+    reserved: bool,
+    rejected: Option<(&str, &str)>,
+    why: Option<(&str, &str)>,
+    pod: &str,
+    now: &str,
+) -> serde_json::Value {
+    let (reason, message) = why.unwrap_or(("BackendRejected", "the backend refused it"));
+    serde_json::json!([
+        {
+            "type": RESERVED,
+            "status": if reserved { "True" } else { "False" },
+            "reason": reason, "message": message, "lastTransitionTime": now,
+        },
+        {
+            "type": REJECTED,
+            "status": if rejected.is_some() { "True" } else { "False" },
+            "reason": rejected.map_or("BackendAccepts", |r| r.0),
+            "message": rejected.map_or_else(
+                || format!("the backend can run Pod {pod}"),
+                |r| r.1.to_owned(),
+            ),
+            "lastTransitionTime": now,
+        },
+    ])
+}
+
+/// The server-side apply body of a claim's `status.devices` entries (each
+/// `{driver, pool, device, ...}`): its writer owns only those entries.
+pub fn device_status(
+    name: &str,
+    namespace: &str,
+    devices: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"devices": devices},
+    })
 }
 
 /// A ResourceClaim a Pod uses, as the kubelet finds it
@@ -563,6 +630,49 @@ mod tests {
         let mut foreign = result("vk-host-a", "host-a-gpu0");
         foreign.1.driver = "gpu.nvidia.com".into();
         assert!(placement(&layout, &hosts, &[foreign]).is_err());
+    }
+
+    #[test]
+    fn a_claim_says_whom_it_is_reserved_for_and_what_it_holds() {
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {},
+            "status": {
+                "reservedFor": [
+                    {"resource": "pods", "name": "p", "uid": "u1"},
+                    {"resource": "things", "apiGroup": "example.com", "name": "t", "uid": "u2"},
+                ],
+                "allocation": {"devices": {"results": [
+                    {"request": "gpus", "driver": VKD_DOMAIN, "pool": "vk-host-a", "device": "host-a-gpu1"},
+                ]}},
+            },
+        }))
+        .unwrap();
+        assert_eq!(reserved_pods(&claim), [("p".to_owned(), "u1".to_owned())]);
+        assert_eq!(allocated(&claim)[0].device, "host-a-gpu1");
+        let unallocated = ResourceClaim::default();
+        assert!(allocated(&unallocated).is_empty() && reserved_pods(&unallocated).is_empty());
+    }
+
+    #[test]
+    fn binding_conditions_say_reserved_queued_or_rejected() {
+        let status = |v: &serde_json::Value| {
+            (
+                v[0]["status"].as_str().unwrap().to_owned(),
+                v[1]["status"].as_str().unwrap().to_owned(),
+            )
+        };
+        let held = binding_conditions(true, None, Some(("BackendReserved", "holds")), "p", "t");
+        assert_eq!(status(&held), ("True".into(), "False".into()));
+        assert_eq!(held[0]["type"], RESERVED);
+        let queued = binding_conditions(false, None, Some(("BackendQueued", "cpu")), "p", "t");
+        assert_eq!(status(&queued), ("False".into(), "False".into()));
+        assert_eq!(queued[0]["reason"], "BackendQueued");
+        let refused =
+            binding_conditions(false, Some(("TopologyUnsatisfiable", "no")), None, "p", "t");
+        assert_eq!(status(&refused), ("False".into(), "True".into()));
+        assert_eq!(refused[1]["reason"], "TopologyUnsatisfiable");
+        assert_eq!(refused[1]["type"], REJECTED);
     }
 
     #[test]

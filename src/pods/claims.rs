@@ -207,11 +207,7 @@ impl Cx<'_> {
             if devices.is_empty() {
                 continue;
             }
-            let body = json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": ns},
-                "status": {"devices": devices},
-            });
+            let body = devices::device_status(name, ns, devices);
             self.throttle("claim_status").await;
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
             if let Err(e) = api
