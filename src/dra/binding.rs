@@ -156,48 +156,37 @@ impl Binder {
         }
     }
 
-    /// Every Pod the claim is (or was) reserved for, looked at again.
+    /// The Pods a changed claim concerns, looked at again: those vkd answered
+    /// for on it (it may be deallocated or released since), and those it is
+    /// reserved for while its devices wait for vkd's answer. A claim already
+    /// answered, of a Pod vkd no longer tracks (bound), costs nothing.
     async fn claim_changed(&self, claim: &ResourceClaim) {
         let Some(ns) = claim.metadata.namespace.clone() else {
             return;
         };
-        let mut pods = devices::reserved_pods(claim);
-        // A claim deallocated or released: the Pods vkd held it for.
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let reserved: Vec<String> = pods.iter().map(|(_, uid)| uid.clone()).collect();
-        {
-            let tracked = self.tracked.lock().await;
-            for (uid, t) in tracked.iter() {
-                if t.namespace == ns && !pods.iter().any(|(_, u)| u == uid) {
-                    pods.push((t.name.clone(), uid.clone()));
+        let mut pods: Vec<(String, String)> = self
+            .tracked
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, t)| t.namespace == ns && t.claims.contains(&name))
+            .map(|(uid, t)| (t.name.clone(), uid.clone()))
+            .collect();
+        if devices::awaits_answer(claim, &self.settings.driver) {
+            for (pod, uid) in devices::reserved_pods(claim) {
+                if !pods.iter().any(|(_, u)| *u == uid) {
+                    pods.push((pod, uid));
                 }
             }
         }
         if pods.is_empty() {
             return;
         }
-        let ours = devices::allocated(claim).iter().any(|r| {
-            r.driver == self.settings.driver
-                && r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty())
-        });
-        if !ours
-            && !self
-                .tracked
-                .lock()
-                .await
-                .values()
-                .any(|t| t.namespace == ns)
-        {
-            return;
-        }
         debug!(claim = %name, "claim changed");
         for (pod, uid) in pods {
-            let hint = if reserved.contains(&uid) {
-                vec![name.clone()]
-            } else {
-                Vec::new()
-            };
-            self.consider(&ns, &pod, &uid, &hint).await;
+            self.consider(&ns, &pod, &uid, std::slice::from_ref(&name))
+                .await;
         }
     }
 
@@ -361,8 +350,7 @@ impl Binder {
         let mut spec = crate::pods::spec::pending(&pod, &side.node)
             .map_err(|e| DraError::Spec(e.message))?
             .spec;
-        spec.resources.gpus = u32::try_from(placement.gpu_ids.len()).unwrap_or(u32::MAX);
-        spec.placement = Some(placement.clone());
+        devices::place(&mut spec, placement.clone());
         let admission = side
             .admitter
             .admit(&spec)

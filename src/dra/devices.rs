@@ -26,7 +26,7 @@ use k8s_openapi::api::resource::v1::{
     ResourcePool, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use vkd_provider::{HostSlice, Placement};
+use vkd_provider::{HostSlice, InstanceSpec, Placement, is_dns_label};
 
 /// vkd's attribute domain (and its default driver name).
 pub const VKD_DOMAIN: &str = "gpu.vkd.io";
@@ -80,15 +80,6 @@ impl PoolSpec {
             .map(|s| s.devices.as_ref().map_or(0, Vec::len))
             .sum()
     }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// Each GPU's device name, in the host's order: its id when every id is a
@@ -246,6 +237,32 @@ pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice], binding: bool) -> Vec<Poo
             }
         })
         .collect()
+}
+
+/// `spec` placed on an allocation: that host, exactly those GPUs, and as
+/// many GPUs as they are (a claim's Pod need not ask for `nvidia.com/gpu`).
+pub fn place(spec: &mut InstanceSpec, placement: Placement) {
+    spec.resources.gpus = u32::try_from(placement.gpu_ids.len()).unwrap_or(u32::MAX);
+    spec.placement = Some(placement);
+}
+
+/// Whether some device of `driver` the claim holds waits for its binding
+/// conditions: neither [`RESERVED`] nor [`REJECTED`] is true on it yet.
+pub fn awaits_answer(claim: &ResourceClaim, driver: &str) -> bool {
+    let said = |r: &DeviceRequestAllocationResult| {
+        claim
+            .status
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .filter(|d| d.driver == r.driver && d.pool == r.pool && d.device == r.device)
+            .flat_map(|d| d.conditions.iter().flatten())
+            .any(|c| (c.type_ == RESERVED || c.type_ == REJECTED) && c.status == "True")
+    };
+    allocated(claim).iter().any(|r| {
+        r.driver == driver
+            && r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty())
+            && !said(r)
+    })
 }
 
 /// The name of a pool's `i`th slice: stable, so a new leader writes over its
@@ -652,6 +669,50 @@ mod tests {
         assert_eq!(allocated(&claim)[0].device, "host-a-gpu1");
         let unallocated = ResourceClaim::default();
         assert!(allocated(&unallocated).is_empty() && reserved_pods(&unallocated).is_empty());
+    }
+
+    #[test]
+    fn a_claim_awaits_vkds_answer_until_a_binding_condition_is_true() {
+        let claim = |conditions: serde_json::Value| -> ResourceClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "c", "namespace": "ns"},
+                "spec": {},
+                "status": {
+                    "allocation": {"devices": {"results": [{
+                        "request": "gpus", "driver": VKD_DOMAIN, "pool": "vk-host-a",
+                        "device": "host-a-gpu0", "bindingConditions": [RESERVED],
+                        "bindingFailureConditions": [REJECTED],
+                    }]}},
+                    "devices": [{"driver": VKD_DOMAIN, "pool": "vk-host-a",
+                                 "device": "host-a-gpu0", "conditions": conditions}],
+                },
+            }))
+            .unwrap()
+        };
+        let queued = binding_conditions(
+            false,
+            None,
+            Some(("BackendQueued", "cpu")),
+            "p",
+            "2026-12-06T00:00:00Z",
+        );
+        let held = binding_conditions(
+            true,
+            None,
+            Some(("BackendReserved", "ok")),
+            "p",
+            "2026-12-06T00:00:00Z",
+        );
+        let refused =
+            binding_conditions(false, Some(("X", "no")), None, "p", "2026-12-06T00:00:00Z");
+        assert!(awaits_answer(&claim(serde_json::json!([])), VKD_DOMAIN));
+        assert!(awaits_answer(&claim(queued), VKD_DOMAIN));
+        assert!(!awaits_answer(&claim(held), VKD_DOMAIN));
+        assert!(!awaits_answer(&claim(refused), VKD_DOMAIN));
+        assert!(!awaits_answer(
+            &claim(serde_json::json!([])),
+            "gpu.nvidia.com"
+        ));
     }
 
     #[test]

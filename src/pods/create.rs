@@ -54,8 +54,7 @@ impl Cx<'_> {
             Prepared::Nothing => (spec, Vec::new()),
             Prepared::Placed { placement, claims } => {
                 let mut spec = spec;
-                spec.resources.gpus = u32::try_from(placement.gpu_ids.len()).unwrap_or(u32::MAX);
-                spec.placement = Some(placement);
+                crate::dra::devices::place(&mut spec, placement);
                 (spec, claims)
             }
             Prepared::Wait(message) => return Ok(Start::Claims(message)),

@@ -5,6 +5,17 @@ use std::time::Duration;
 
 use crate::duration;
 
+/// A DNS label (RFC 1123): 1 to 63 lowercase alphanumerics and `-`,
+/// alphanumeric at both ends; what Kubernetes wants of namespace and device names.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 /// Gives back a collection's spare room once most of its entries are gone: a
 /// hash map keeps the capacity of its largest size, so after 10,000 Pods come
 /// and go it would hold their slots for good. Shrinks only when it is a quarter

@@ -132,16 +132,6 @@ pub enum ConfigError {
     },
 }
 
-/// A DNS label: lowercase alphanumerics and `-`, alphanumeric at both ends.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 /// Past a day, an outage is a lost cluster, not one to wait for.
 const MAX_OUTAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
@@ -186,7 +176,7 @@ impl KubernetesConfig {
             ));
         }
         let probe = format!("{prefix}a");
-        if !is_dns_label(&probe) || cfg.namespace_prefix.len() > 20 {
+        if !vkd_provider::is_dns_label(&probe) || cfg.namespace_prefix.len() > 20 {
             return Err(invalid(
                 "namespacePrefix",
                 format!(
@@ -236,7 +226,7 @@ impl KubernetesConfig {
                 ));
             }
         }
-        if !is_dns_label(&cfg.fence_namespace) {
+        if !vkd_provider::is_dns_label(&cfg.fence_namespace) {
             return Err(invalid(
                 "fenceNamespace",
                 format!("{:?} is not a namespace name", cfg.fence_namespace),
