@@ -264,11 +264,7 @@ impl Admitter {
             let Some(h) = snapshot.index.get(&r.host).and_then(|&i| free.get_mut(i)) else {
                 continue;
             };
-            if !r.gpu_ids.is_empty() {
-                for g in h.gpus.iter_mut().filter(|g| r.gpu_ids.contains(&g.id)) {
-                    g.free = false;
-                }
-            }
+            h.hold(&r.gpu_ids);
             if r.uncounted_by(snapshot.asked) {
                 h.cpu_millis_free = h.cpu_millis_free.saturating_sub(r.cpu_millis);
                 h.memory_bytes_free = h.memory_bytes_free.saturating_sub(r.memory_bytes);
@@ -582,6 +578,7 @@ mod tests {
                     numa_node: None,
                     pcie_root: None,
                     free: true,
+                    ..Default::default()
                 })
                 .collect(),
             max_pods: 110,

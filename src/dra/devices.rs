@@ -7,7 +7,11 @@
 //!   mode the Node itself (as NVIDIA's driver names its pools), in aggregate
 //!   mode `<node>-<host>`. Every slice carries `nodeName` = that Node.
 //! - One device per GPU, named after its id when the id is a DNS label (the
-//!   sim's `host-a-gpu0`), else `gpu-<index>`.
+//!   sim's `host-a-gpu0`), else `gpu-<index>`. A GPU with MIG-style
+//!   partitions is a partitionable device: a counter set per GPU (compute
+//!   slices and memory) that the whole GPU and each partition (`type: mig`,
+//!   `profile`, `parentUUID`) consume, so the scheduler never allocates a
+//!   partition beside its whole GPU, nor partitions past the GPU.
 //! - Attributes a GPU Pod selects on: `type`, `uuid`, `productName`,
 //!   `architecture`/`cudaComputeCapability` for models vkd knows, `memory` as
 //!   capacity, and vkd's own `gpu.vkd.io/host` and `gpu.vkd.io/nvlinkDomain`
@@ -22,11 +26,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceRequestAllocationResult, ResourceClaim,
-    ResourcePool, ResourceSliceSpec,
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+    DeviceRequestAllocationResult, ResourceClaim, ResourcePool, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use vkd_provider::{HostSlice, InstanceSpec, Placement, is_dns_label};
+use vkd_provider::{Gpu, HostSlice, InstanceSpec, Placement, is_dns_label};
 
 /// vkd's attribute domain (and its default driver name).
 pub const VKD_DOMAIN: &str = "gpu.vkd.io";
@@ -41,6 +45,10 @@ pub const RESERVED: &str = "vkd.io/BackendReserved";
 pub const REJECTED: &str = "vkd.io/BackendRejected";
 /// The API's limit on devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Its limit when the devices consume counters.
+const MAX_COUNTING_DEVICES_PER_SLICE: usize = 64;
+/// Its limit on counter sets in one ResourceSlice.
+const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 
@@ -82,26 +90,76 @@ impl PoolSpec {
     }
 }
 
-/// Each GPU's device name, in the host's order: its id when every id is a
-/// distinct DNS label, else `gpu-<index>` for all of them (never a mix, so a
-/// name always means one GPU).
-pub fn device_names(h: &HostSlice) -> Vec<String> {
+/// One device of a host: a whole GPU, or a partition of one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostDevice<'a> {
+    /// The device's name in its pool.
+    pub name: String,
+    /// The backend's id for it (a GPU's or a partition's), what a placement names.
+    pub id: &'a str,
+    gpu: usize,
+    partition: Option<usize>,
+}
+
+/// The devices of a host, in its order (each GPU, then its partitions): named
+/// after their ids when every id is a distinct DNS label (the sim's
+/// `host-a-gpu0`, `host-a-gpu0-3g40gb-0`), else `gpu-<i>` and `gpu-<i>-<j>`
+/// for all of them (never a mix, so a name always means one device).
+pub fn host_devices(h: &HostSlice) -> Vec<HostDevice<'_>> {
+    let mut devices = Vec::new();
+    for (i, g) in h.gpus.iter().enumerate() {
+        devices.push(HostDevice {
+            name: format!("gpu-{i}"),
+            id: &g.id,
+            gpu: i,
+            partition: None,
+        });
+        for (j, p) in g.partitions.iter().enumerate() {
+            devices.push(HostDevice {
+                name: format!("gpu-{i}-{j}"),
+                id: &p.id,
+                gpu: i,
+                partition: Some(j),
+            });
+        }
+    }
     let mut seen = std::collections::BTreeSet::new();
-    let by_id = h
-        .gpus
+    if devices
         .iter()
-        .all(|g| is_dns_label(&g.id) && seen.insert(g.id.as_str()));
-    h.gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            if by_id {
-                g.id.clone()
-            } else {
-                format!("gpu-{i}")
-            }
-        })
-        .collect()
+        .all(|d| is_dns_label(d.id) && seen.insert(d.id))
+    {
+        for d in &mut devices {
+            d.name = d.id.to_owned();
+        }
+    }
+    devices
+}
+
+/// The counter set of a partitionable GPU, and what the whole GPU or one
+/// partition consumes of it: compute slices and memory.
+const COMPUTE_SLICES: &str = "compute-slices";
+const MEMORY: &str = "memory";
+
+fn counters(compute_slices: u32, memory_mib: u64) -> BTreeMap<String, Counter> {
+    BTreeMap::from([
+        (
+            COMPUTE_SLICES.to_owned(),
+            Counter {
+                value: Quantity(compute_slices.to_string()),
+            },
+        ),
+        (
+            MEMORY.to_owned(),
+            Counter {
+                value: Quantity(format!("{memory_mib}Mi")),
+            },
+        ),
+    ])
+}
+
+/// Whether the GPU is published as a partitionable device.
+fn partitionable(g: &Gpu) -> bool {
+    g.compute_slices > 0 && !g.partitions.is_empty()
 }
 
 fn string(v: impl Into<String>) -> DeviceAttribute {
@@ -135,11 +193,15 @@ fn architecture(model: &str) -> Option<(&'static str, &'static str)> {
         .map(|(_, arch, cc)| (*arch, *cc))
 }
 
-fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String, binding: bool) -> Device {
-    let g = &h.gpus[i];
+fn device(layout: &Layout<'_>, h: &HostSlice, d: &HostDevice<'_>, binding: bool) -> Device {
+    let g = &h.gpus[d.gpu];
+    let part = d.partition.map(|j| &g.partitions[j]);
     let mut attributes: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
-    attributes.insert("type".into(), string("gpu"));
-    attributes.insert("uuid".into(), string(g.id.clone()));
+    attributes.insert(
+        "type".into(),
+        string(if part.is_some() { "mig" } else { "gpu" }),
+    );
+    attributes.insert("uuid".into(), string(d.id));
     attributes.insert("productName".into(), string(g.model.clone()));
     if let Some((arch, cc)) = architecture(&g.model) {
         attributes.insert("architecture".into(), string(arch));
@@ -152,11 +214,21 @@ fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String, binding: b
         );
     }
     attributes.insert(HOST_ATTRIBUTE.into(), string(h.name.clone()));
-    let domain = g.nvlink_domain.as_deref().unwrap_or(&g.id);
-    attributes.insert(
-        NVLINK_ATTRIBUTE.into(),
-        string(format!("{}/{domain}", h.name)),
-    );
+    match part {
+        // A partition has no NVLink peer: a claim that matches on the domain
+        // never gets one.
+        Some(p) => {
+            attributes.insert("profile".into(), string(p.profile.clone()));
+            attributes.insert("parentUUID".into(), string(g.id.clone()));
+        }
+        None => {
+            let domain = g.nvlink_domain.as_deref().unwrap_or(&g.id);
+            attributes.insert(
+                NVLINK_ATTRIBUTE.into(),
+                string(format!("{}/{domain}", h.name)),
+            );
+        }
+    }
     if let Some(root) = &g.pcie_root {
         if layout.per_host {
             attributes.insert(PCIE_ROOT.into(), string(root.clone()));
@@ -181,55 +253,98 @@ fn device(layout: &Layout<'_>, h: &HostSlice, i: usize, name: String, binding: b
             string(format!("{}/{numa}", h.name)),
         );
     }
+    let memory_mib = part.map_or(g.memory_mib, |p| p.memory_mib);
     let capacity = BTreeMap::from([(
         "memory".to_owned(),
         DeviceCapacity {
-            value: Quantity(format!("{}Mi", g.memory_mib)),
+            value: Quantity(format!("{memory_mib}Mi")),
             ..Default::default()
         },
     )]);
+    let consumes = partitionable(g).then(|| {
+        let (c, m) = part.map_or((g.compute_slices, g.memory_mib), |p| {
+            (p.compute_slices, p.memory_mib)
+        });
+        vec![DeviceCounterConsumption {
+            counter_set: counter_set_name(h, d.gpu),
+            counters: counters(c, m),
+            ..Default::default()
+        }]
+    });
     Device {
-        name,
+        name: d.name.clone(),
         attributes: Some(attributes),
         capacity: Some(capacity),
+        consumes_counters: consumes,
         binding_conditions: binding.then(|| vec![RESERVED.to_owned()]),
         binding_failure_conditions: binding.then(|| vec![REJECTED.to_owned()]),
         ..Default::default()
     }
 }
 
+/// The counter set of GPU `i`: named after the GPU's device (counter sets
+/// and devices are named apart, so the name may repeat).
+fn counter_set_name(h: &HostSlice, i: usize) -> String {
+    host_devices(h)
+        .into_iter()
+        .find(|d| d.gpu == i && d.partition.is_none())
+        .map_or_else(|| format!("gpu-{i}"), |d| d.name)
+}
+
 /// The pools of `hosts` (each host that has GPUs), as `layout` places them;
-/// with `binding`, each device carries vkd's binding conditions.
+/// with `binding`, each device carries vkd's binding conditions. A host with
+/// partitionable GPUs also gets slices of their counter sets (the API keeps
+/// counters and devices in separate slices of the pool).
 pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice], binding: bool) -> Vec<PoolSpec> {
     hosts
         .iter()
         .filter(|h| !h.gpus.is_empty())
         .map(|h| {
             let pool = layout.pool(&h.name);
-            let devices: Vec<Device> = device_names(h)
-                .into_iter()
+            let devices: Vec<Device> = host_devices(h)
+                .iter()
+                .map(|d| device(layout, h, d, binding))
+                .collect();
+            let counter_sets: Vec<CounterSet> = h
+                .gpus
+                .iter()
                 .enumerate()
-                .map(|(i, name)| device(layout, h, i, name, binding))
-                .collect();
-            let chunks: Vec<Vec<Device>> = devices
-                .chunks(MAX_DEVICES_PER_SLICE)
-                .map(<[Device]>::to_vec)
-                .collect();
-            let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
-            let slices = chunks
-                .into_iter()
-                .map(|devices| ResourceSliceSpec {
-                    driver: layout.driver.to_owned(),
-                    node_name: Some(layout.node.to_owned()),
-                    pool: ResourcePool {
-                        name: pool.clone(),
-                        generation: 0,
-                        resource_slice_count: count,
-                    },
-                    devices: Some(devices),
-                    ..Default::default()
+                .filter(|(_, g)| partitionable(g))
+                .map(|(i, g)| CounterSet {
+                    name: counter_set_name(h, i),
+                    counters: counters(g.compute_slices, g.memory_mib),
                 })
                 .collect();
+            let per_slice = if counter_sets.is_empty() {
+                MAX_DEVICES_PER_SLICE
+            } else {
+                MAX_COUNTING_DEVICES_PER_SLICE
+            };
+            let slice = |devices, shared_counters| ResourceSliceSpec {
+                driver: layout.driver.to_owned(),
+                node_name: Some(layout.node.to_owned()),
+                pool: ResourcePool {
+                    name: pool.clone(),
+                    generation: 0,
+                    resource_slice_count: 0,
+                },
+                devices,
+                shared_counters,
+                ..Default::default()
+            };
+            let mut slices: Vec<ResourceSliceSpec> = counter_sets
+                .chunks(MAX_COUNTER_SETS_PER_SLICE)
+                .map(|sets| slice(None, Some(sets.to_vec())))
+                .chain(
+                    devices
+                        .chunks(per_slice)
+                        .map(|devices| slice(Some(devices.to_vec()), None)),
+                )
+                .collect();
+            let count = i64::try_from(slices.len()).unwrap_or(i64::MAX);
+            for s in &mut slices {
+                s.pool.resource_slice_count = count;
+            }
             PoolSpec {
                 pool,
                 host: h.name.clone(),
@@ -432,16 +547,20 @@ pub fn placement(
                 r.pool, layout.node
             )));
         };
-        let names = device_names(h);
-        let Some(i) = names.iter().position(|n| *n == r.device) else {
+        let devices = host_devices(h);
+        let Some(d) = devices.iter().find(|d| d.name == r.device) else {
             return Err(Unusable(format!(
                 "ResourceClaim {claim}: host {} has no device {} (it has {})",
                 h.name,
                 r.device,
-                names.join(", ")
+                devices
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         };
-        let id = h.gpus[i].id.clone();
+        let id = d.id.to_owned();
         match &mut placed {
             None => {
                 placed = Some(Placement {
@@ -482,6 +601,7 @@ mod tests {
                     numa_node: Some(0),
                     pcie_root: Some("pci0000:00".into()),
                     free: true,
+                    ..Default::default()
                 })
                 .collect(),
             max_pods: 110,
@@ -612,6 +732,82 @@ mod tests {
         assert_eq!(p.host, "host-b");
         assert_eq!(p.gpu_ids, ["host-b-gpu3", "host-b-gpu1"]);
         assert_eq!(placement(&layout, &hosts, &[]).unwrap(), None);
+    }
+
+    #[test]
+    fn partitions_are_devices_that_share_their_gpus_counters() {
+        let layout = Layout {
+            node: "vk",
+            per_host: false,
+            driver: VKD_DOMAIN,
+        };
+        let mut h = host("host-m", 2, "nvl");
+        h.gpus[1].compute_slices = 7;
+        h.gpus[1].partitions = ["3g.40gb", "3g.40gb", "1g.10gb"]
+            .iter()
+            .enumerate()
+            .map(|(k, profile)| vkd_provider::GpuPartition {
+                id: format!("host-m-gpu1-p{k}"),
+                profile: (*profile).into(),
+                compute_slices: if k < 2 { 3 } else { 1 },
+                memory_mib: if k < 2 { 40 << 10 } else { 10 << 10 },
+                in_use: false,
+            })
+            .collect();
+        let pools = pools(&layout, std::slice::from_ref(&h), true);
+        let slices = &pools[0].slices;
+        // Counters and devices in separate slices of one pool.
+        assert_eq!(slices.len(), 2);
+        assert!(slices.iter().all(|s| s.pool.resource_slice_count == 2));
+        let sets = slices[0].shared_counters.as_ref().unwrap();
+        assert!(slices[0].devices.is_none());
+        assert_eq!(sets.len(), 1, "only the partitionable GPU has counters");
+        assert_eq!(sets[0].name, "host-m-gpu1");
+        assert_eq!(sets[0].counters[COMPUTE_SLICES].value.0, "7");
+        assert_eq!(sets[0].counters[MEMORY].value.0, "81920Mi");
+        let devices = slices[1].devices.as_ref().unwrap();
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "host-m-gpu0",
+                "host-m-gpu1",
+                "host-m-gpu1-p0",
+                "host-m-gpu1-p1",
+                "host-m-gpu1-p2"
+            ]
+        );
+        assert!(devices[0].consumes_counters.is_none());
+        let whole = &devices[1].consumes_counters.as_ref().unwrap()[0];
+        assert_eq!(whole.counter_set, "host-m-gpu1");
+        assert_eq!(whole.counters[COMPUTE_SLICES].value.0, "7");
+        let mig = &devices[2];
+        assert_eq!(attr(mig, "type").string.as_deref(), Some("mig"));
+        assert_eq!(attr(mig, "profile").string.as_deref(), Some("3g.40gb"));
+        assert_eq!(
+            attr(mig, "parentUUID").string.as_deref(),
+            Some("host-m-gpu1")
+        );
+        assert!(
+            !mig.attributes
+                .as_ref()
+                .unwrap()
+                .contains_key(NVLINK_ATTRIBUTE)
+        );
+        assert_eq!(mig.capacity.as_ref().unwrap()["memory"].value.0, "40960Mi");
+        let used = &mig.consumes_counters.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                used.counters[COMPUTE_SLICES].value.0.as_str(),
+                used.counters[MEMORY].value.0.as_str()
+            ),
+            ("3", "40960Mi")
+        );
+        // An allocated partition is placed by its id.
+        let p = placement(&layout, &[h], &[result("vk-host-m", "host-m-gpu1-p2")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.gpu_ids, ["host-m-gpu1-p2"]);
     }
 
     #[test]

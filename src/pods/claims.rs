@@ -169,15 +169,14 @@ impl Cx<'_> {
             driver: &dra.driver,
         };
         let hosts = self.admitter.hosts().await.unwrap_or_default();
-        let names = hosts
+        let names: std::collections::BTreeMap<String, String> = hosts
             .iter()
             .find(|h| h.name == placement.host)
-            .map(|h| (devices::device_names(h), h))
-            .map(|(names, h)| {
-                names
+            .map(|h| {
+                devices::host_devices(h)
                     .into_iter()
-                    .zip(h.gpus.iter().map(|g| g.id.clone()))
-                    .collect::<std::collections::BTreeMap<_, _>>()
+                    .map(|d| (d.name, d.id.to_owned()))
+                    .collect()
             })
             .unwrap_or_default();
         let now = crate::pods::status::time(SystemTime::now());

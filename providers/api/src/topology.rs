@@ -85,6 +85,9 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
     let only = |h: &&HostSlice| wanted.is_none_or(|p| p.host == h.name);
     let total: Vec<&HostSlice> = total.iter().filter(only).collect();
     let free: Vec<&HostSlice> = free.iter().filter(only).collect();
+    if let Some(p) = wanted.filter(|p| !p.gpu_ids.is_empty()) {
+        return decide_exact(total.first().copied(), free.first().copied(), &r, p);
+    }
     let gpus = r.gpus;
     let fleet_gpus: usize = total.iter().map(|h| h.gpus.len()).sum();
     if gpus > fleet_gpus {
@@ -143,16 +146,7 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
             message,
         };
     }
-    let pick = |h: &HostSlice| -> Option<Vec<String>> {
-        if let Some(ids) = wanted.map(|p| &p.gpu_ids).filter(|ids| !ids.is_empty()) {
-            let all_free = ids.len() == gpus
-                && ids
-                    .iter()
-                    .all(|id| h.gpus.iter().any(|g| g.id == *id && g.free));
-            return all_free.then(|| ids.clone());
-        }
-        pick_gpus(h, gpus, r.same_nvlink)
-    };
+    let pick = |h: &HostSlice| pick_gpus(h, gpus, r.same_nvlink);
     let fits_now = |h: &&&HostSlice| {
         h.pods_running < h.max_pods
             && h.cpu_millis_free >= r.cpu_millis
@@ -212,6 +206,118 @@ pub fn decide(total: &[HostSlice], free: &[HostSlice], spec: &InstanceSpec) -> A
             },
         },
     }
+}
+
+/// A placement that names its GPUs (or partitions): the scheduler's DRA
+/// allocation, or vkd's own earlier choice. Checked, never replaced: `Fits`
+/// exactly it, `Queued` while some of it is held, `Rejected` when it could
+/// never run here.
+fn decide_exact(
+    total: Option<&HostSlice>,
+    free: Option<&HostSlice>,
+    r: &Request,
+    p: &Placement,
+) -> Admission {
+    let never = |message: String| Admission::Rejected {
+        reason: "TopologyUnsatisfiable".into(),
+        message,
+    };
+    let ids = p.gpu_ids.join(", ");
+    let Some(whole) = total else {
+        return never(format!("no host {} for GPUs {ids}", p.host));
+    };
+    let known = |id: &String| {
+        whole
+            .gpus
+            .iter()
+            .any(|g| g.id == *id || g.partitions.iter().any(|q| q.id == *id))
+    };
+    if let Some(unknown) = p.gpu_ids.iter().find(|id| !known(id)) {
+        return never(format!("host {} has no GPU or partition {unknown}", p.host));
+    }
+    if p.gpu_ids.len() != r.gpus {
+        return never(format!(
+            "the placement names {} GPUs ({ids}) for a Pod of {} nvidia.com/gpu",
+            p.gpu_ids.len(),
+            r.gpus
+        ));
+    }
+    if !whole.can_hold(&p.gpu_ids) {
+        return never(format!(
+            "GPUs {ids} cannot be held together on host {}: a GPU is given whole or as partitions, and its partitions fit in its compute slices and memory",
+            p.host
+        ));
+    }
+    if r.same_nvlink {
+        let domains: std::collections::BTreeSet<&str> = whole
+            .gpus
+            .iter()
+            .filter(|g| p.gpu_ids.contains(&g.id))
+            .map(|g| g.nvlink_domain.as_deref().unwrap_or(&g.id))
+            .collect();
+        if domains.len() > 1 || whole.gpus.iter().all(|g| !p.gpu_ids.contains(&g.id)) {
+            return never(format!(
+                "needs its GPUs in one NVLink domain; {ids} on host {} are in {}",
+                p.host,
+                if domains.is_empty() {
+                    "none (partitions)".to_owned()
+                } else {
+                    domains.into_iter().collect::<Vec<_>>().join(", ")
+                }
+            ));
+        }
+    }
+    if whole.cpu_millis_total < r.cpu_millis || whole.memory_bytes_total < r.memory_bytes {
+        return never(format!(
+            "needs {} cpu and {} memory; host {} has {} cpu and {} memory",
+            quantity::format_cpu(r.cpu_millis),
+            gib(r.memory_bytes),
+            p.host,
+            quantity::format_cpu(whole.cpu_millis_total),
+            gib(whole.memory_bytes_total)
+        ));
+    }
+    let Some(h) = free else {
+        return Admission::Queued {
+            reason: format!("waiting for host {} to report its capacity", p.host),
+        };
+    };
+    if !h.can_hold(&p.gpu_ids) {
+        let held: Vec<&str> = p
+            .gpu_ids
+            .iter()
+            .filter(|id| !h.can_hold(std::slice::from_ref(*id)))
+            .map(String::as_str)
+            .collect();
+        return Admission::Queued {
+            reason: format!(
+                "waiting for {} on host {} to be free (held by running Pods)",
+                if held.is_empty() {
+                    ids.clone()
+                } else {
+                    held.join(", ")
+                },
+                p.host
+            ),
+        };
+    }
+    if h.pods_running >= h.max_pods
+        || h.cpu_millis_free < r.cpu_millis
+        || h.memory_bytes_free < r.memory_bytes
+    {
+        return Admission::Queued {
+            reason: format!(
+                "waiting for {} cpu and {} memory free on host {}, which has GPUs {ids} free; it has {} cpu, {} memory, {} Pods free",
+                quantity::format_cpu(r.cpu_millis),
+                gib(r.memory_bytes),
+                p.host,
+                quantity::format_cpu(h.cpu_millis_free),
+                gib(h.memory_bytes_free),
+                h.max_pods.saturating_sub(h.pods_running)
+            ),
+        };
+    }
+    Admission::Fits(p.clone())
 }
 
 /// `n` free GPUs of one host: from one NVLink domain when one has enough (required
@@ -294,6 +400,7 @@ mod tests {
                     numa_node: None,
                     pcie_root: None,
                     free: true,
+                    ..Default::default()
                 });
             }
         }
@@ -466,6 +573,70 @@ mod tests {
         assert!(
             matches!(decide(&total, &total, &s), Admission::Rejected { message, .. } if message.contains("this host has 4 (host-a 4)"))
         );
+    }
+
+    fn partitioned_host() -> HostSlice {
+        let part = |id: &str, profile: &str, c: u32, m: u64| crate::GpuPartition {
+            id: id.into(),
+            profile: profile.into(),
+            compute_slices: c,
+            memory_mib: m << 10,
+            in_use: false,
+        };
+        let mut h = host("host-m", &[("nvl-m", 1)]);
+        let g = &mut h.gpus[0];
+        g.compute_slices = 7;
+        g.partitions = vec![
+            part("g0-3g-0", "3g.40gb", 3, 40),
+            part("g0-3g-1", "3g.40gb", 3, 40),
+            part("g0-1g-0", "1g.10gb", 1, 10),
+        ];
+        h
+    }
+
+    fn placed(ids: &[&str]) -> InstanceSpec {
+        let mut s = wants(u32::try_from(ids.len()).unwrap());
+        s.placement = Some(Placement {
+            host: "host-m".into(),
+            gpu_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        });
+        s
+    }
+
+    #[test]
+    fn a_gpu_is_given_whole_or_as_partitions_that_fit_in_it() {
+        let total = vec![partitioned_host()];
+        let gpu = total[0].gpus[0].id.clone();
+        let fits = |free: &[HostSlice], ids: &[&str]| {
+            matches!(decide(&total, free, &placed(ids)), Admission::Fits(_))
+        };
+        assert!(fits(&total, &[&gpu]));
+        assert!(fits(&total, &["g0-3g-0", "g0-3g-1"]));
+        // The whole GPU held: none of its partitions; a partition held: not the whole GPU.
+        let mut free = total.clone();
+        free[0].hold([&gpu]);
+        assert!(!fits(&free, &["g0-1g-0"]));
+        let mut free = total.clone();
+        free[0].hold([&"g0-1g-0".to_owned()]);
+        assert!(!free[0].gpus[0].free);
+        assert!(
+            matches!(decide(&total, &free, &placed(&[&gpu])), Admission::Queued { reason } if reason.contains(&gpu))
+        );
+        assert!(!fits(&free, &["g0-3g-0", "g0-3g-1"]));
+        assert!(fits(&free, &["g0-3g-0"]));
+        // Never: two 3g.40gb use the GPU's 80Gi, so a 1g.10gb cannot join them;
+        // a partition with its own GPU; an id the host does not have.
+        for ids in [
+            vec!["g0-3g-0", "g0-3g-1", "g0-1g-0"],
+            vec![gpu.as_str(), "g0-1g-0"],
+            vec!["g9"],
+        ] {
+            assert!(
+                matches!(decide(&total, &total, &placed(&ids)), Admission::Rejected { reason, .. } if reason == "TopologyUnsatisfiable"),
+                "{ids:?}"
+            );
+        }
+        assert_eq!(total[0].whole(), total[0]);
     }
 
     #[test]

@@ -481,7 +481,32 @@ pub struct Gpu {
     pub nvlink_domain: Option<String>,
     pub numa_node: Option<u32>,
     pub pcie_root: Option<String>,
+    /// Whether the whole GPU may be given to a Pod: nobody holds it, whole
+    /// or in part.
     pub free: bool,
+    /// MIG-style compute slices the GPU divides into (7 on an A100 or H100);
+    /// 0 when it cannot be partitioned.
+    #[serde(default)]
+    pub compute_slices: u32,
+    /// The partitions it offers. Partitions and the whole GPU share its
+    /// compute slices and memory: a Pod holds the whole GPU or some
+    /// partitions, never both, and partitions in use never sum past the GPU.
+    #[serde(default)]
+    pub partitions: Vec<GpuPartition>,
+}
+
+/// A MIG-style slice of a GPU, given to a Pod like a GPU (its id in
+/// [`Placement::gpu_ids`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPartition {
+    /// Unique on its host, like a GPU id.
+    pub id: String,
+    /// The profile, `3g.40gb`.
+    pub profile: String,
+    pub compute_slices: u32,
+    pub memory_mib: u64,
+    /// A Pod holds it.
+    pub in_use: bool,
 }
 
 /// One host of a backend: what it has and what is free on it now.
@@ -522,8 +547,73 @@ impl HostSlice {
         h.pods_running = 0;
         for g in &mut h.gpus {
             g.free = true;
+            for p in &mut g.partitions {
+                p.in_use = false;
+            }
         }
         h
+    }
+
+    /// Marks the GPUs and partitions `ids` names as held (ids of neither are
+    /// ignored): what a backend reports for the Pods it runs.
+    pub fn hold<'a>(&mut self, ids: impl IntoIterator<Item = &'a String>) {
+        for id in ids {
+            for g in &mut self.gpus {
+                if g.id == *id {
+                    g.free = false;
+                } else if let Some(p) = g.partitions.iter_mut().find(|p| p.id == *id) {
+                    p.in_use = true;
+                    g.free = false;
+                }
+            }
+        }
+    }
+
+    /// Whether all of `ids` can be given to one Pod now: each a free GPU, or
+    /// a partition that is free and fits beside the partitions in use.
+    pub fn can_hold(&self, ids: &[String]) -> bool {
+        let mut h = self.clone();
+        ids.iter().all(|id| h.try_hold(id))
+    }
+
+    fn try_hold(&mut self, id: &str) -> bool {
+        for g in &mut self.gpus {
+            if g.id == id {
+                let ok = g.free;
+                g.free = false;
+                return ok;
+            }
+            if let Some(i) = g.partitions.iter().position(|p| p.id == id) {
+                let ok = g.partition_free(&g.partitions[i]);
+                g.partitions[i].in_use = true;
+                g.free = false;
+                return ok;
+            }
+        }
+        false
+    }
+}
+
+impl Gpu {
+    /// Held whole by a Pod (not free, and no partition is what holds it).
+    pub fn held_whole(&self) -> bool {
+        !self.free && !self.partitions.iter().any(|p| p.in_use)
+    }
+
+    /// Whether partition `p` of this GPU can be given now: not in use, the
+    /// GPU not held whole, and room beside the partitions in use.
+    pub fn partition_free(&self, p: &GpuPartition) -> bool {
+        let (compute, memory) = self
+            .partitions
+            .iter()
+            .filter(|q| q.in_use)
+            .fold((0u64, 0u64), |(c, m), q| {
+                (c + u64::from(q.compute_slices), m + q.memory_mib)
+            });
+        !p.in_use
+            && !self.held_whole()
+            && compute + u64::from(p.compute_slices) <= u64::from(self.compute_slices)
+            && memory + p.memory_mib <= self.memory_mib
     }
 }
 

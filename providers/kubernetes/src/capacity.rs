@@ -234,6 +234,7 @@ pub fn host_slices<'a>(
                     pcie_root: None,
                     // Kubernetes says how many are free, not which.
                     free: i < free,
+                    ..Default::default()
                 })
                 .collect();
             Some(HostSlice {

@@ -13,7 +13,12 @@
 //!   rdma_domain: rdma-0
 //!   gpus:
 //!   - {count: 4, model: H100-SXM5-80GB, memory: 80Gi, nvlink_domain: nvl-a, numa_node: 0}
+//!   - {count: 1, model: A100-SXM4-80GB, memory: 80Gi, mig: {3g.40gb: 2, 1g.10gb: 7}}
+//!   unhealthy_gpus: [host-a-gpu3]   # leaves the host's capacity
 //! ```
+//! A GPU with `mig` profiles is given whole or as partitions (ids
+//! `<gpu id>-<profile without the dot>-<k>`), never both; partitions in use
+//! never sum past its compute slices (7 unless `compute_slices` says) or memory.
 //! Unknown fields are errors, so a typo never silently changes the fleet.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,7 +26,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use vkd_provider::{CapacityKind, Gpu, HostSlice, duration, quantity};
+use vkd_provider::{CapacityKind, Gpu, GpuPartition, HostSlice, duration, quantity};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -94,6 +99,10 @@ struct RawHost {
     cached_models: Vec<String>,
     #[serde(default)]
     gpus: Vec<RawGpuGroup>,
+    /// GPUs (by id, `<host>-gpu<i>`) the host reports unhealthy: they leave
+    /// its capacity, as a device plugin's unhealthy devices leave allocatable.
+    #[serde(default)]
+    unhealthy_gpus: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +118,24 @@ struct RawGpuGroup {
     numa_node: Option<u32>,
     #[serde(default)]
     pcie_root: Option<String>,
+    /// MIG-style partitions each GPU of the group offers: profile
+    /// (`<compute slices>g.<memory>gb`) -> how many.
+    #[serde(default)]
+    mig: BTreeMap<String, u32>,
+    /// Compute slices a GPU divides into; 7 (as on an A100 or H100) when `mig` is set.
+    #[serde(default)]
+    compute_slices: Option<u32>,
+}
+
+/// `3g.40gb` -> (3 compute slices, 40 GiB).
+fn mig_profile(profile: &str) -> Option<(u32, u64)> {
+    let (c, m) = profile.split_once("g.")?;
+    let m = m.strip_suffix("gb")?;
+    let digits = |t: &str| !t.is_empty() && t.len() <= 4 && t.bytes().all(|b| b.is_ascii_digit());
+    if !digits(c) || !digits(m) {
+        return None;
+    }
+    Some((c.parse().ok()?, m.parse().ok()?))
 }
 
 fn one() -> u32 {
@@ -245,17 +272,77 @@ impl Fleet {
                         "must be 1 to 64".into(),
                     ));
                 }
+                let compute_slices = match (group.compute_slices, group.mig.is_empty()) {
+                    (Some(n @ 1..=16), _) => n,
+                    (Some(_), _) => {
+                        return Err(invalid(
+                            at(&format!("gpus[{g}].compute_slices")),
+                            "must be 1 to 16".into(),
+                        ));
+                    }
+                    (None, false) => 7,
+                    (None, true) => 0,
+                };
+                let mut profiles = Vec::new();
+                for (profile, &n) in &group.mig {
+                    let field = || at(&format!("gpus[{g}].mig.{profile}"));
+                    let Some((c, m)) = mig_profile(profile) else {
+                        return Err(invalid(field(), "is no MIG profile like 3g.40gb".into()));
+                    };
+                    if c == 0 || c > compute_slices || m == 0 || (m << 30) > memory {
+                        return Err(invalid(
+                            field(),
+                            format!(
+                                "does not fit in a GPU of {compute_slices} compute slices and {} GiB",
+                                memory >> 30
+                            ),
+                        ));
+                    }
+                    if n == 0 || n > compute_slices {
+                        return Err(invalid(
+                            field(),
+                            format!("count must be 1 to {compute_slices}"),
+                        ));
+                    }
+                    profiles.push((profile.clone(), c, m, n));
+                }
                 for _ in 0..group.count {
+                    let id = format!("{}-gpu{}", h.name, gpus.len());
+                    let partitions = profiles
+                        .iter()
+                        .flat_map(|(profile, c, m, n)| {
+                            let label = profile.replace('.', "");
+                            let id = &id;
+                            (0..*n).map(move |k| GpuPartition {
+                                id: format!("{id}-{label}-{k}"),
+                                profile: profile.clone(),
+                                compute_slices: *c,
+                                memory_mib: m << 10,
+                                in_use: false,
+                            })
+                        })
+                        .collect();
                     gpus.push(Gpu {
-                        id: format!("{}-gpu{}", h.name, gpus.len()),
+                        id,
                         model: group.model.clone(),
                         memory_mib: memory >> 20,
                         nvlink_domain: group.nvlink_domain.clone(),
                         numa_node: group.numa_node,
                         pcie_root: group.pcie_root.clone(),
                         free: true,
+                        compute_slices,
+                        partitions,
                     });
                 }
+            }
+            for id in &h.unhealthy_gpus {
+                let Some(i) = gpus.iter().position(|g| g.id == *id) else {
+                    return Err(invalid(
+                        at("unhealthy_gpus"),
+                        format!("{id:?} is no GPU of this host"),
+                    ));
+                };
+                gpus.remove(i);
             }
             hosts.push(HostSlice {
                 name: h.name,
@@ -314,6 +401,48 @@ hosts:
         assert_eq!(f.hosts[1].cpu_millis_total, 32_000);
         assert_eq!(f.latency.ready, Duration::from_secs(1));
         assert_eq!(f.kind, CapacityKind::Live);
+    }
+
+    #[test]
+    fn mig_partitions_and_unhealthy_gpus() {
+        let f = Fleet::parse(
+            "hosts:\n- name: m\n  cpu: '8'\n  memory: 64Gi\n  unhealthy_gpus: [m-gpu0]\n  gpus:\n  - {count: 2, model: A100, memory: 80Gi, mig: {3g.40gb: 2, 1g.10gb: 7}}",
+            "mig.yaml",
+        )
+        .unwrap();
+        let gpus = &f.hosts[0].gpus;
+        assert_eq!(gpus.len(), 1, "the unhealthy GPU left the host");
+        assert_eq!(gpus[0].id, "m-gpu1");
+        assert_eq!(gpus[0].compute_slices, 7);
+        assert_eq!(gpus[0].partitions.len(), 9);
+        let p = &gpus[0].partitions[7];
+        assert_eq!(
+            (
+                p.id.as_str(),
+                p.profile.as_str(),
+                p.compute_slices,
+                p.memory_mib
+            ),
+            ("m-gpu1-3g40gb-0", "3g.40gb", 3, 40 << 10)
+        );
+        for (mig, why) in [
+            ("{3g: 1}", "no MIG profile"),
+            ("{8g.10gb: 1}", "does not fit"),
+            ("{1g.90gb: 1}", "does not fit"),
+            ("{1g.10gb: 8}", "count must be 1 to 7"),
+        ] {
+            let text = format!(
+                "hosts:\n- name: m\n  cpu: '8'\n  memory: 64Gi\n  gpus:\n  - {{model: A100, memory: 80Gi, mig: {mig}}}"
+            );
+            let e = Fleet::parse(&text, "x").unwrap_err().to_string();
+            assert!(e.contains("gpus[0].mig.") && e.contains(why), "{mig}: {e}");
+        }
+        let e = Fleet::parse(
+            "hosts:\n- {name: m, cpu: '8', memory: 64Gi, unhealthy_gpus: [m-gpu9]}",
+            "x",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unhealthy_gpus"), "{e}");
     }
 
     #[test]

@@ -248,9 +248,7 @@ impl SimProvider {
                 if let Some(u) = st.usage.get(&h.name) {
                     h.cpu_millis_free = h.cpu_millis_total.saturating_sub(u.cpu_millis);
                     h.memory_bytes_free = h.memory_bytes_total.saturating_sub(u.memory_bytes);
-                    for g in &mut h.gpus {
-                        g.free = !u.gpus.contains(&g.id);
-                    }
+                    h.hold(&u.gpus);
                     h.pods_running = u.pods;
                 }
                 h
