@@ -28,6 +28,10 @@ fn main() -> ExitCode {
             "a_backend_refusal_before_binding_sends_the_pod_to_another_node",
             refusal,
         ),
+        (
+            "partitions_and_their_gpu_are_never_both_allocated_and_an_unhealthy_gpu_leaves_the_pool",
+            partitions,
+        ),
     ])
 }
 
@@ -763,6 +767,195 @@ fn per_host(c: &Cluster) -> Result<()> {
         "per-host: plain nvidia.com/gpu: 2 on {plain_node} {held:?}; host-b 4 -> 8 GPUs: slices republished in {:.1}s, the 6-GPU Pod Ready {:.1}s after the change; after SIGKILL the pools went {gens:?} -> higher, 13 devices, none twice",
         (republished - changed).as_secs_f64(),
         bound.as_secs_f64()
+    );
+    c.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=90s"])?;
+    Ok(())
+}
+
+/// A claim template for `count` devices of `class` whose `profile` is `profile`
+/// (partitions), or any (`None`).
+fn class_template(ns: &str, name: &str, class: &str, count: u32, profile: Option<&str>) -> String {
+    let selectors = profile
+        .map(|p| {
+            format!(
+                "\n          selectors: [{{cel: {{expression: \"device.attributes['gpu.vkd.io'].profile == '{p}'\"}}}}]"
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly:
+          deviceClassName: {class}
+          count: {count}{selectors}
+"#
+    )
+}
+
+fn devices_of(c: &Cluster, node: &str) -> Result<BTreeSet<String>> {
+    Ok(slices(c, node)?
+        .iter()
+        .flat_map(|s| {
+            at(s, "spec.devices")
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|d| str_at(&d, "name").to_owned())
+        .collect())
+}
+
+fn unschedulable(c: &Cluster, ns: &str, name: &str) -> Result<String> {
+    wait_for(
+        &format!("{name} Unschedulable"),
+        Duration::from_secs(60),
+        || {
+            let p = c.kubectl_json(&["get", "pod", name, "-n", ns])?;
+            Ok(condition(&p, "PodScheduled")
+                .filter(|c| c["status"] == "False")
+                .map(|c| str_at(c, "message").to_owned()))
+        },
+    )
+}
+
+/// MIG-style partitions on the real scheduler: a GPU and its partitions share
+/// one counter set, so two 3g.40gb partitions in use leave neither the whole
+/// GPU nor a 1g.10gb allocatable (the scheduler says so, nothing is bound or
+/// created); the whole GPU runs once they are gone. A GPU the backend marks
+/// unhealthy leaves the pool at a higher generation first.
+fn partitions(c: &Cluster) -> Result<()> {
+    device_classes(c)?;
+    let fleet = c.dir().join("dra-mig.yaml");
+    let original = std::fs::read_to_string(repo_root().join("testdata/fleets/dra-mig.yaml"))?;
+    std::fs::write(&fleet, &original)?;
+    let vkd = Vkd::start_provider(
+        c,
+        "vk-drm",
+        "sim",
+        &fleet,
+        &["--node-label", "vkd.io/e2e=drm", "--dra", "true"],
+    )?;
+    let ns = c.namespace("dra-mig")?;
+    let all = [
+        "host-m-gpu0",
+        "host-m-gpu0-1g10gb-0",
+        "host-m-gpu0-3g40gb-0",
+        "host-m-gpu0-3g40gb-1",
+        "host-m-gpu1",
+    ];
+    wait_for("host-m's 5 devices", Duration::from_secs(60), || {
+        Ok(
+            (devices_of(c, "vk-drm")? == all.iter().map(|d| (*d).to_owned()).collect())
+                .then_some(()),
+        )
+    })?;
+    let counters: Vec<Value> = slices(c, "vk-drm")?
+        .iter()
+        .flat_map(|s| {
+            at(s, "spec.sharedCounters")
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    ensure!(
+        counters.len() == 1 && str_at(&counters[0], "name") == "host-m-gpu0",
+        "one counter set, the partitionable GPU's: {counters:?}"
+    );
+
+    // The plain GPU goes unhealthy: it leaves the pool.
+    let before = generation(c, "vk-drm")?;
+    std::fs::write(
+        &fleet,
+        original.replacen(
+            "  memory: 256Gi\n",
+            "  memory: 256Gi\n  unhealthy_gpus: [host-m-gpu1]\n",
+            1,
+        ),
+    )?;
+    wait_for(
+        "host-m-gpu1 gone from the pool",
+        Duration::from_secs(60),
+        || Ok((!devices_of(c, "vk-drm")?.contains("host-m-gpu1")).then_some(())),
+    )?;
+    let after = generation(c, "vk-drm")?;
+    ensure!(after > before, "generation {before} -> {after}");
+
+    // Two 3g.40gb partitions run on exactly those partitions.
+    c.apply(&class_template(
+        &ns,
+        "halves",
+        "mig.gpu.vkd.io",
+        2,
+        Some("3g.40gb"),
+    ))?;
+    c.apply(&claim_pod(&ns, "halves", "drm", "halves"))?;
+    let halves = wait_ready(c, &ns, "halves")?;
+    let held = runs_on_allocation(c, &vkd, &ns, &halves)?;
+    ensure!(
+        held == BTreeSet::from([
+            "host-m-gpu0-3g40gb-0".to_owned(),
+            "host-m-gpu0-3g40gb-1".to_owned()
+        ]),
+        "{held:?}"
+    );
+    // Neither the whole GPU nor the 1g.10gb fits beside them.
+    c.apply(&class_template(&ns, "whole", "gpu.vkd.io", 1, None))?;
+    c.apply(&claim_pod(&ns, "whole", "drm", "whole"))?;
+    c.apply(&class_template(
+        &ns,
+        "small",
+        "mig.gpu.vkd.io",
+        1,
+        Some("1g.10gb"),
+    ))?;
+    c.apply(&claim_pod(&ns, "small", "drm", "small"))?;
+    let why = unschedulable(c, &ns, "whole")?;
+    unschedulable(c, &ns, "small")?;
+    ensure!(
+        instances(&vkd, "vk-drm")?.len() == 1,
+        "only the partitions' Pod reached the backend"
+    );
+    // Once they are gone, the whole GPU runs; the 1g.10gb still cannot join it.
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "halves",
+        "-n",
+        &ns,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    let whole = wait_ready(c, &ns, "whole")?;
+    let held = runs_on_allocation(c, &vkd, &ns, &whole)?;
+    ensure!(
+        held == BTreeSet::from(["host-m-gpu0".to_owned()]),
+        "{held:?}"
+    );
+    let small = c.kubectl_json(&["get", "pod", "small", "-n", &ns])?;
+    ensure!(
+        str_at(&small, "spec.nodeName").is_empty(),
+        "a 1g.10gb was bound beside its whole GPU"
+    );
+    let (_, text) = admin_get(&vkd, "/metrics")?;
+    ensure!(
+        metric(&text, "vkd_dra_devices{pool=\"vk-drm-host-m\"}") == Some(4.0),
+        "vkd_dra_devices: {}",
+        text.lines()
+            .filter(|l| l.starts_with("vkd_dra"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    eprintln!(
+        "partitions: host-m-gpu1 unhealthy: pool generation {before} -> {after}; 2x 3g.40gb ran on {:?}; the whole GPU and a 1g.10gb waited ({why}); the whole GPU ran after",
+        ["host-m-gpu0-3g40gb-0", "host-m-gpu0-3g40gb-1"]
     );
     c.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=90s"])?;
     Ok(())
