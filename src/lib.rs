@@ -458,6 +458,8 @@ async fn act(
             dra,
             binding_sides,
             Arc::clone(&shared.metrics),
+            Arc::clone(&shared.decisions),
+            epoch,
         ));
         tasks.spawn("DRA admission before binding", binder.run(work.clone()));
     }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
-use common::{Vkd, admin_get, items, metric, running_and_ready, str_at};
+use common::{Vkd, admin_get, items, metric, running_and_ready, str_at, users_client_ca};
 
 fn main() -> ExitCode {
     Suite::new("dra", &[]).run(&[
@@ -799,6 +799,29 @@ spec:
     )
 }
 
+/// `vkd explain ARGS` as a user with the cluster's client certificate, asking
+/// vkd directly.
+fn explain(c: &Cluster, args: &[&str]) -> Result<Vec<u8>> {
+    let out = std::process::Command::new(common::VKD)
+        .arg("explain")
+        .args(args)
+        .args(["--direct", "--insecure-skip-tls-verify-kubelet"])
+        .env("KUBECONFIG", c.kubeconfig())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "vkd explain {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
+fn explain_json(c: &Cluster, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_slice(&explain(c, &all)?).context("vkd explain -o json")
+}
+
 fn devices_of(c: &Cluster, node: &str) -> Result<BTreeSet<String>> {
     Ok(slices(c, node)?
         .iter()
@@ -840,7 +863,14 @@ fn partitions(c: &Cluster) -> Result<()> {
         "vk-drm",
         "sim",
         &fleet,
-        &["--node-label", "vkd.io/e2e=drm", "--dra", "true"],
+        &[
+            "--node-label",
+            "vkd.io/e2e=drm",
+            "--dra",
+            "true",
+            "--client-ca-file",
+            &users_client_ca(c)?,
+        ],
     )?;
     let ns = c.namespace("dra-mig")?;
     let all = [
@@ -938,6 +968,49 @@ fn partitions(c: &Cluster) -> Result<()> {
     ensure!(
         held == BTreeSet::from(["host-m-gpu0".to_owned()]),
         "{held:?}"
+    );
+    // `vkd explain` shows the claim, its device and binding conditions, the
+    // answers before binding, and the pool with what is allocated of it.
+    let pod = explain_json(c, &["pod", &format!("{ns}/whole")])?;
+    let device = &at(&pod, "claims")[0]["devices"][0];
+    ensure!(device["device"] == "host-m-gpu0", "{pod}");
+    ensure!(
+        device["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|k| k["type"] == "vkd.io/BackendReserved" && k["status"] == "True"),
+        "{device}"
+    );
+    ensure!(
+        at(&pod, "vkd.decisions")
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|d| d["action"] == "admitted" && str_at(d, "detail").starts_with("before binding")),
+        "no answer before binding in vkd's decisions: {}",
+        at(&pod, "vkd.decisions")
+    );
+    let node = explain_json(c, &["node", "vk-drm"])?;
+    let pool = &at(&node, "pools")[0];
+    ensure!(
+        pool["pool"] == "vk-drm-host-m"
+            && pool["devices"] == 4
+            && pool["counter_sets"] == 1
+            && str_at(&pool["allocated"], "host-m-gpu0").starts_with(&format!("{ns}/")),
+        "{pool}"
+    );
+    for what in [format!("{ns}/whole"), format!("{ns}/small")] {
+        let text = explain(c, &["pod", &what])?;
+        eprintln!(
+            "$ vkd explain pod {what}\n{}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    let text = explain(c, &["node", "vk-drm"])?;
+    eprintln!(
+        "$ vkd explain node vk-drm\n{}",
+        String::from_utf8_lossy(&text)
     );
     let small = c.kubectl_json(&["get", "pod", "small", "-n", &ns])?;
     ensure!(

@@ -12,7 +12,7 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, condition, wait_for};
 
 mod common;
-use common::{Proxy, VKD, Vkd, apiserver_addr, items, running_and_ready, str_at};
+use common::{Proxy, VKD, Vkd, apiserver_addr, items, running_and_ready, str_at, users_client_ca};
 
 fn main() -> ExitCode {
     // A short node-monitor grace period, so a partition shows as a taint quickly.
@@ -47,15 +47,7 @@ fn explain(c: &Cluster, args: &[&str]) -> Result<Output> {
 /// A vkd the cluster's users can reach with their client certificates, as a
 /// kubelet trusts the cluster's client CA (and the API server's own).
 fn start(c: &Cluster, node: &str, extra: &[&str]) -> Result<Vkd> {
-    let bundle = c.dir().join("explain-client-ca.pem");
-    if !bundle.exists() {
-        let mut pem = std::fs::read_to_string(c.env("VKD_E2E_CA")?)?;
-        pem.push_str(&std::fs::read_to_string(
-            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
-        )?);
-        std::fs::write(&bundle, pem)?;
-    }
-    let bundle = bundle.display().to_string();
+    let bundle = users_client_ca(c)?;
     let mut args = extra.to_vec();
     args.extend(["--client-ca-file", &bundle]);
     Vkd::start(c, node, &args)

@@ -37,6 +37,7 @@ use vkd_provider::{Admission, Placement};
 
 use super::devices::{self, Layout};
 use super::{DraError, Settings};
+use crate::explain::Action;
 use crate::topology::Admitter;
 
 pub use super::devices::{REJECTED, RESERVED};
@@ -91,6 +92,9 @@ pub struct Binder {
     recorder: Recorder,
     settings: Settings,
     nodes: Vec<NodeSide>,
+    /// Where each answer is kept for `vkd explain pod`, with the epoch it was given at.
+    decisions: Arc<crate::explain::DecisionLog>,
+    epoch: u64,
     /// Unbound Pods vkd has answered for, by UID.
     tracked: tokio::sync::Mutex<HashMap<String, Tracked>>,
 }
@@ -109,6 +113,8 @@ impl Binder {
         settings: Settings,
         nodes: Vec<NodeSide>,
         metrics: Arc<crate::metrics::Metrics>,
+        decisions: Arc<crate::explain::DecisionLog>,
+        epoch: u64,
     ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
@@ -123,6 +129,8 @@ impl Binder {
             recorder,
             settings,
             nodes,
+            decisions,
+            epoch,
             tracked: tokio::sync::Mutex::default(),
         }
     }
@@ -316,6 +324,7 @@ impl Binder {
             Ok(Some(p)) => p,
             Ok(None) => return Ok(()),
             Err(e) => {
+                self.decided(index, uid, ns, name, Action::Rejected, &e.0, &devices);
                 self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
                     .await;
                 self.say(
@@ -363,6 +372,7 @@ impl Binder {
                     p.host,
                     p.gpu_ids.join(",")
                 );
+                self.decided(index, uid, ns, name, Action::Admitted, &message, &devices);
                 // Tracked before it is said: a failed write leaves the
                 // reservation to be said again, or released, never leaked.
                 self.track(
@@ -396,6 +406,7 @@ impl Binder {
                         waited.as_secs(),
                         side.queue_timeout.as_secs()
                     );
+                    self.decided(index, uid, ns, name, Action::Rejected, &message, &devices);
                     self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
                         .await;
                     self.say(
@@ -421,6 +432,7 @@ impl Binder {
                 )
                 .await;
                 if new {
+                    self.decided(index, uid, ns, name, Action::Queued, &reason, &devices);
                     self.say(&claims, &pod, false, None, Some(("BackendQueued", &reason)))
                         .await?;
                     self.written(uid).await;
@@ -428,6 +440,15 @@ impl Binder {
                 }
             }
             Admission::Rejected { reason, message } => {
+                self.decided(
+                    index,
+                    uid,
+                    ns,
+                    name,
+                    Action::Rejected,
+                    &format!("{reason}: {message}"),
+                    &devices,
+                );
                 self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
                     .await;
                 self.say(&claims, &pod, false, Some((&reason, &message)), None)
@@ -437,6 +458,30 @@ impl Binder {
             }
         }
         Ok(())
+    }
+
+    /// Keeps an answer in the decision log (`vkd explain pod` shows them:
+    /// the binding conditions' history).
+    #[allow(clippy::too_many_arguments)]
+    fn decided(
+        &self,
+        node: usize,
+        uid: &str,
+        ns: &str,
+        name: &str,
+        action: Action,
+        why: &str,
+        devices: &[String],
+    ) {
+        self.decisions.record(
+            &self.nodes[node].node,
+            uid,
+            &format!("{ns}/{name}"),
+            "",
+            self.epoch,
+            action,
+            format!("before binding, on devices {}: {why}", devices.join(", ")),
+        );
     }
 
     #[allow(clippy::too_many_arguments)]

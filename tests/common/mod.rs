@@ -438,3 +438,18 @@ pub fn cni_network(
         conflist.display()
     ))
 }
+
+/// A client CA bundle that lets the cluster's users reach a vkd with their
+/// own client certificates (as a kubelet trusts the cluster's client CA), for
+/// `vkd explain --direct`: its path, for `--client-ca-file`.
+pub fn users_client_ca(c: &Cluster) -> Result<String> {
+    let bundle = c.dir().join("explain-client-ca.pem");
+    if !bundle.exists() {
+        let mut pem = std::fs::read_to_string(c.env("VKD_E2E_CA")?)?;
+        pem.push_str(&std::fs::read_to_string(
+            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
+        )?);
+        std::fs::write(&bundle, pem)?;
+    }
+    Ok(bundle.display().to_string())
+}

@@ -70,6 +70,8 @@ pub struct PodExplanation {
     pub partition_policy: String,
     pub containers: Vec<ContainerRun>,
     pub events: Vec<EventLine>,
+    /// Its DRA claims, their devices and binding conditions.
+    pub claims: Vec<super::dra::ClaimView>,
     pub vkd: Option<PodAnswer>,
     /// Why vkd's side is missing.
     pub vkd_error: Option<String>,
@@ -85,6 +87,10 @@ pub struct NodeExplanation {
     /// The Node's `vkd.io/*` labels and annotations (capacity semantics).
     pub published: Vec<(String, String)>,
     pub taints: Vec<String>,
+    /// Its DRA pools and what is allocated of them.
+    pub pools: Vec<super::dra::PoolView>,
+    /// What of the pools could not be read.
+    pub pools_error: Option<String>,
     pub vkd: Option<NodeAnswer>,
     pub vkd_error: Option<String>,
     pub sources: Vec<String>,
@@ -383,6 +389,10 @@ impl Explainer {
                     }),
             })
             .collect();
+        let claims = super::dra::pod_claims(&self.client, &pod).await;
+        if !claims.is_empty() {
+            sources.push(format!("kubectl get resourceclaims -n {ns} -o yaml"));
+        }
         Ok(PodExplanation {
             pod: format!("{ns}/{name}"),
             uid,
@@ -395,6 +405,7 @@ impl Explainer {
             partition_policy,
             containers,
             events,
+            claims,
             vkd,
             vkd_error,
             sources,
@@ -530,12 +541,16 @@ impl Explainer {
             }
             Err(e) => (None, Some(e.to_string())),
         };
+        let (pools, pools_error, pool_sources) = super::dra::node_pools(&self.client, name).await;
+        sources.extend(pool_sources);
         Ok(NodeExplanation {
             node: name.to_owned(),
             ready,
             advertised,
             published,
             taints,
+            pools,
+            pools_error,
             vkd,
             vkd_error,
             sources,

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+pub mod dra;
 mod error;
 pub mod gather;
 pub mod movement;

@@ -128,6 +128,7 @@ pub(super) fn pod(e: &PodExplanation) -> String {
             let _ = writeln!(out, "  {l}");
         }
     }
+    super::dra::render_claims(&mut out, &e.claims);
     match (&e.vkd, &e.vkd_error) {
         (Some(a), _) => {
             let _ = writeln!(
@@ -295,6 +296,7 @@ pub(super) fn node(e: &NodeExplanation) -> String {
     for (k, v) in &e.published {
         let _ = writeln!(out, "  {k}: {v}");
     }
+    super::dra::render_pools(&mut out, &e.pools, e.pools_error.as_deref());
     match (&e.vkd, &e.vkd_error) {
         (Some(a), _) => {
             let _ = writeln!(
