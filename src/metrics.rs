@@ -64,6 +64,7 @@ pub struct Metrics {
     kubelet_api_refused: Family<Labels, Counter>,
     dra_devices: Family<Labels, Gauge>,
     dra_admissions: Family<Labels, Counter>,
+    dra_allocated: Family<Labels, Gauge>,
     lease_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     provider_duration: Family<Labels, Histogram, fn() -> Histogram>,
     provider_errors: Family<Labels, Counter>,
@@ -120,6 +121,7 @@ impl Default for Metrics {
             events_dropped: reg!("events_dropped", "Pod Events not sent: over --event-qps (InstanceCreated only) or too many waiting for the API server", Counter::default()),
             dra_devices: reg!("dra_devices", "GPUs published as DRA devices, by pool (--dra)", Family::default()),
             dra_admissions: reg!("dra_admissions_before_binding", "Answers to the scheduler's binding conditions, by pool and answer (reserved, queued, rejected)", Family::default()),
+            dra_allocated: reg!("dra_allocated_devices", "Devices of this daemon's pools that the scheduler has allocated to a claim, by pool (--dra)", Family::default()),
             kubelet_api_refused: reg!("kubelet_api_connections_refused", "Kubelet API connections closed as soon as accepted: every slot taken (limit) or the peer address holding its share (peer_limit)", Family::default()),
             lease_age: reg!("node_lease_renewal_age_seconds", "Seconds since the node lease was last renewed", Gauge::default()),
             provider_duration: reg!("provider_call_duration_seconds", "Provider calls by operation", hist()),
@@ -210,6 +212,13 @@ impl Metrics {
     /// A pool's published devices (0 once its host is gone).
     pub fn dra_devices(&self, pool: &str, devices: usize) {
         self.dra_devices
+            .get_or_create(&labels(&[("pool", pool)]))
+            .set(i64::try_from(devices).unwrap_or(i64::MAX));
+    }
+
+    /// A pool's devices allocated to claims now.
+    pub fn dra_allocated(&self, pool: &str, devices: usize) {
+        self.dra_allocated
             .get_or_create(&labels(&[("pool", pool)]))
             .set(i64::try_from(devices).unwrap_or(i64::MAX));
     }

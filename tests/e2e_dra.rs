@@ -1017,15 +1017,17 @@ fn partitions(c: &Cluster) -> Result<()> {
         str_at(&small, "spec.nodeName").is_empty(),
         "a 1g.10gb was bound beside its whole GPU"
     );
-    let (_, text) = admin_get(&vkd, "/metrics")?;
-    ensure!(
-        metric(&text, "vkd_dra_devices{pool=\"vk-drm-host-m\"}") == Some(4.0),
-        "vkd_dra_devices: {}",
-        text.lines()
-            .filter(|l| l.starts_with("vkd_dra"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
+    // Published 4 (the unhealthy GPU gone), 1 allocated (the whole GPU's;
+    // the partitions' claims went with their Pod).
+    wait_for("vkd_dra metrics", Duration::from_secs(60), || {
+        let (_, text) = admin_get(&vkd, "/metrics")?;
+        let pool = "{pool=\"vk-drm-host-m\"}";
+        Ok(
+            (metric(&text, &format!("vkd_dra_devices{pool}")) == Some(4.0)
+                && metric(&text, &format!("vkd_dra_allocated_devices{pool}")) == Some(1.0))
+            .then_some(()),
+        )
+    })?;
     eprintln!(
         "partitions: host-m-gpu1 unhealthy: pool generation {before} -> {after}; 2x 3g.40gb ran on {:?}; the whole GPU and a 1g.10gb waited ({why}); the whole GPU ran after",
         ["host-m-gpu0-3g40gb-0", "host-m-gpu0-3g40gb-1"]

@@ -97,6 +97,16 @@ pub struct Binder {
     epoch: u64,
     /// Unbound Pods vkd has answered for, by UID.
     tracked: tokio::sync::Mutex<HashMap<String, Tracked>>,
+    /// What each claim holds of this daemon's pools (`vkd_dra_allocated_devices`).
+    allocations: std::sync::Mutex<Allocations>,
+}
+
+/// The devices of this daemon's pools allocated to claims, by claim UID; a
+/// relist drops the claims it did not see again.
+#[derive(Debug, Default)]
+struct Allocations {
+    by_claim: HashMap<String, Vec<String>>,
+    relisted: Option<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Binder {
@@ -132,6 +142,7 @@ impl Binder {
             decisions,
             epoch,
             tracked: tokio::sync::Mutex::default(),
+            allocations: std::sync::Mutex::default(),
         }
     }
 
@@ -148,12 +159,15 @@ impl Binder {
                 _ = tick.tick() => self.recheck().await,
                 event = claims.next() => match event {
                     Some(Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))) => {
+                        self.count(&c, false);
                         self.claim_changed(&c).await;
                     }
                     Some(Ok(watcher::Event::Delete(c))) => {
+                        self.count(&c, true);
                         self.claim_changed(&c).await;
                     }
-                    Some(Ok(_)) => {}
+                    Some(Ok(watcher::Event::Init)) => self.relist(false),
+                    Some(Ok(watcher::Event::InitDone)) => self.relist(true),
                     Some(Err(e)) => {
                         warn!(error = %e, "the ResourceClaim watch failed; it resumes");
                         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -161,6 +175,86 @@ impl Binder {
                     None => return Ok(()),
                 },
             }
+        }
+    }
+
+    /// Whether `pool` is one of this daemon's (a Node's own, or `<node>-<host>`).
+    fn ours(&self, pool: &str) -> bool {
+        self.nodes.iter().any(|n| {
+            pool == n.node
+                || (!n.per_host
+                    && pool
+                        .strip_prefix(n.node.as_str())
+                        .is_some_and(|rest| rest.starts_with('-')))
+        })
+    }
+
+    /// Counts what a claim holds of this daemon's pools (`gone`: nothing now).
+    fn count(&self, claim: &ResourceClaim, gone: bool) {
+        let Some(uid) = claim.metadata.uid.clone() else {
+            return;
+        };
+        let pools: Vec<String> = if gone {
+            Vec::new()
+        } else {
+            devices::allocated(claim)
+                .into_iter()
+                .filter(|r| r.driver == self.settings.driver && self.ours(&r.pool))
+                .map(|r| r.pool)
+                .collect()
+        };
+        let mut a = self
+            .allocations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(seen) = &mut a.relisted {
+            seen.insert(uid.clone());
+        }
+        let mut touched = pools.clone();
+        if pools.is_empty() {
+            touched.extend(a.by_claim.remove(&uid).unwrap_or_default());
+        } else {
+            touched.extend(a.by_claim.insert(uid, pools).unwrap_or_default());
+        }
+        self.publish_counts(&a, touched);
+    }
+
+    /// A relist begins (`done` false) or ends: at its end, claims it did not
+    /// see are gone.
+    fn relist(&self, done: bool) {
+        let mut a = self
+            .allocations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !done {
+            a.relisted = Some(std::collections::HashSet::new());
+            return;
+        }
+        let Some(seen) = a.relisted.take() else {
+            return;
+        };
+        let mut touched = Vec::new();
+        a.by_claim.retain(|uid, pools| {
+            let keep = seen.contains(uid);
+            if !keep {
+                touched.append(pools);
+            }
+            keep
+        });
+        self.publish_counts(&a, touched);
+    }
+
+    fn publish_counts(&self, a: &Allocations, mut pools: Vec<String>) {
+        pools.sort();
+        pools.dedup();
+        for pool in pools {
+            let n = a
+                .by_claim
+                .values()
+                .flatten()
+                .filter(|p| **p == pool)
+                .count();
+            self.metrics.dra_allocated(&pool, n);
         }
     }
 
