@@ -17,10 +17,12 @@
 //! CPU time each process spent (the profile: where the time went).
 //!
 //! `--chain` measures instead the kubernetes provider against the sim directly
-//! (`chain.rs`).
+//! (`chain.rs`); `--dra-writes` the API writes of a GPU Pod with and without
+//! DRA (`dra.rs`).
 
 mod apiserver;
 mod chain;
+mod dra;
 mod peers;
 mod setup;
 
@@ -118,6 +120,11 @@ struct Args {
     /// first create and the first delete of each storm.
     #[arg(long, default_value_t = 20)]
     profile_seconds: u32,
+    /// Instead: API writes per GPU Pod lifecycle without DRA, with DRA
+    /// through the extended resource, and with a claim (`dra.rs`,
+    /// docs/dra.md); `--pods` up to 64.
+    #[arg(long, conflicts_with_all = ["chain", "peers"])]
+    dra_writes: bool,
     /// The vkd to run [default: `vkd` beside this binary, target/release/vkd
     /// under scripts/bench.sh].
     #[arg(long)]
@@ -229,7 +236,9 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?
         .block_on(async {
-            if args.chain {
+            if args.dra_writes {
+                dra::run(args).await
+            } else if args.chain {
                 chain::run(args).await
             } else if args.peers {
                 peers::run(args).await
