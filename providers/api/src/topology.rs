@@ -640,6 +640,27 @@ mod tests {
     }
 
     #[test]
+    fn a_backend_that_counts_gpus_holds_any_free_one_for_a_named_one() {
+        let mut free = vec![host("host-m", &[("nvl", 4)])];
+        free[0].gpus_by_count = true;
+        free[0].gpus[3].free = false; // one of four taken, which one unknown
+        let fits = |free: &[HostSlice], ids: &[&str]| {
+            let total: Vec<HostSlice> = free.iter().map(HostSlice::whole).collect();
+            matches!(decide(&total, free, &placed(ids)), Admission::Fits(_))
+        };
+        assert!(fits(&free, &["host-m-gpu3"]));
+        assert!(fits(&free, &["host-m-gpu2", "host-m-gpu3"]));
+        assert!(fits(&free, &["host-m-gpu0", "host-m-gpu1", "host-m-gpu3"]));
+        assert!(!fits(
+            &free,
+            &["host-m-gpu0", "host-m-gpu1", "host-m-gpu2", "host-m-gpu3"]
+        ));
+        // A backend that knows which: the named GPU itself.
+        free[0].gpus_by_count = false;
+        assert!(!fits(&free, &["host-m-gpu3"]));
+    }
+
+    #[test]
     fn summary_is_compact() {
         let mut hosts = two_by_four();
         hosts[0].gpus[0].free = false;

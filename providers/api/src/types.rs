@@ -532,6 +532,11 @@ pub struct HostSlice {
     /// How many it runs now.
     #[serde(default)]
     pub pods_running: u32,
+    /// The backend knows how many GPUs are free, not which (a downstream
+    /// Kubernetes Node): a placement's GPU ids are held by count, any free
+    /// GPU standing for a named one that is not.
+    #[serde(default)]
+    pub gpus_by_count: bool,
 }
 
 impl HostSlice {
@@ -558,14 +563,7 @@ impl HostSlice {
     /// ignored): what a backend reports for the Pods it runs.
     pub fn hold<'a>(&mut self, ids: impl IntoIterator<Item = &'a String>) {
         for id in ids {
-            for g in &mut self.gpus {
-                if g.id == *id {
-                    g.free = false;
-                } else if let Some(p) = g.partitions.iter_mut().find(|p| p.id == *id) {
-                    p.in_use = true;
-                    g.free = false;
-                }
-            }
+            self.try_hold(id);
         }
     }
 
@@ -576,7 +574,16 @@ impl HostSlice {
         ids.iter().all(|id| h.try_hold(id))
     }
 
+    /// Holds one GPU or partition; false when it was not free (it is held
+    /// all the same, so a backend's report of what runs is taken as it is).
     fn try_hold(&mut self, id: &str) -> bool {
+        if self.gpus_by_count
+            && self.gpus.iter().any(|g| g.id == id && !g.free)
+            && let Some(other) = self.gpus.iter_mut().find(|g| g.free)
+        {
+            other.free = false;
+            return true;
+        }
         for g in &mut self.gpus {
             if g.id == id {
                 let ok = g.free;

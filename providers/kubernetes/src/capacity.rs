@@ -256,6 +256,7 @@ pub fn host_slices<'a>(
                 max_pods,
                 pods_running,
                 name,
+                gpus_by_count: true,
             })
         })
         .collect();

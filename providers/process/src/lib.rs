@@ -258,6 +258,7 @@ impl Provider for ProcessProvider {
                 ephemeral_storage_bytes: self.disk_total(),
                 max_pods: self.inner.config.max_pods,
                 pods_running: n,
+                gpus_by_count: false,
             }],
             kind: CapacityKind::Live,
             observed_at: SystemTime::now(),

@@ -357,6 +357,7 @@ impl Fleet {
                 ephemeral_storage_bytes: ephemeral_storage,
                 max_pods: h.max_pods.unwrap_or(110),
                 pods_running: 0,
+                gpus_by_count: false,
             });
         }
         Ok(Self {
