@@ -159,6 +159,38 @@ pub struct ProcessConfig {
     /// without it they share the host's network.
     #[serde(default)]
     pub network: Option<NetworkConfig>,
+    /// The host's GPUs Pods may be given, one each (docs/process-provider.md).
+    /// A Pod gets the ones vkd placed it on as `CUDA_VISIBLE_DEVICES` and
+    /// `NVIDIA_VISIBLE_DEVICES`; a Pod without GPUs gets none.
+    #[serde(default)]
+    pub gpus: Vec<GpuConfig>,
+}
+
+/// One entry of `gpus`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuConfig {
+    /// What the driver calls it in `CUDA_VISIBLE_DEVICES`: an index or a
+    /// UUID (`nvidia-smi -L`).
+    pub id: String,
+    pub model: String,
+    /// Its memory, as a quantity (`80Gi`).
+    pub memory: String,
+    #[serde(default)]
+    pub nvlink_domain: Option<String>,
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    #[serde(default)]
+    pub pcie_root: Option<String>,
+}
+
+/// Whether `id` can stand in a `CUDA_VISIBLE_DEVICES` list as it is.
+fn plain_gpu_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
 /// `network` in the config.
@@ -223,6 +255,7 @@ impl Default for ProcessConfig {
             isolation: IsolationMode::Auto,
             host_root_read_only: true,
             network: None,
+            gpus: Vec::new(),
         }
     }
 }
@@ -307,6 +340,17 @@ impl ProcessConfig {
                 "network.pluginTimeoutSeconds must be between 1 and {MAX_PLUGIN_TIMEOUT}"
             )));
         }
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, g) in cfg.gpus.iter().enumerate() {
+            if !plain_gpu_id(&g.id) || !ids.insert(g.id.as_str()) {
+                return Err(invalid(format!(
+                    "gpus[{i}].id {:?} is empty, repeated, or more than letters, digits and -_.:",
+                    g.id
+                )));
+            }
+            vkd_provider::quantity::bytes(&g.memory)
+                .map_err(|e| invalid(format!("gpus[{i}].memory: {e}")))?;
+        }
         if cfg.max_pods == 0 {
             return Err(ConfigError::Invalid {
                 path: path.to_owned(),
@@ -314,6 +358,23 @@ impl ProcessConfig {
             });
         }
         Ok(cfg)
+    }
+
+    /// The configured GPUs, all free.
+    pub fn host_gpus(&self) -> Vec<vkd_provider::Gpu> {
+        self.gpus
+            .iter()
+            .map(|g| vkd_provider::Gpu {
+                id: g.id.clone(),
+                model: g.model.clone(),
+                memory_mib: vkd_provider::quantity::bytes(&g.memory).unwrap_or(0) >> 20,
+                nvlink_domain: g.nvlink_domain.clone(),
+                numa_node: g.numa_node,
+                pcie_root: g.pcie_root.clone(),
+                free: true,
+                ..Default::default()
+            })
+            .collect()
     }
 
     pub fn image(&self, image: &str) -> Option<&ImageMap> {

@@ -47,7 +47,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::broadcast;
 use vkd_provider::{
-    Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Health, HostSlice, Instance,
+    Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Health, Instance,
     InstanceEvent, InstancePhase, InstanceSpec, LogRequest, Logs, Placement, PodStats, Provider,
     ProviderError, Result, StreamIo, Support, Volume,
 };
@@ -242,24 +242,9 @@ impl Provider for ProcessProvider {
     }
 
     async fn capacity(&self) -> Result<Capacity> {
-        let (cpu_total, mem_total) = self.totals();
-        let (cpu, mem, n) = self.blocking(|p| Ok(p.usage())).await?;
+        let (cpu, mem, n, held) = self.blocking(|p| Ok(p.usage())).await?;
         Ok(Capacity {
-            hosts: vec![HostSlice {
-                name: self.inner.host.clone(),
-                cpu_millis_total: cpu_total,
-                cpu_millis_free: cpu_total.saturating_sub(cpu),
-                memory_bytes_total: mem_total,
-                memory_bytes_free: mem_total.saturating_sub(mem),
-                gpus: Vec::new(),
-                rdma_domain: None,
-                labels: Default::default(),
-                cached_models: Vec::new(),
-                ephemeral_storage_bytes: self.disk_total(),
-                max_pods: self.inner.config.max_pods,
-                pods_running: n,
-                gpus_by_count: false,
-            }],
+            hosts: vec![self.host_slice(cpu, mem, n, &held)],
             kind: CapacityKind::Live,
             observed_at: SystemTime::now(),
             refresh_interval: Duration::from_secs(10),
@@ -267,7 +252,7 @@ impl Provider for ProcessProvider {
     }
 
     async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
-        if spec.resources.gpus > 0 {
+        if spec.resources.gpus > 0 && self.inner.config.gpus.is_empty() {
             return Ok(Admission::Rejected {
                 reason: "TopologyUnsatisfiable".into(),
                 message: format!(
@@ -301,7 +286,17 @@ impl Provider for ProcessProvider {
                 ),
             });
         }
-        let (cpu, mem, n) = self.blocking(|p| Ok(p.usage())).await?;
+        let (cpu, mem, n, held) = self.blocking(|p| Ok(p.usage())).await?;
+        let mut gpu_ids = Vec::new();
+        if spec.resources.gpus > 0 {
+            // Which GPUs, by the same rule as every host slice (the spec's
+            // own placement, a DRA allocation, is checked, not replaced).
+            let free = self.host_slice(cpu, mem, n, &held);
+            match vkd_provider::topology::decide(&[free.whole()], &[free], spec) {
+                Admission::Fits(p) => gpu_ids = p.gpu_ids,
+                other => return Ok(other),
+            }
+        }
         if n >= self.inner.config.max_pods {
             return Ok(Admission::Queued {
                 reason: format!("host {} runs its maximum of {n} Pods", self.inner.host),
@@ -323,7 +318,7 @@ impl Provider for ProcessProvider {
         }
         Ok(Admission::Fits(Placement {
             host: self.inner.host.clone(),
-            gpu_ids: Vec::new(),
+            gpu_ids,
         }))
     }
 
@@ -481,6 +476,7 @@ mod tests {
             cpu_millis: 0,
             memory_bytes: 0,
             ip: None,
+            gpus: Vec::new(),
         };
         sandbox::write_json(&sb.instance(), &rec, 0o644).unwrap();
         let mut own = std::process::Command::new("sleep")

@@ -368,6 +368,50 @@ impl ProcessProvider {
         })))
     }
 
+    /// The GPUs vkd placed the Pod on: as many as it asks for, each one of
+    /// the config's and held by no other Pod (vkd's admission places one Pod
+    /// at a time; this is the backend's own check of what it is told).
+    fn placed_gpus(&self, spec: &InstanceSpec) -> Result<Vec<String>> {
+        let ids = spec
+            .placement
+            .as_ref()
+            .map(|p| p.gpu_ids.clone())
+            .unwrap_or_default();
+        if ids.is_empty() && spec.resources.gpus == 0 {
+            return Ok(ids);
+        }
+        if ids.len() != spec.resources.gpus as usize {
+            return Err(ProviderError::invalid(
+                "GpuPlacement",
+                format!(
+                    "the Pod asks for {} nvidia.com/gpu and was placed on {} ({})",
+                    spec.resources.gpus,
+                    ids.len(),
+                    ids.join(",")
+                ),
+            ));
+        }
+        if let Some(unknown) = ids
+            .iter()
+            .find(|id| !self.inner.config.gpus.iter().any(|g| g.id == **id))
+        {
+            return Err(ProviderError::invalid(
+                "GpuPlacement",
+                format!("host {} has no GPU {unknown}", self.inner.host),
+            ));
+        }
+        let (_, _, _, held) = self.usage();
+        if let Some((id, owner)) = held
+            .iter()
+            .find(|(id, owner)| ids.contains(id) && *owner != spec.pod.uid)
+        {
+            return Err(ProviderError::Rejected {
+                message: format!("GPU {id} is held by Pod UID {owner}"),
+            });
+        }
+        Ok(ids)
+    }
+
     /// The last fenced step of a create: the sandbox becomes the instance and
     /// its shim starts, unless the Pod was deleted (or the node fenced) while
     /// its network was set up.
@@ -386,6 +430,7 @@ impl ProcessProvider {
             )));
         }
         let spec: &InstanceSpec = &with_pod_ip(spec, pod_ip.as_deref());
+        let gpus = self.placed_gpus(spec)?;
         let launches = self.launches(spec, &sb.root(), self.inner.isolated)?;
         self.materialize(sb, spec, &launches, pod_ip.as_deref())?;
         for l in &launches {
@@ -414,6 +459,7 @@ impl ProcessProvider {
             cpu_millis: spec.resources.cpu_millis,
             memory_bytes: spec.resources.memory_bytes,
             ip: pod_ip,
+            gpus,
         };
         // Written last: its presence is what makes the sandbox an instance.
         sandbox::write_json(&sb.instance(), &rec, 0o644).map_err(io_err(&sb.instance()))?;

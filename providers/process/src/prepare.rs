@@ -11,6 +11,10 @@ use crate::sandbox::{self, Launch, Sandbox};
 
 mod plan;
 
+/// The GPUs a container may use, as CUDA and NVIDIA's container runtime read them.
+const CUDA_VISIBLE: &str = "CUDA_VISIBLE_DEVICES";
+const NVIDIA_VISIBLE: &str = "NVIDIA_VISIBLE_DEVICES";
+
 impl ProcessProvider {
     /// Resolves what each container runs: argv, environment, working directory.
     /// `isolated`: the containers get namespaces (`isolation`), so a
@@ -86,6 +90,25 @@ impl ProcessProvider {
             for (k, v) in &c.env {
                 env.retain(|(n, _)| n != k);
                 env.push((k.clone(), v.clone()));
+            }
+            if !self.inner.config.gpus.is_empty() {
+                // On a GPU host the GPUs a container sees are vkd's placement,
+                // never the Pod's own env (which could name them all).
+                let ids = spec
+                    .placement
+                    .as_ref()
+                    .map(|p| p.gpu_ids.join(","))
+                    .unwrap_or_default();
+                env.retain(|(n, _)| n != CUDA_VISIBLE && n != NVIDIA_VISIBLE);
+                env.push((
+                    NVIDIA_VISIBLE.into(),
+                    if ids.is_empty() {
+                        "void".into()
+                    } else {
+                        ids.clone()
+                    },
+                ));
+                env.push((CUDA_VISIBLE.into(), ids));
             }
             env.push(("VKD_POD_ROOT".into(), root.display().to_string()));
             let own = [("VKD_POD_ROOT".to_owned(), root.display().to_string())];

@@ -59,6 +59,9 @@ pub struct InstanceRecord {
     /// The Pod's own IP, where it has a network namespace (`network`).
     #[serde(default)]
     pub ip: Option<String>,
+    /// The GPUs it was given (`gpus` in the config).
+    #[serde(default)]
+    pub gpus: Vec<String>,
 }
 
 /// What the shim runs.

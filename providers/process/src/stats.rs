@@ -9,10 +9,13 @@ use crate::sandbox::Sandbox;
 use crate::{ProcessProvider, procfs};
 
 impl ProcessProvider {
-    pub(super) fn usage(&self) -> (u64, u64, u32) {
+    /// What the Pods that have not ended ask for: CPU, memory, how many, and
+    /// the GPUs they hold (each with its holder's Pod UID).
+    pub(super) fn usage(&self) -> (u64, u64, u32, Vec<(String, String)>) {
         let mut cpu = 0;
         let mut mem = 0;
         let mut n = 0;
+        let mut gpus = Vec::new();
         if let Ok(entries) = std::fs::read_dir(self.pods_dir()) {
             for e in entries.flatten() {
                 let sb = Sandbox::new(e.path());
@@ -24,10 +27,38 @@ impl ProcessProvider {
                     cpu += rec.cpu_millis;
                     mem += rec.memory_bytes;
                     n += 1;
+                    gpus.extend(rec.gpus.iter().map(|g| (g.clone(), rec.owner.uid.clone())));
                 }
             }
         }
-        (cpu, mem, n)
+        (cpu, mem, n, gpus)
+    }
+
+    /// The host as a slice, with what the Pods use of it.
+    pub(super) fn host_slice(
+        &self,
+        cpu: u64,
+        mem: u64,
+        pods: u32,
+        held: &[(String, String)],
+    ) -> vkd_provider::HostSlice {
+        let (cpu_total, mem_total) = self.totals();
+        let mut gpus = self.inner.config.host_gpus();
+        for g in &mut gpus {
+            g.free = !held.iter().any(|(id, _)| *id == g.id);
+        }
+        vkd_provider::HostSlice {
+            name: self.inner.host.clone(),
+            cpu_millis_total: cpu_total,
+            cpu_millis_free: cpu_total.saturating_sub(cpu),
+            memory_bytes_total: mem_total,
+            memory_bytes_free: mem_total.saturating_sub(mem),
+            gpus,
+            ephemeral_storage_bytes: self.disk_total(),
+            max_pods: self.inner.config.max_pods,
+            pods_running: pods,
+            ..Default::default()
+        }
     }
 
     /// The size of the filesystem the Pods' sandboxes are on: the Node's

@@ -1042,3 +1042,86 @@ async fn a_deleted_instance_shows_how_its_containers_ended() {
     .await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The log text of a Pod's `main` container.
+async fn main_log(p: &ProcessProvider, uid: &str) -> String {
+    let Ok(logs) = p.logs(uid, "main", LogRequest::default()).await else {
+        return String::new(); // not started yet
+    };
+    String::from_utf8(logs.history.iter().flat_map(|l| l.bytes.to_vec()).collect()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gpu_pod_sees_exactly_the_gpus_it_was_placed_on() {
+    let dir = std::env::temp_dir().join(format!("vkd-process-{}", uuid::Uuid::new_v4().simple()));
+    let mut cfg = common::config();
+    cfg.gpus = ["GPU-aaaa", "GPU-bbbb"]
+        .iter()
+        .map(|id| config::GpuConfig {
+            id: (*id).into(),
+            model: "H100-SXM5-80GB".into(),
+            memory: "80Gi".into(),
+            nvlink_domain: Some("nvl-0".into()),
+            numa_node: None,
+            pcie_root: None,
+        })
+        .collect();
+    let p = ProcessProvider::open(cfg, &dir, common::shim_exe()).unwrap();
+    let cap = p.capacity().await.unwrap();
+    assert_eq!(cap.hosts[0].gpus.len(), 2);
+    assert_eq!(cap.hosts[0].gpus_free(), 2);
+    // The Pod's own env names every GPU; what it sees is its placement.
+    let show = [
+        "sh",
+        "-c",
+        "echo cuda=$CUDA_VISIBLE_DEVICES nvidia=$NVIDIA_VISIBLE_DEVICES; sleep 60",
+    ];
+    let mut s = spec("u-gpu", &show);
+    s.resources.gpus = 1;
+    s.containers[0].env = vec![("CUDA_VISIBLE_DEVICES".into(), "0,1".into())];
+    let placed = match p.admit(&s).await.unwrap() {
+        Admission::Fits(placed) => placed,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(placed.gpu_ids.len(), 1);
+    let gpu = placed.gpu_ids[0].clone();
+    s.placement = Some(placed);
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, "u-gpu").await;
+    let out = wait_for("the env in the log", async || {
+        let text = main_log(&p, "u-gpu").await;
+        text.contains("cuda=").then_some(text)
+    })
+    .await;
+    assert_eq!(out.trim(), format!("cuda={gpu} nvidia={gpu}"));
+    let cap = p.capacity().await.unwrap();
+    assert_eq!(cap.hosts[0].gpus_free(), 1, "the GPU is held while it runs");
+    // Another Pod placed on the same GPU is refused; a Pod without GPUs sees none.
+    let mut twin = spec("u-twin", &["sleep", "60"]);
+    twin.resources.gpus = 1;
+    twin.placement = s.placement.clone();
+    assert!(matches!(
+        p.create(&fence(), &twin).await,
+        Err(vkd_provider::ProviderError::Rejected { .. })
+    ));
+    let mut none = spec("u-none", &show);
+    none.containers[0].env = vec![("NVIDIA_VISIBLE_DEVICES".into(), "all".into())];
+    p.create(&fence(), &none).await.unwrap();
+    let out = wait_for("the env in the log", async || {
+        let text = main_log(&p, "u-none").await;
+        text.contains("cuda=").then_some(text)
+    })
+    .await;
+    assert_eq!(out.trim(), "cuda= nvidia=void");
+    // Two GPUs: one is held, so the Pod waits.
+    let mut two = spec("u-two", &["true"]);
+    two.resources.gpus = 2;
+    assert!(matches!(
+        p.admit(&two).await.unwrap(),
+        Admission::Queued { .. }
+    ));
+    remove(&p, "u-gpu").await;
+    remove(&p, "u-none").await;
+    assert!(matches!(p.admit(&two).await.unwrap(), Admission::Fits(_)));
+    let _ = std::fs::remove_dir_all(dir);
+}
