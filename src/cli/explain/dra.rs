@@ -134,7 +134,7 @@ pub struct PoolView {
 }
 
 /// The Node's pools (its ResourceSlices), and each allocated device with its
-/// claim. `Err` says what could not be read.
+/// claim; what could not be read; the sources read.
 pub async fn node_pools(
     client: &Client,
     node: &str,
@@ -294,5 +294,87 @@ pub fn render_pools(out: &mut String, pools: &[PoolView], error: Option<&str>) {
     }
     if let Some(e) = error {
         let _ = writeln!(out, "  cannot say: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_is_told_with_its_devices_conditions_and_status() {
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-gpus-x1", "namespace": "ns"},
+            "spec": {},
+            "status": {
+                "reservedFor": [{"resource": "pods", "name": "train", "uid": "u1"}],
+                "allocation": {"devices": {"results": [{
+                    "request": "gpus", "driver": "gpu.vkd.io", "pool": "vk-host-a",
+                    "device": "host-a-gpu1", "bindingConditions": ["vkd.io/BackendReserved"],
+                }]}},
+                "devices": [{
+                    "driver": "gpu.vkd.io", "pool": "vk-host-a", "device": "host-a-gpu1",
+                    "conditions": [{
+                        "type": "vkd.io/BackendReserved", "status": "False",
+                        "reason": "BackendQueued", "message": "waiting for 8 cpu",
+                        "lastTransitionTime": "2026-12-06T10:00:00Z",
+                    }],
+                    "data": {"host": "host-a"},
+                }],
+            },
+        }))
+        .unwrap();
+        let mut view = ClaimView {
+            pod_claim: "gpus".into(),
+            claim: Some("train-gpus-x1".into()),
+            state: String::new(),
+            reserved_for: Vec::new(),
+            devices: Vec::new(),
+        };
+        fill(&mut view, &claim);
+        let mut out = String::new();
+        render_claims(&mut out, &[view]);
+        for line in [
+            "gpus (claim train-gpus-x1): allocated",
+            "reserved for train",
+            "gpus -> vk-host-a/host-a-gpu1 (gpu.vkd.io), binding waits for vkd.io/BackendReserved",
+            "vkd.io/BackendReserved=False since 2026-12-06T10:00:00Z: BackendQueued (waiting for 8 cpu)",
+            r#"device status: {"host":"host-a"}"#,
+        ] {
+            assert!(out.contains(line), "{line:?} not in\n{out}");
+        }
+        let mut unallocated = ClaimView {
+            pod_claim: "gpus".into(),
+            claim: Some("c".into()),
+            state: String::new(),
+            reserved_for: Vec::new(),
+            devices: Vec::new(),
+        };
+        fill(&mut unallocated, &ResourceClaim::default());
+        assert!(unallocated.state.starts_with("not allocated"));
+    }
+
+    #[test]
+    fn a_pool_says_what_is_allocated_and_what_could_not_be_read() {
+        let pool = PoolView {
+            driver: "gpu.vkd.io".into(),
+            pool: "vk-host-a".into(),
+            generation: 3,
+            slices: 2,
+            devices: 12,
+            counter_sets: 4,
+            allocated: BTreeMap::from([("host-a-gpu0".into(), "ns/c (reserved for p)".into())]),
+        };
+        let mut out = String::new();
+        render_pools(&mut out, &[pool], Some("listing ResourceClaims: forbidden"));
+        assert!(out.contains("vk-host-a (gpu.vkd.io) generation 3: 12 devices in 2 slices, 4 counter sets (partitionable GPUs), 1 allocated"), "{out}");
+        assert!(
+            out.contains("    host-a-gpu0: ns/c (reserved for p)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("cannot say: listing ResourceClaims: forbidden"),
+            "{out}"
+        );
     }
 }
