@@ -46,6 +46,18 @@ fn device_classes(c: &Cluster) -> Result<()> {
 
 /// A ResourceClaimTemplate for `count` GPUs; `constraints` are matchAttribute names.
 fn template(ns: &str, name: &str, count: u32, constraints: &[&str], cel: Option<&str>) -> String {
+    class_template(ns, name, "gpu.vkd.io", count, constraints, cel)
+}
+
+/// [`template`] for devices of `class`.
+fn class_template(
+    ns: &str,
+    name: &str,
+    class: &str,
+    count: u32,
+    constraints: &[&str],
+    cel: Option<&str>,
+) -> String {
     let constraints: String = constraints
         .iter()
         .map(|a| format!("\n      - {{requests: [gpus], matchAttribute: {a}}}"))
@@ -64,7 +76,7 @@ spec:
       requests:
       - name: gpus
         exactly:
-          deviceClassName: gpu.vkd.io
+          deviceClassName: {class}
           count: {count}{selectors}
       constraints: {}{constraints}
 "#,
@@ -772,31 +784,10 @@ fn per_host(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// A claim template for `count` devices of `class` whose `profile` is `profile`
-/// (partitions), or any (`None`).
-fn class_template(ns: &str, name: &str, class: &str, count: u32, profile: Option<&str>) -> String {
-    let selectors = profile
-        .map(|p| {
-            format!(
-                "\n          selectors: [{{cel: {{expression: \"device.attributes['gpu.vkd.io'].profile == '{p}'\"}}}}]"
-            )
-        })
-        .unwrap_or_default();
-    format!(
-        r#"
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpus
-        exactly:
-          deviceClassName: {class}
-          count: {count}{selectors}
-"#
-    )
+/// A claim for `count` partitions of `profile`.
+fn partitions_template(ns: &str, name: &str, count: u32, profile: &str) -> String {
+    let cel = format!("device.attributes['gpu.vkd.io'].profile == '{profile}'");
+    class_template(ns, name, "mig.gpu.vkd.io", count, &[], Some(&cel))
 }
 
 /// `vkd explain ARGS` as a user with the cluster's client certificate, asking
@@ -919,13 +910,7 @@ fn partitions(c: &Cluster) -> Result<()> {
     ensure!(after > before, "generation {before} -> {after}");
 
     // Two 3g.40gb partitions run on exactly those partitions.
-    c.apply(&class_template(
-        &ns,
-        "halves",
-        "mig.gpu.vkd.io",
-        2,
-        Some("3g.40gb"),
-    ))?;
+    c.apply(&partitions_template(&ns, "halves", 2, "3g.40gb"))?;
     c.apply(&claim_pod(&ns, "halves", "drm", "halves"))?;
     let halves = wait_ready(c, &ns, "halves")?;
     let held = runs_on_allocation(c, &vkd, &ns, &halves)?;
@@ -937,15 +922,9 @@ fn partitions(c: &Cluster) -> Result<()> {
         "{held:?}"
     );
     // Neither the whole GPU nor the 1g.10gb fits beside them.
-    c.apply(&class_template(&ns, "whole", "gpu.vkd.io", 1, None))?;
+    c.apply(&template(&ns, "whole", 1, &[], None))?;
     c.apply(&claim_pod(&ns, "whole", "drm", "whole"))?;
-    c.apply(&class_template(
-        &ns,
-        "small",
-        "mig.gpu.vkd.io",
-        1,
-        Some("1g.10gb"),
-    ))?;
+    c.apply(&partitions_template(&ns, "small", 1, "1g.10gb"))?;
     c.apply(&claim_pod(&ns, "small", "drm", "small"))?;
     let why = unschedulable(c, &ns, "whole")?;
     unschedulable(c, &ns, "small")?;

@@ -40,7 +40,7 @@ const DOWN_NODE: &str = "vk-bench-down";
 const DOWN_LABEL: &str = "vkd.io/bench-down=true";
 
 /// The verbs of `apiserver_request_total` that write.
-const WRITE_VERBS: [&str; 6] = [
+pub(super) const WRITE_VERBS: [&str; 6] = [
     "POST",
     "PUT",
     "PATCH",

@@ -20,17 +20,9 @@ use anyhow::{Result, bail};
 use vkd_e2e::{Cluster, repo_root};
 
 use super::apiserver::ApiScrape;
+use super::chain::WRITE_VERBS;
 use super::setup::{Role, bench_namespace, cluster_up, vkd_binary};
 use super::{Args, Daemon, NAMESPACE};
-
-const WRITE_VERBS: [&str; 6] = [
-    "POST",
-    "PUT",
-    "PATCH",
-    "APPLY",
-    "DELETE",
-    "DELETECOLLECTION",
-];
 
 #[derive(Clone, Copy, Debug)]
 enum Mode {
