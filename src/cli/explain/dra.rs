@@ -241,7 +241,7 @@ pub fn render_claims(out: &mut String, claims: &[ClaimView]) {
                 if d.binding_conditions.is_empty() {
                     String::new()
                 } else {
-                    format!(", binding waits for {}", d.binding_conditions.join(", "))
+                    format!(", binding conditions {}", d.binding_conditions.join(", "))
                 }
             );
             for k in &d.conditions {
@@ -337,7 +337,7 @@ mod tests {
         for line in [
             "gpus (claim train-gpus-x1): allocated",
             "reserved for train",
-            "gpus -> vk-host-a/host-a-gpu1 (gpu.vkd.io), binding waits for vkd.io/BackendReserved",
+            "gpus -> vk-host-a/host-a-gpu1 (gpu.vkd.io), binding conditions vkd.io/BackendReserved",
             "vkd.io/BackendReserved=False since 2026-12-06T10:00:00Z: BackendQueued (waiting for 8 cpu)",
             r#"device status: {"host":"host-a"}"#,
         ] {
