@@ -6,7 +6,9 @@
 //!   Node's capacity;
 //! - `extended`: `--dra`; the same Pods, served through the DeviceClass's
 //!   extended resource name (the scheduler makes a claim for each);
-//! - `claim`: `--dra`; each Pod has a claim from a ResourceClaimTemplate.
+//! - `claim`: `--dra`; each Pod has a claim from a ResourceClaimTemplate;
+//! - `no-binding`: as `extended`, with `--dra-binding-conditions false` (no
+//!   answer before binding).
 //!
 //! Each mode's writes are the API server's `apiserver_request_total` for the
 //! write verbs over the mode, by `VERB resource/subresource`, per Pod: every
@@ -29,6 +31,7 @@ enum Mode {
     Plain,
     Extended,
     Claim,
+    NoBinding,
 }
 
 impl Mode {
@@ -37,13 +40,16 @@ impl Mode {
             Self::Plain => "plain",
             Self::Extended => "extended",
             Self::Claim => "claim",
+            Self::NoBinding => "no-binding",
         }
     }
 }
 
 fn pod(mode: Mode, i: usize) -> String {
     let resources = match mode {
-        Mode::Plain | Mode::Extended => "{limits: {nvidia.com/gpu: 1}}".to_owned(),
+        Mode::Plain | Mode::Extended | Mode::NoBinding => {
+            "{limits: {nvidia.com/gpu: 1}}".to_owned()
+        }
         Mode::Claim => "{claims: [{name: gpu}]}".to_owned(),
     };
     let claims = match mode {
@@ -118,10 +124,10 @@ pub(super) async fn run(args: Args) -> Result<()> {
         "dra-writes: {n} one-GPU Pods per mode, created, Ready, deleted and gone; API writes per Pod from apiserver_request_total (every component), node status and Leases apart; vkd {}",
         bin.display()
     );
-    let mut table: BTreeMap<String, [f64; 3]> = BTreeMap::new();
-    let mut apart: BTreeMap<String, [f64; 3]> = BTreeMap::new();
-    let mut took = [0.0; 3];
-    let modes = [Mode::Plain, Mode::Extended, Mode::Claim];
+    let mut table: BTreeMap<String, [f64; 4]> = BTreeMap::new();
+    let mut apart: BTreeMap<String, [f64; 4]> = BTreeMap::new();
+    let mut took = [0.0; 4];
+    let modes = [Mode::Plain, Mode::Extended, Mode::Claim, Mode::NoBinding];
     for (col, mode) in modes.into_iter().enumerate() {
         let m = mode.name();
         let node = format!("vk-dra-{m}");
@@ -131,7 +137,19 @@ pub(super) async fn run(args: Args) -> Result<()> {
         } else {
             "true"
         };
-        let extra = ["--node-label", &label, "--dra", dra];
+        let binding = if matches!(mode, Mode::NoBinding) {
+            "false"
+        } else {
+            "true"
+        };
+        let extra = [
+            "--node-label",
+            &label,
+            "--dra",
+            dra,
+            "--dra-binding-conditions",
+            binding,
+        ];
         let role = Role {
             node: &node,
             provider: "sim",
@@ -218,33 +236,30 @@ pub(super) async fn run(args: Args) -> Result<()> {
             to.entry(key.trim_end_matches('/').to_owned()).or_default()[col] = delta / n as f64;
         }
     }
+    let row = |name: &str, v: &[f64; 4]| {
+        println!(
+            "{name:<40} {:>9.2} {:>9.2} {:>9.2} {:>10.2}",
+            v[0], v[1], v[2], v[3]
+        );
+    };
     println!(
-        "{:<40} {:>9} {:>9} {:>9}",
-        "write per Pod (VERB resource)", "plain", "extended", "claim"
+        "{:<40} {:>9} {:>9} {:>9} {:>10}",
+        "write per Pod (VERB resource)", "plain", "extended", "claim", "no-binding"
     );
-    let mut total = [0.0; 3];
+    let mut total = [0.0; 4];
     for (key, v) in &table {
-        println!("{key:<40} {:>9.2} {:>9.2} {:>9.2}", v[0], v[1], v[2]);
+        row(key, v);
         for (t, x) in total.iter_mut().zip(v) {
             *t += x;
         }
     }
-    println!(
-        "{:<40} {:>9.2} {:>9.2} {:>9.2}",
-        "total", total[0], total[1], total[2]
-    );
+    row("total", &total);
     for (key, v) in &apart {
-        println!(
-            "{:<40} {:>9.2} {:>9.2} {:>9.2}",
-            format!("({key}, time-driven)"),
-            v[0],
-            v[1],
-            v[2]
-        );
+        row(&format!("({key}, time-driven)"), v);
     }
     println!(
-        "{:<40} {:>8.1}s {:>8.1}s {:>8.1}s",
-        "mode took (create -> gone)", took[0], took[1], took[2]
+        "{:<40} {:>8.1}s {:>8.1}s {:>8.1}s {:>9.1}s",
+        "mode took (create -> gone)", took[0], took[1], took[2], took[3]
     );
     Ok(())
 }
