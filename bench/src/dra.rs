@@ -92,13 +92,16 @@ fn count(cluster: &Cluster, what: &[&str]) -> Result<(usize, usize)> {
     Ok((items.len(), ready))
 }
 
-fn wait(what: &str, limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+/// Asks `done` (a kubectl read) every 500 ms until it says yes: slower than
+/// the bench's in-memory `wait_until`, so the polls do not load the 2 cores
+/// the figures are taken on.
+async fn wait(what: &str, limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < limit {
         if done()? {
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     bail!("{what}: not done in {}s", limit.as_secs())
 }
@@ -167,7 +170,8 @@ pub(super) async fn run(args: Args) -> Result<()> {
                     "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
                 ])
                 .is_ok_and(|s| s.trim() == "True"))
-        })?;
+        })
+        .await?;
         if !matches!(mode, Mode::Plain) {
             wait(&format!("{node}'s ResourceSlices"), limit, || {
                 let s = cluster.kubectl(&[
@@ -179,7 +183,8 @@ pub(super) async fn run(args: Args) -> Result<()> {
                     "name",
                 ])?;
                 Ok(s.lines().count() == 2)
-            })?;
+            })
+            .await?;
         }
         // Let the start's own writes (node status, slices, leases) pass.
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -193,7 +198,8 @@ pub(super) async fn run(args: Args) -> Result<()> {
         ];
         wait(&format!("{n} {m} Pods Ready"), limit, || {
             Ok(count(&cluster, &list)?.1 == n)
-        })?;
+        })
+        .await?;
         cluster.kubectl(&[
             "delete",
             "pods",
@@ -205,14 +211,16 @@ pub(super) async fn run(args: Args) -> Result<()> {
         ])?;
         wait(&format!("the {m} Pods gone"), limit, || {
             Ok(count(&cluster, &list)?.0 == 0)
-        })?;
+        })
+        .await?;
         wait(&format!("the {m} Pods' claims gone"), limit, || {
             Ok(count(
                 &cluster,
                 &["get", "resourceclaims", "-n", NAMESPACE, "-o", "json"],
             )?
             .0 == 0)
-        })?;
+        })
+        .await?;
         // The last writes (claim cleanup, vkd's Events) settle.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = ApiScrape::read(&client).await?;

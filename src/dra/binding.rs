@@ -26,11 +26,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use vkd_provider::{Admission, Placement};
@@ -43,7 +40,6 @@ use crate::topology::Admitter;
 pub use super::devices::{REJECTED, RESERVED};
 /// How often a Pod the backend queues is looked at again.
 pub const RECHECK: Duration = Duration::from_secs(5);
-const FIELD_MANAGER: &str = "vkd-binding";
 
 /// One Node this daemon serves, as admission before binding sees it.
 #[derive(Clone)]
@@ -89,7 +85,8 @@ struct Tracked {
 pub struct Binder {
     client: Client,
     metrics: Arc<crate::metrics::Metrics>,
-    recorder: Recorder,
+    /// Writes vkd's answers on the claims.
+    answers: super::answer::Answers,
     settings: Settings,
     nodes: Vec<NodeSide>,
     /// Where each answer is kept for `vkd explain pod`, with the epoch it was given at.
@@ -98,15 +95,7 @@ pub struct Binder {
     /// Unbound Pods vkd has answered for, by UID.
     tracked: tokio::sync::Mutex<HashMap<String, Tracked>>,
     /// What each claim holds of this daemon's pools (`vkd_dra_allocated_devices`).
-    allocations: std::sync::Mutex<Allocations>,
-}
-
-/// The devices of this daemon's pools allocated to claims, by claim UID; a
-/// relist drops the claims it did not see again.
-#[derive(Debug, Default)]
-struct Allocations {
-    by_claim: HashMap<String, Vec<String>>,
-    relisted: Option<std::collections::HashSet<String>>,
+    allocations: std::sync::Mutex<super::allocated::Allocated>,
 }
 
 impl std::fmt::Debug for Binder {
@@ -126,17 +115,16 @@ impl Binder {
         decisions: Arc<crate::explain::DecisionLog>,
         epoch: u64,
     ) -> Self {
-        let recorder = Recorder::new(
+        let answers = super::answer::Answers::new(
             client.clone(),
-            Reporter {
-                controller: "vkd".into(),
-                instance: nodes.first().map(|n| n.node.clone()),
-            },
+            nodes.first().map(|n| n.node.clone()),
+            Arc::clone(&metrics),
+            settings.driver.clone(),
         );
         Self {
             client,
             metrics,
-            recorder,
+            answers,
             settings,
             nodes,
             decisions,
@@ -178,14 +166,15 @@ impl Binder {
         }
     }
 
-    /// Whether `pool` is one of this daemon's (a Node's own, or `<node>-<host>`).
+    /// Whether `pool` is one of this daemon's Nodes' pools.
     fn ours(&self, pool: &str) -> bool {
         self.nodes.iter().any(|n| {
-            pool == n.node
-                || (!n.per_host
-                    && pool
-                        .strip_prefix(n.node.as_str())
-                        .is_some_and(|rest| rest.starts_with('-')))
+            Layout {
+                node: &n.node,
+                per_host: n.per_host,
+                driver: &self.settings.driver,
+            }
+            .owns(pool)
         })
     }
 
@@ -203,58 +192,30 @@ impl Binder {
                 .map(|r| r.pool)
                 .collect()
         };
-        let mut a = self
-            .allocations
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(seen) = &mut a.relisted {
-            seen.insert(uid.clone());
-        }
-        let mut touched = pools.clone();
-        if pools.is_empty() {
-            touched.extend(a.by_claim.remove(&uid).unwrap_or_default());
-        } else {
-            touched.extend(a.by_claim.insert(uid, pools).unwrap_or_default());
-        }
-        self.publish_counts(&a, touched);
+        self.publish_counts(|a| a.claim(uid, pools));
     }
 
-    /// A relist begins (`done` false) or ends: at its end, claims it did not
-    /// see are gone.
+    /// A relist of the claims begins (`done` false) or ends: at its end, the
+    /// claims it did not see are gone.
     fn relist(&self, done: bool) {
+        self.publish_counts(|a| {
+            if done {
+                a.relist_done()
+            } else {
+                a.relist_started();
+                Vec::new()
+            }
+        });
+    }
+
+    /// Changes the counts with `change`, and sets the metric of each pool it changed.
+    fn publish_counts(&self, change: impl FnOnce(&mut super::allocated::Allocated) -> Vec<String>) {
         let mut a = self
             .allocations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !done {
-            a.relisted = Some(std::collections::HashSet::new());
-            return;
-        }
-        let Some(seen) = a.relisted.take() else {
-            return;
-        };
-        let mut touched = Vec::new();
-        a.by_claim.retain(|uid, pools| {
-            let keep = seen.contains(uid);
-            if !keep {
-                touched.append(pools);
-            }
-            keep
-        });
-        self.publish_counts(&a, touched);
-    }
-
-    fn publish_counts(&self, a: &Allocations, mut pools: Vec<String>) {
-        pools.sort();
-        pools.dedup();
-        for pool in pools {
-            let n = a
-                .by_claim
-                .values()
-                .flatten()
-                .filter(|p| **p == pool)
-                .count();
-            self.metrics.dra_allocated(&pool, n);
+        for pool in change(&mut a) {
+            self.metrics.dra_allocated(&pool, a.count(&pool));
         }
     }
 
@@ -421,14 +382,15 @@ impl Binder {
                 self.decided(index, uid, ns, name, Action::Rejected, &e.0, &devices);
                 self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
                     .await;
-                self.say(
-                    &claims,
-                    &pod,
-                    false,
-                    Some(("UnusableResourceClaim", &e.0)),
-                    None,
-                )
-                .await?;
+                self.answers
+                    .say(
+                        &claims,
+                        &pod,
+                        false,
+                        Some(("UnusableResourceClaim", &e.0)),
+                        None,
+                    )
+                    .await?;
                 self.written(uid).await;
                 return Ok(());
             }
@@ -479,14 +441,15 @@ impl Binder {
                     &names,
                 )
                 .await;
-                self.say(
-                    &claims,
-                    &pod,
-                    true,
-                    None,
-                    Some(("BackendReserved", &message)),
-                )
-                .await?;
+                self.answers
+                    .say(
+                        &claims,
+                        &pod,
+                        true,
+                        None,
+                        Some(("BackendReserved", &message)),
+                    )
+                    .await?;
                 self.written(uid).await;
                 info!(pod = %format!("{ns}/{name}"), host = %p.host, "reserved before binding");
             }
@@ -503,14 +466,15 @@ impl Binder {
                     self.decided(index, uid, ns, name, Action::Rejected, &message, &devices);
                     self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
                         .await;
-                    self.say(
-                        &claims,
-                        &pod,
-                        false,
-                        Some(("BackendQueueTimeout", &message)),
-                        None,
-                    )
-                    .await?;
+                    self.answers
+                        .say(
+                            &claims,
+                            &pod,
+                            false,
+                            Some(("BackendQueueTimeout", &message)),
+                            None,
+                        )
+                        .await?;
                     self.written(uid).await;
                     return Ok(());
                 }
@@ -527,7 +491,8 @@ impl Binder {
                 .await;
                 if new {
                     self.decided(index, uid, ns, name, Action::Queued, &reason, &devices);
-                    self.say(&claims, &pod, false, None, Some(("BackendQueued", &reason)))
+                    self.answers
+                        .say(&claims, &pod, false, None, Some(("BackendQueued", &reason)))
                         .await?;
                     self.written(uid).await;
                     info!(pod = %format!("{ns}/{name}"), %reason, "queued before binding");
@@ -545,7 +510,8 @@ impl Binder {
                 );
                 self.track(uid, ns, name, index, Said::Rejected, &devices, &names)
                     .await;
-                self.say(&claims, &pod, false, Some((&reason, &message)), None)
+                self.answers
+                    .say(&claims, &pod, false, Some((&reason, &message)), None)
                     .await?;
                 self.written(uid).await;
                 info!(pod = %format!("{ns}/{name}"), %reason, %message, "rejected before binding");
@@ -640,99 +606,5 @@ impl Binder {
             }
         }
         Ok(None)
-    }
-
-    /// Writes the two conditions on each of the Pod's devices of this driver.
-    async fn say(
-        &self,
-        claims: &[ResourceClaim],
-        pod: &Pod,
-        reserved: bool,
-        rejected: Option<(&str, &str)>,
-        reserved_why: Option<(&str, &str)>,
-    ) -> Result<(), DraError> {
-        let answer = match (reserved, rejected) {
-            (_, Some(_)) => "rejected",
-            (true, None) => "reserved",
-            (false, None) => "queued",
-        };
-        if let Some(r) = claims
-            .iter()
-            .flat_map(devices::allocated)
-            .find(|r| r.driver == self.settings.driver)
-        {
-            self.metrics.dra_admission(&r.pool, answer);
-        }
-        let now = crate::pods::status::time(std::time::SystemTime::now());
-        let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let conditions =
-            devices::binding_conditions(reserved, rejected, reserved_why, &pod_name, &now);
-        // The happy path's answer is the claim's condition alone: an Event per
-        // Pod would be one more write per Pod in a storm. Waiting and refusals
-        // get one, as the create step's queueing and failures do.
-        let event = match (rejected, reserved) {
-            (Some((reason, message)), _) => Some((
-                EventType::Warning,
-                "BackendRejected",
-                format!("{reason}: {message}; the scheduler places it again"),
-            )),
-            (None, false) => reserved_why
-                .map(|(reason, message)| (EventType::Normal, reason, message.to_owned())),
-            (None, true) => None,
-        };
-        if let Some((type_, reason, note)) = event {
-            let reference = k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: pod.metadata.name.clone(),
-                namespace: pod.metadata.namespace.clone(),
-                uid: pod.metadata.uid.clone(),
-                ..Default::default()
-            };
-            let event = Event {
-                type_,
-                reason: reason.to_owned(),
-                note: Some(
-                    format!("before binding: {note}")
-                        .chars()
-                        .take(1000)
-                        .collect(),
-                ),
-                action: "Admit".into(),
-                secondary: None,
-            };
-            if let Err(e) = self.recorder.publish(&event, &reference).await {
-                warn!(error = %e, reason, "publishing event failed");
-            }
-        }
-        for c in claims {
-            let (Some(name), Some(ns)) = (&c.metadata.name, &c.metadata.namespace) else {
-                continue;
-            };
-            let devices: Vec<serde_json::Value> = devices::allocated(c)
-                .iter()
-                .filter(|r| r.driver == self.settings.driver)
-                .map(|r| {
-                    json!({"driver": r.driver, "pool": r.pool, "device": r.device,
-                           "conditions": conditions})
-                })
-                .collect();
-            if devices.is_empty() {
-                continue;
-            }
-            let body = devices::device_status(name, ns, devices);
-            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
-            api.patch_status(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(body),
-            )
-            .await
-            .map_err(|source| DraError::Api {
-                what: format!("writing the binding conditions of ResourceClaim {ns}/{name}"),
-                source,
-            })?;
-        }
-        Ok(())
     }
 }

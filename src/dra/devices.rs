@@ -71,6 +71,17 @@ impl Layout<'_> {
             format!("{}-{}", self.node, crate::topology::node_suffix(host))
         }
     }
+
+    /// Whether `pool` is one [`Layout::pool`] names for some host of this Node.
+    pub fn owns(&self, pool: &str) -> bool {
+        if self.per_host {
+            pool == self.node
+        } else {
+            pool.strip_prefix(self.node)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|suffix| !suffix.is_empty())
+        }
+    }
 }
 
 /// One pool as it should be published: the slices' specs, generation unset (0).
@@ -193,7 +204,15 @@ fn architecture(model: &str) -> Option<(&'static str, &'static str)> {
         .map(|(_, arch, cc)| (*arch, *cc))
 }
 
-fn device(layout: &Layout<'_>, h: &HostSlice, d: &HostDevice<'_>, binding: bool) -> Device {
+/// Device `d` of host `h`; `counter_set` names its GPU's counter set (the
+/// GPU's own device name: counter sets and devices are named apart).
+fn device(
+    layout: &Layout<'_>,
+    h: &HostSlice,
+    d: &HostDevice<'_>,
+    counter_set: &str,
+    binding: bool,
+) -> Device {
     let g = &h.gpus[d.gpu];
     let part = d.partition.map(|j| &g.partitions[j]);
     let mut attributes: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
@@ -266,7 +285,7 @@ fn device(layout: &Layout<'_>, h: &HostSlice, d: &HostDevice<'_>, binding: bool)
             (p.compute_slices, p.memory_mib)
         });
         vec![DeviceCounterConsumption {
-            counter_set: counter_set_name(h, d.gpu),
+            counter_set: counter_set.to_owned(),
             counters: counters(c, m),
             ..Default::default()
         }]
@@ -282,15 +301,6 @@ fn device(layout: &Layout<'_>, h: &HostSlice, d: &HostDevice<'_>, binding: bool)
     }
 }
 
-/// The counter set of GPU `i`: named after the GPU's device (counter sets
-/// and devices are named apart, so the name may repeat).
-fn counter_set_name(h: &HostSlice, i: usize) -> String {
-    host_devices(h)
-        .into_iter()
-        .find(|d| d.gpu == i && d.partition.is_none())
-        .map_or_else(|| format!("gpu-{i}"), |d| d.name)
-}
-
 /// The pools of `hosts` (each host that has GPUs), as `layout` places them;
 /// with `binding`, each device carries vkd's binding conditions. A host with
 /// partitionable GPUs also gets slices of their counter sets (the API keeps
@@ -301,17 +311,24 @@ pub fn pools(layout: &Layout<'_>, hosts: &[HostSlice], binding: bool) -> Vec<Poo
         .filter(|h| !h.gpus.is_empty())
         .map(|h| {
             let pool = layout.pool(&h.name);
-            let devices: Vec<Device> = host_devices(h)
+            let listed = host_devices(h);
+            // Each GPU's device name, by GPU index: its counter set's name too.
+            let gpu_names: Vec<&str> = listed
                 .iter()
-                .map(|d| device(layout, h, d, binding))
+                .filter(|d| d.partition.is_none())
+                .map(|d| d.name.as_str())
+                .collect();
+            let devices: Vec<Device> = listed
+                .iter()
+                .map(|d| device(layout, h, d, gpu_names[d.gpu], binding))
                 .collect();
             let counter_sets: Vec<CounterSet> = h
                 .gpus
                 .iter()
-                .enumerate()
-                .filter(|(_, g)| partitionable(g))
-                .map(|(i, g)| CounterSet {
-                    name: counter_set_name(h, i),
+                .zip(&gpu_names)
+                .filter(|(g, _)| partitionable(g))
+                .map(|(g, name)| CounterSet {
+                    name: (*name).to_owned(),
                     counters: counters(g.compute_slices, g.memory_mib),
                 })
                 .collect();
@@ -611,6 +628,26 @@ mod tests {
 
     fn attr<'a>(d: &'a Device, k: &str) -> &'a DeviceAttribute {
         &d.attributes.as_ref().unwrap()[k]
+    }
+
+    #[test]
+    fn a_layout_owns_exactly_the_pools_it_names() {
+        let aggregate = Layout {
+            node: "vk",
+            per_host: false,
+            driver: VKD_DOMAIN,
+        };
+        assert!(aggregate.owns(&aggregate.pool("host-a")));
+        for other in ["vk", "vk-", "vk2-host-a", "v"] {
+            assert!(!aggregate.owns(other), "{other}");
+        }
+        let per_host = Layout {
+            node: "vk-host-a",
+            per_host: true,
+            driver: VKD_DOMAIN,
+        };
+        assert!(per_host.owns(&per_host.pool("host-a")));
+        assert!(!per_host.owns("vk-host-a-x") && !per_host.owns("vk"));
     }
 
     #[test]

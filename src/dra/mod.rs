@@ -4,6 +4,8 @@
 //! a Pod's claims and runs it on exactly the devices they hold). The mapping
 //! both use is [`devices`]; docs/dra.md says it for a person.
 
+mod allocated;
+mod answer;
 pub mod binding;
 pub mod devices;
 pub mod publish;
