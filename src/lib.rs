@@ -346,6 +346,7 @@ async fn act(
     let mut binding_sides = Vec::new();
     let mut registered = Vec::new();
     let nodes = nodes(cfg, provider.as_ref()).await?;
+    let nodes_served = nodes.len();
     // Every node's kubelet port is the node's, not a Pod's (per-host mode
     // listens on one per host, from --kubelet-port up).
     let mut policy = cfg.policy.clone();
@@ -397,15 +398,19 @@ async fn act(
         );
         let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
             .map_err(kubelet_api::ApiError::from)?;
-        let server =
-            kubelet_api::KubeletApi::new(pods.index(), clients.pods.clone(), cfg.anonymous_auth)
-                .serve_with(
-                    (cfg.kubelet_bind, port).into(),
-                    tls,
-                    cfg.kubelet_api,
-                    work.clone(),
-                )
-                .await?;
+        let server = kubelet_api::KubeletApi::new(
+            pods.index(),
+            clients.pods.clone(),
+            cfg.anonymous_auth,
+            nodes_served,
+        )
+        .serve_with(
+            (cfg.kubelet_bind, port).into(),
+            tls,
+            cfg.kubelet_api,
+            work.clone(),
+        )
+        .await?;
         tasks.adopt(format!("kubelet API of node {name}"), server);
         let agent = node::NodeAgent::new(
             node::Settings {

@@ -67,6 +67,7 @@ pub struct KubeletApi {
     pods: PodIndex,
     auth: Authenticator,
     client: Client,
+    usage: stats::NodeUsage,
 }
 
 impl std::fmt::Debug for KubeletApi {
@@ -132,9 +133,15 @@ fn provider_error(e: &ProviderError) -> Response<Body> {
 }
 
 impl KubeletApi {
-    pub fn new(pods: PodIndex, client: Client, anonymous: bool) -> Arc<Self> {
+    /// The kubelet API of one of the `nodes_served` Nodes this process serves.
+    pub fn new(pods: PodIndex, client: Client, anonymous: bool, nodes_served: usize) -> Arc<Self> {
         let auth = Authenticator::new(client.clone(), pods.node().to_owned(), anonymous);
-        Arc::new(Self { pods, auth, client })
+        Arc::new(Self {
+            pods,
+            auth,
+            client,
+            usage: stats::NodeUsage::new(nodes_served),
+        })
     }
 
     /// Binds now, serves with the default [`Limits`] until shutdown.
@@ -249,10 +256,13 @@ impl KubeletApi {
             }
             ["explain", what @ ..] if is_get => self.explain(what).await,
             ["stats", "summary"] | ["stats", "summary", ""] => {
-                json_response(&stats::summary(&self.pods).await)
+                json_response(&stats::summary(&self.pods, &self.usage).await)
             }
             ["metrics", "resource"] => {
-                let mut r = text(StatusCode::OK, stats::resource_metrics(&self.pods).await);
+                let mut r = text(
+                    StatusCode::OK,
+                    stats::resource_metrics(&self.pods, &self.usage).await,
+                );
                 r.headers_mut().insert(
                     "content-type",
                     HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -1,7 +1,14 @@
 //! `/stats/summary` and `/metrics/resource` from the provider's per-Pod stats.
-//! The node figures are the sums of its Pods (a virtual node has no host of its own).
+//!
+//! A virtual node has no host of its own, so its figures are what it stands
+//! for: its Pods, the Pods that ran on it before (CPU is a counter, and
+//! metrics-server drops a node whose counter goes back), and vkd's own
+//! process, shared among the Nodes it serves. An idle node so reads vkd's
+//! overhead, never 0 (metrics-server drops a node that reads 0).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
@@ -19,8 +26,127 @@ const SCRAPE_DEADLINE: Duration = Duration::from_secs(8);
 /// Pods asked at once.
 const SCRAPE_CONCURRENCY: usize = 32;
 
-async fn collect(pods: &PodIndex) -> Vec<PodStats> {
-    collect_from(pods.provider().as_ref(), pods.pods(), SCRAPE_DEADLINE).await
+/// The Pods asked (by UID) and the figures of those that answered.
+async fn collect(pods: &PodIndex) -> (Vec<String>, Vec<PodStats>) {
+    let asked = pods.pods();
+    let uids = asked.iter().map(|p| p.uid.clone()).collect();
+    let stats = collect_from(pods.provider().as_ref(), asked, SCRAPE_DEADLINE).await;
+    (uids, stats)
+}
+
+/// vkd's own CPU time (ns) and resident memory (bytes), from /proc/self.
+fn own_usage() -> (u64, u64) {
+    // Fields 14 and 15 of /proc/self/stat, in clock ticks (USER_HZ, 100).
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|t| {
+            let f: Vec<&str> = t[t.rfind(')')? + 1..].split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+            Some(ticks.saturating_mul(10_000_000))
+        })
+        .unwrap_or(0);
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            let kib = t.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+            kib.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib.saturating_mul(1024));
+    (cpu, rss)
+}
+
+/// One reading of a node's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeSample {
+    pub cpu_core_ns: u64,
+    pub cpu_nano_cores: u64,
+    pub working_set_bytes: u64,
+    pub rss_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    /// Each Pod's CPU counter when last read.
+    last: HashMap<String, u64>,
+    /// CPU of the Pods that have left the node.
+    retired: u64,
+    /// The node's counter when last read, and when.
+    node: Option<(SystemTime, u64)>,
+}
+
+/// A node's CPU counter across its Pods' lives, and its share of vkd.
+#[derive(Debug)]
+pub struct NodeUsage {
+    /// How many Nodes this process serves: each reads its share of vkd.
+    share_of: u64,
+    counters: Mutex<Counters>,
+}
+
+impl NodeUsage {
+    pub fn new(nodes_served: usize) -> Self {
+        Self {
+            share_of: u64::try_from(nodes_served.max(1)).unwrap_or(1),
+            counters: Mutex::default(),
+        }
+    }
+
+    /// The node's figures from this scrape: `asked` the Pods on the node,
+    /// `stats` those that answered, `own` vkd's (CPU ns, bytes).
+    fn observe(
+        &self,
+        asked: &[String],
+        stats: &[PodStats],
+        own: (u64, u64),
+        now: SystemTime,
+    ) -> NodeSample {
+        let mut c = self
+            .counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut working_set, mut rss) = (own.1 / self.share_of, 0u64);
+        for s in stats {
+            let (_, ns, ws, r) = sums(s);
+            // A Pod's counter goes back only when its backend lost it (an
+            // instance made again); the node's must not.
+            let seen = c.last.entry(s.pod.uid.clone()).or_default();
+            *seen = (*seen).max(ns);
+            working_set = working_set.saturating_add(ws);
+            rss = rss.saturating_add(r);
+        }
+        // A Pod not asked has left the node; one asked that did not answer
+        // keeps its last figure.
+        let mut retired = 0u64;
+        c.last.retain(|uid, ns| {
+            let here = asked.contains(uid);
+            if !here {
+                retired = retired.saturating_add(*ns);
+            }
+            here
+        });
+        c.retired = c.retired.saturating_add(retired);
+        let pods: u64 = c.last.values().fold(0, |a, n| a.saturating_add(*n));
+        let measured = (own.0 / self.share_of)
+            .saturating_add(c.retired)
+            .saturating_add(pods);
+        let (cpu, rate) = match c.node {
+            Some((then, before)) => {
+                let cpu = measured.max(before);
+                let dt = now.duration_since(then).map_or(0, |d| d.as_nanos());
+                let rate = (dt > 0)
+                    .then(|| u128::from(cpu - before) * 1_000_000_000 / dt)
+                    .map_or(0, |r| u64::try_from(r).unwrap_or(u64::MAX));
+                (cpu, rate)
+            }
+            None => (measured, 0),
+        };
+        c.node = Some((now, cpu));
+        NodeSample {
+            cpu_core_ns: cpu,
+            cpu_nano_cores: rate,
+            working_set_bytes: working_set.max(1),
+            rss_bytes: rss.saturating_add(own.1 / self.share_of),
+        }
+    }
 }
 
 /// Every Pod's stats, asked concurrently, within one deadline.
@@ -53,26 +179,28 @@ fn memory(t: SystemTime, working_set: u64, rss: u64) -> Value {
            "pageFaults": 0, "majorPageFaults": 0})
 }
 
+/// A Pod's figures: the sums of its containers' (CPU nanocores, CPU ns,
+/// working set, RSS). A provider's figures are its own: they add up without
+/// overflowing.
 fn sums(s: &PodStats) -> (u64, u64, u64, u64) {
     s.containers.iter().fold((0, 0, 0, 0), |(a, b, c, d), x| {
         (
-            a + x.cpu_usage_nano_cores,
-            b + x.cpu_usage_core_nanoseconds,
-            c + x.memory_working_set_bytes,
-            d + x.memory_rss_bytes,
+            a.saturating_add(x.cpu_usage_nano_cores),
+            b.saturating_add(x.cpu_usage_core_nanoseconds),
+            c.saturating_add(x.memory_working_set_bytes),
+            d.saturating_add(x.memory_rss_bytes),
         )
     })
 }
 
-pub async fn summary(pods: &PodIndex) -> Value {
-    let stats = collect(pods).await;
+pub async fn summary(pods: &PodIndex, usage: &NodeUsage) -> Value {
+    let (asked, stats) = collect(pods).await;
     let now = SystemTime::now();
-    let mut node = (0, 0, 0, 0);
+    let node = usage.observe(&asked, &stats, own_usage(), now);
     let pod_values: Vec<Value> = stats
         .iter()
         .map(|s| {
             let (nc, ns, ws, rss) = sums(s);
-            node = (node.0 + nc, node.1 + ns, node.2 + ws, node.3 + rss);
             let mut pod = json!({
                 "podRef": {"name": s.pod.name, "namespace": s.pod.namespace, "uid": s.pod.uid},
                 "startTime": time(s.start_time),
@@ -103,8 +231,8 @@ pub async fn summary(pods: &PodIndex) -> Value {
         "node": {
             "nodeName": pods.node(),
             "startTime": time(now),
-            "cpu": cpu(now, node.0, node.1),
-            "memory": memory(now, node.2, node.3),
+            "cpu": cpu(now, node.cpu_nano_cores, node.cpu_core_ns),
+            "memory": memory(now, node.working_set_bytes, node.rss_bytes),
         },
         "pods": pod_values,
     })
@@ -116,17 +244,16 @@ fn millis(t: SystemTime) -> u128 {
 }
 
 /// Prometheus text in the kubelet's resource metrics shape.
-pub async fn resource_metrics(pods: &PodIndex) -> String {
-    let stats = collect(pods).await;
-    let now = millis(SystemTime::now());
+pub async fn resource_metrics(pods: &PodIndex, usage: &NodeUsage) -> String {
+    let (asked, stats) = collect(pods).await;
+    let at = SystemTime::now();
+    let node = usage.observe(&asked, &stats, own_usage(), at);
+    let now = millis(at);
     let mut out = String::new();
-    let (mut node_cpu, mut node_mem) = (0u64, 0u64);
     let mut container_lines = (String::new(), String::new(), String::new());
     let mut pod_lines = (String::new(), String::new());
     for s in &stats {
         let (_, ns, ws, _) = sums(s);
-        node_cpu += ns;
-        node_mem += ws;
         let ts = millis(s.time);
         let (pod, namespace) = (&s.pod.name, &s.pod.namespace);
         for c in &s.containers {
@@ -201,14 +328,18 @@ pub async fn resource_metrics(pods: &PodIndex) -> String {
     let _ = writeln!(
         out,
         "node_cpu_usage_seconds_total {} {now}",
-        node_cpu as f64 / 1e9
+        node.cpu_core_ns as f64 / 1e9
     );
     let _ = writeln!(
         out,
         "# HELP node_memory_working_set_bytes Current working set of the node in bytes"
     );
     let _ = writeln!(out, "# TYPE node_memory_working_set_bytes gauge");
-    let _ = writeln!(out, "node_memory_working_set_bytes {node_mem} {now}");
+    let _ = writeln!(
+        out,
+        "node_memory_working_set_bytes {} {now}",
+        node.working_set_bytes
+    );
     for (name, kind, help, lines) in sections {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -289,6 +420,61 @@ mod tests {
             namespace: "ns".into(),
             name: uid.into(),
         }
+    }
+
+    fn figures(uid: &str, cpu_ns: u64, working_set: u64) -> PodStats {
+        PodStats {
+            pod: pod(uid),
+            start_time: std::time::SystemTime::UNIX_EPOCH,
+            time: std::time::SystemTime::UNIX_EPOCH,
+            containers: vec![vkd_provider::ContainerStats {
+                name: "c".into(),
+                start_time: std::time::SystemTime::UNIX_EPOCH,
+                cpu_usage_nano_cores: 0,
+                cpu_usage_core_nanoseconds: cpu_ns,
+                memory_working_set_bytes: working_set,
+                memory_rss_bytes: working_set,
+                ephemeral_storage_bytes: None,
+            }],
+            ephemeral_storage_bytes: None,
+            volumes: Vec::new(),
+        }
+    }
+
+    /// An idle node reads its share of vkd; its CPU counter keeps what its
+    /// Pods used after they leave, and never goes back.
+    #[test]
+    fn a_node_reads_its_share_of_vkd_and_its_counter_never_goes_back() {
+        let t0 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let usage = super::NodeUsage::new(2);
+        let own = (4_000_000_000, 40 << 20);
+        let idle = usage.observe(&[], &[], own, at(0));
+        assert_eq!(idle.cpu_core_ns, 2_000_000_000, "half of vkd's CPU");
+        assert_eq!(idle.working_set_bytes, 20 << 20, "half of vkd's memory");
+
+        let asked = ["a".to_owned(), "b".to_owned()];
+        let busy = usage.observe(
+            &asked,
+            &[
+                figures("a", 3_000_000_000, 1 << 20),
+                figures("b", 1_000_000_000, 1 << 20),
+            ],
+            own,
+            at(10),
+        );
+        assert_eq!(busy.cpu_core_ns, 6_000_000_000);
+        assert_eq!(busy.working_set_bytes, (20 << 20) + (2 << 20));
+        assert_eq!(busy.cpu_nano_cores, 400_000_000, "4 s of CPU in 10 s");
+
+        // b did not answer this time: its last figure stands. a ended.
+        let later = usage.observe(&asked[1..], &[], own, at(20));
+        assert_eq!(later.cpu_core_ns, 6_000_000_000, "a's time is kept");
+        assert_eq!(later.working_set_bytes, 20 << 20);
+        // b's backend lost count (an instance made again): no step back.
+        let after = usage.observe(&asked[1..], &[figures("b", 10, 1)], own, at(30));
+        assert_eq!(after.cpu_core_ns, 6_000_000_000);
+        assert_eq!(after.cpu_nano_cores, 0);
     }
 
     /// 100 Pods of a second each answer in seconds, not in 100; a Pod that

@@ -8,6 +8,7 @@
 //! for diagnosis; a passing suite removes it.
 
 pub mod conformance;
+pub mod metrics_server;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -158,16 +159,22 @@ impl Cluster {
         }
         let base = repo_root().join(manifests).display().to_string();
         self.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", &base])?;
-        let token = self.kubectl(&[
-            "create",
-            "token",
-            account,
-            "-n",
-            "vkd-system",
-            "--duration=4h",
-        ])?;
+        self.write_token_kubeconfig(&path, "vkd-system", account)?;
+        Ok(path)
+    }
+
+    /// Writes to `path` a kubeconfig holding only a token of ServiceAccount
+    /// `namespace`/`account`, minted through TokenRequest.
+    pub fn write_token_kubeconfig(
+        &self,
+        path: &Path,
+        namespace: &str,
+        account: &str,
+    ) -> Result<()> {
+        let token =
+            self.kubectl(&["create", "token", account, "-n", namespace, "--duration=4h"])?;
         std::fs::write(
-            &path,
+            path,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
                  users: [{{name: {account}, user: {{token: '{}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: {account}}}}}]\ncurrent-context: c\n",
@@ -175,8 +182,8 @@ impl Cluster {
                 self.env("VKD_E2E_CA")?,
                 token.trim()
             ),
-        )?;
-        Ok(path)
+        )
+        .with_context(|| format!("writing {}", path.display()))
     }
 
     /// Keeps the cluster directory after the suite (set when a test fails).

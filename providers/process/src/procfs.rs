@@ -20,6 +20,9 @@ pub struct Stat {
     pub state: char,
     pub utime_ticks: u64,
     pub stime_ticks: u64,
+    /// CPU time of the children it has reaped (ended processes' time moves here).
+    pub cutime_ticks: u64,
+    pub cstime_ticks: u64,
     pub start_ticks: u64,
     pub rss_pages: u64,
 }
@@ -59,6 +62,8 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         state: f.first()?.chars().next()?,
         utime_ticks: f.get(11)?.parse().ok()?,
         stime_ticks: f.get(12)?.parse().ok()?,
+        cutime_ticks: f.get(13)?.parse().ok()?,
+        cstime_ticks: f.get(14)?.parse().ok()?,
         start_ticks: f.get(19)?.parse().ok()?,
         rss_pages: f.get(21)?.parse().ok()?,
     })
@@ -66,6 +71,28 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
 
 pub fn stat(pid: i32) -> Option<Stat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// CPU time `pid` and the children it reaped have used, in nanoseconds. The
+/// clock-tick counters of /proc/PID/stat read 0 for a process that has run
+/// for less than a tick (a shell that waits, `sleep`); the scheduler's own
+/// count (/proc/PID/schedstat, its main thread, in ns) does not, so the
+/// larger of the two stands for the process itself.
+pub fn cpu_time_ns(pid: i32, s: &Stat) -> u64 {
+    let tick = 1_000_000_000 / TICKS_PER_SECOND;
+    let ticks = s
+        .utime_ticks
+        .saturating_add(s.stime_ticks)
+        .saturating_mul(tick);
+    let scheduled = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    let reaped = s
+        .cutime_ticks
+        .saturating_add(s.cstime_ticks)
+        .saturating_mul(tick);
+    ticks.max(scheduled).saturating_add(reaped)
 }
 
 impl ProcessId {

@@ -1,7 +1,7 @@
 //! What the provider measures: the resources its Pods ask for, the Node's
 //! totals, and each Pod's usage (`/stats/summary`).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use vkd_provider::{ContainerStats, PodStats, ProviderError, Result};
 
@@ -89,27 +89,36 @@ impl ProcessProvider {
             let Some(p) = c.process.filter(|p| p.alive()) else {
                 continue;
             };
-            let (mut ticks, mut rss) = (0, 0);
+            let (mut measured, mut rss) = (0u64, 0);
             for pid in procfs::group_members(p.pid) {
                 if let Some(s) = procfs::stat(pid) {
-                    ticks += s.utime_ticks + s.stime_ticks;
+                    measured = measured.saturating_add(procfs::cpu_time_ns(pid, &s));
                     rss += s.rss_pages * page;
                 }
             }
-            let usage = ticks * (1_000_000_000 / procfs::TICKS_PER_SECOND);
             let key = (uid.to_owned(), c.status.name.clone());
-            let rate = {
+            let (usage, rate) = {
                 let mut samples = self
                     .inner
                     .cpu_samples
                     .lock()
                     .map_err(|_| ProviderError::transient("cpu samples poisoned"))?;
-                let rate = samples.get(&key).and_then(|(t, u)| {
-                    let dt = now.duration_since(*t).ok()?.as_nanos() as u64;
-                    (dt > 0).then(|| usage.saturating_sub(*u).saturating_mul(1_000_000_000) / dt)
+                let last = samples.get(&key).copied();
+                // A counter never goes back: a process that leaves the group
+                // unreaped takes its time with it, so the last figure stands.
+                let usage = last.map_or(measured, |(_, u)| measured.max(u));
+                let rate = last.and_then(|(t, u)| {
+                    let dt = now.duration_since(t).ok()?.as_nanos() as u64;
+                    (dt > 0).then(|| usage.saturating_sub(u).saturating_mul(1_000_000_000) / dt)
+                });
+                // A Pod not asked for 10 minutes is gone (a scrape asks every
+                // Pod every few seconds); forgetting one costs a single rate.
+                samples.retain(|_, (t, _)| {
+                    now.duration_since(*t)
+                        .map_or(true, |d| d < Duration::from_secs(600))
                 });
                 samples.insert(key, (now, usage));
-                rate.unwrap_or(0)
+                (usage, rate.unwrap_or(0))
             };
             containers.push(ContainerStats {
                 name: c.status.name.clone(),

@@ -10,6 +10,8 @@
 //! | `sim.vkd.io/run-for` | how long each run lasts, e.g. `2s` | `2s` |
 //! | `sim.vkd.io/crash-after` | fault injection: the first run dies with 137 after this long | none |
 //! | `sim.vkd.io/stop-delay` | how long the instance takes to stop after SIGTERM (capped by the grace period) | `0s` |
+//! | `sim.vkd.io/cpu-usage` | CPU each running container uses, a quantity (`250m`, `1`) | half its share of the Pod's requests, at least `50m` |
+//! | `sim.vkd.io/memory-usage` | working set of each running container (`64Mi`) | half its share of the Pod's requests, at least `8Mi` |
 //!
 //! Durations are at most 365 days. Times are computed with checked arithmetic:
 //! a moment past what the clock can represent (from a record written before
@@ -30,6 +32,13 @@ pub const EXIT_CODE: &str = "sim.vkd.io/exit-code";
 pub const RUN_FOR: &str = "sim.vkd.io/run-for";
 pub const CRASH_AFTER: &str = "sim.vkd.io/crash-after";
 pub const STOP_DELAY: &str = "sim.vkd.io/stop-delay";
+pub const CPU_USAGE: &str = "sim.vkd.io/cpu-usage";
+pub const MEMORY_USAGE: &str = "sim.vkd.io/memory-usage";
+
+/// At most 1,024 cores and 64 TiB per container: far past any host, and so
+/// far from overflowing the counters they are multiplied into.
+const MAX_CPU_USAGE_MILLIS: u64 = 1_024_000;
+const MAX_MEMORY_USAGE_BYTES: u64 = 64 << 40;
 
 const BACKOFF_BASE: Duration = Duration::from_secs(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
@@ -47,6 +56,29 @@ pub struct Behaviour {
     pub run_for: Duration,
     pub crash_after: Option<Duration>,
     pub stop_delay: Duration,
+    /// What each running container uses, when the Pod says (`None`: derived
+    /// from its requests).
+    pub cpu_usage_millis: Option<u64>,
+    pub memory_usage_bytes: Option<u64>,
+}
+
+/// A usage annotation: a quantity above 0 (metrics-server drops a Pod
+/// whose container reads 0) and at most `max`.
+fn usage(
+    a: &BTreeMap<String, String>,
+    key: &str,
+    parse: fn(&str) -> Result<u64, vkd_provider::quantity::QuantityError>,
+    max: u64,
+) -> Result<Option<u64>, String> {
+    let Some(v) = a.get(key) else {
+        return Ok(None);
+    };
+    match parse(v) {
+        Ok(0) => Err(format!("annotation {key}={v:?}: usage must be above 0")),
+        Ok(n) if n > max => Err(format!("annotation {key}={v:?} is more than a host has")),
+        Ok(n) => Ok(Some(n)),
+        Err(e) => Err(format!("annotation {key}: {e}")),
+    }
 }
 
 /// Reads the behaviour annotations; an error names the annotation and what is wrong.
@@ -82,6 +114,18 @@ pub fn from_annotations(a: &BTreeMap<String, String>) -> Result<Behaviour, Strin
             .map(|_| dur(CRASH_AFTER, Duration::ZERO))
             .transpose()?,
         stop_delay: dur(STOP_DELAY, Duration::ZERO)?,
+        cpu_usage_millis: usage(
+            a,
+            CPU_USAGE,
+            vkd_provider::quantity::cpu_millis,
+            MAX_CPU_USAGE_MILLIS,
+        )?,
+        memory_usage_bytes: usage(
+            a,
+            MEMORY_USAGE,
+            vkd_provider::quantity::bytes,
+            MAX_MEMORY_USAGE_BYTES,
+        )?,
     })
 }
 
@@ -326,10 +370,23 @@ mod tests {
             (BEHAVIOR, "explode"),
             (EXIT_CODE, "300"),
             (RUN_FOR, "forever"),
+            (CPU_USAGE, "0"),
+            (CPU_USAGE, "lots"),
+            (MEMORY_USAGE, "0Mi"),
+            (MEMORY_USAGE, "1Ei"),
         ] {
             let e = from_annotations(&ann(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    #[test]
+    fn usage_is_what_the_annotations_say() {
+        let b = from_annotations(&ann(&[(CPU_USAGE, "1500m"), (MEMORY_USAGE, "64Mi")])).unwrap();
+        assert_eq!(b.cpu_usage_millis, Some(1500));
+        assert_eq!(b.memory_usage_bytes, Some(64 << 20));
+        let b = from_annotations(&BTreeMap::new()).unwrap();
+        assert_eq!((b.cpu_usage_millis, b.memory_usage_bytes), (None, None));
     }
 
     #[test]
@@ -359,6 +416,8 @@ mod tests {
                     run_for: huge,
                     crash_after,
                     stop_delay: huge,
+                    cpu_usage_millis: None,
+                    memory_usage_bytes: None,
                 };
                 for (latency, created) in [
                     (&LAT, end_of_time),

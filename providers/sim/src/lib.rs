@@ -267,6 +267,8 @@ impl SimProvider {
             run_for: Duration::ZERO,
             crash_after: None,
             stop_delay: Duration::ZERO,
+            cpu_usage_millis: None,
+            memory_usage_bytes: None,
         });
         let lat = &self.inner.fleet.latency;
         let observed: Vec<_> = rec

@@ -316,8 +316,15 @@ impl SimProvider {
         let spec = self.spec_of(uid)?;
         let now = SystemTime::now();
         let n = u64::try_from(spec.containers.len().max(1)).unwrap_or(1);
-        let cpu_millis = (spec.resources.cpu_millis / n / 2).max(50);
-        let memory = (spec.resources.memory_bytes / n / 2).max(8 << 20);
+        // What the Pod's annotations say, else half its requests: never 0,
+        // which metrics-server would take for a container with no figures.
+        let said = crate::behaviour::from_annotations(&spec.annotations).ok();
+        let cpu_millis = said
+            .and_then(|b| b.cpu_usage_millis)
+            .unwrap_or((spec.resources.cpu_millis / n / 2).max(50));
+        let memory = said
+            .and_then(|b| b.memory_usage_bytes)
+            .unwrap_or((spec.resources.memory_bytes / n / 2).max(8 << 20));
         let containers = inst
             .containers
             .iter()

@@ -1,0 +1,460 @@
+//! End-to-end: the metrics chain through vkd's nodes, as a cluster admin has
+//! it. A real metrics-server (built from Go modules) behind the aggregation
+//! layer scrapes vkd's kubelet port with its ServiceAccount's token; `kubectl
+//! top` and the HorizontalPodAutoscaler read it through the API server.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+use vkd_e2e::metrics_server::{MetricsServer, RESOLUTION};
+use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
+
+mod common;
+use common::{Vkd, items, running_and_ready};
+
+fn main() -> ExitCode {
+    let code = Suite::new("metrics", &[]).run(&[
+        (
+            "kubectl_top_on_an_idle_and_a_busy_process_node",
+            top_process,
+        ),
+        (
+            "kubectl_top_on_per_host_sim_nodes_shows_each_its_own_pods",
+            top_per_host_sim,
+        ),
+        (
+            "hpa_scales_a_process_deployment_up_under_load_and_back_down",
+            hpa,
+        ),
+    ]);
+    *METRICS_SERVER.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    code
+}
+
+static METRICS_SERVER: Mutex<Option<std::result::Result<MetricsServer, String>>> = Mutex::new(None);
+
+/// The suite's metrics-server, started once.
+fn metrics_server(c: &Cluster) -> Result<()> {
+    let mut slot = METRICS_SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    slot.get_or_insert_with(|| MetricsServer::start(c).map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("metrics-server did not start: {e}"))
+}
+
+/// A CPU quantity as `kubectl top` prints it ("250m", "2") in millicores.
+fn millicores(text: &str) -> Result<u64> {
+    Ok(match text.strip_suffix('m') {
+        Some(m) => m.parse()?,
+        None => text.parse::<u64>()? * 1000,
+    })
+}
+
+/// A memory quantity as `kubectl top` prints it ("32Mi") in MiB.
+fn mebibytes(text: &str) -> Result<u64> {
+    for (suffix, per_mib) in [("Ki", 0), ("Mi", 1), ("Gi", 1024)] {
+        if let Some(n) = text.strip_suffix(suffix) {
+            return Ok(n.parse::<u64>()? * per_mib);
+        }
+    }
+    bail!("memory {text:?} in a unit this test does not read")
+}
+
+/// `kubectl top` rows: name -> (CPU millicores, memory MiB).
+fn top(c: &Cluster, args: &[&str]) -> Result<BTreeMap<String, (u64, u64)>> {
+    let mut all = vec!["top"];
+    all.extend_from_slice(args);
+    all.push("--no-headers");
+    let out = c.kubectl(&all)?;
+    let mut rows = BTreeMap::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // node: NAME CPU CPU% MEMORY MEMORY%; pod: NAME CPU MEMORY
+        let (name, cpu, mem) = match f.as_slice() {
+            [n, cpu, _, mem, _] | [n, cpu, mem] => (*n, *cpu, *mem),
+            _ => bail!("a kubectl top row this test does not read: {line:?}"),
+        };
+        rows.insert(name.to_owned(), (millicores(cpu)?, mebibytes(mem)?));
+    }
+    Ok(rows)
+}
+
+/// The node's row in `kubectl top node`, once metrics-server has it.
+fn top_node(c: &Cluster, node: &str) -> Result<(u64, u64)> {
+    wait_for(&format!("kubectl top node {node}"), RESOLUTION * 6, || {
+        Ok(top(c, &["node", node])?.remove(node))
+    })
+}
+
+fn node_ready(c: &Cluster, node: &str) -> Result<()> {
+    wait_for(&format!("{node} Ready"), Duration::from_secs(60), || {
+        let n = c.kubectl_json(&["get", "node", node])?;
+        Ok(condition(&n, "Ready")
+            .is_some_and(|c| c["status"] == "True")
+            .then_some(()))
+    })
+}
+
+fn wait_ready(c: &Cluster, ns: &str, name: &str) -> Result<Value> {
+    wait_for(&format!("{name} Ready"), Duration::from_secs(60), || {
+        let p = c.kubectl_json(&["get", "pod", name, "-n", ns])?;
+        Ok(running_and_ready(&p).then_some(p))
+    })
+}
+
+/// A process node's Pod running a shell loop that burns a core while the
+/// file /load/on exists (an emptyDir), and idles otherwise.
+/// Its spec's `containers` and `volumes`, indented by `n`.
+fn burner(n: usize) -> String {
+    [
+        "containers:",
+        "- name: burner",
+        "  image: busybox:1.36",
+        "  command: [sh, -c, 'while :; do if [ -e /load/on ]; then :; else sleep 1; fi; done']",
+        "  resources: {requests: {cpu: 100m, memory: 32Mi}}",
+        "  volumeMounts: [{name: load, mountPath: /load}]",
+        "volumes: [{name: load, emptyDir: {}}]",
+    ]
+    .iter()
+    .map(|l| format!("{}{l}\n", " ".repeat(n)))
+    .collect()
+}
+
+fn process_vkd(c: &Cluster, node: &str, label: &str, ns: &str) -> Result<Vkd> {
+    let v = Vkd::start_process(
+        c,
+        node,
+        &[
+            "--node-label",
+            &format!("vkd.io/e2e={label}"),
+            "--client-ca-file",
+            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
+            "--allowed-namespace",
+            ns,
+        ],
+    )?;
+    c.namespace(ns)?;
+    node_ready(c, node)?;
+    Ok(v)
+}
+
+fn top_process(c: &Cluster) -> Result<()> {
+    const NS: &str = "metrics-top";
+    const NODE: &str = "vk-mtop";
+    metrics_server(c)?;
+    let vkd = process_vkd(c, NODE, "mtop", NS)?;
+    let result = (|| -> Result<()> {
+        // Idle: no Pods, and still a row: vkd's own overhead, not 0.
+        let (cpu, mem) = top_node(c, NODE)?;
+        let rss_mib = vkd.rss_kib().context("vkd's RSS")? / 1024;
+        eprintln!("idle {NODE}: {cpu}m {mem}Mi (vkd's RSS {rss_mib}Mi)");
+        ensure!(
+            mem > 0 && mem <= rss_mib * 2,
+            "an idle node reads vkd's memory: {mem}Mi against an RSS of {rss_mib}Mi"
+        );
+
+        // Busy: a burner at a core and an idle Pod beside it.
+        let pod = |name: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  \
+                 nodeSelector: {{vkd.io/e2e: mtop}}\n  \
+                 tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n{}",
+                burner(2)
+            )
+        };
+        c.apply(&pod("busy"))?;
+        c.apply(&pod("idle"))?;
+        wait_ready(c, NS, "busy")?;
+        wait_ready(c, NS, "idle")?;
+        c.kubectl(&["exec", "-n", NS, "busy", "--", "touch", "/load/on"])?;
+        let pods = wait_for(
+            "kubectl top pod to show the burner busy and the idle Pod",
+            RESOLUTION * 8,
+            || {
+                let rows = top(c, &["pod", "-n", NS])?;
+                let busy = rows.get("busy").is_some_and(|(cpu, _)| *cpu >= 300);
+                Ok((busy && rows.contains_key("idle")).then_some(rows))
+            },
+        )?;
+        eprintln!("kubectl top pod -n {NS}: {pods:?}");
+        let (idle_cpu, idle_mem) = pods["idle"];
+        ensure!(idle_cpu < 100 && idle_mem > 0, "idle: {:?}", pods["idle"]);
+        let (busy_cpu, busy_mem) = pods["busy"];
+        ensure!(busy_mem > 0, "busy: {:?}", pods["busy"]);
+        let (node_cpu, node_mem) =
+            wait_for("the node's CPU to count the burner", RESOLUTION * 4, || {
+                let row = top(c, &["node", NODE])?.remove(NODE);
+                Ok(row.filter(|(cpu, _)| *cpu >= busy_cpu / 2))
+            })?;
+        eprintln!("busy {NODE}: {node_cpu}m {node_mem}Mi (burner {busy_cpu}m)");
+        ensure!(node_mem >= busy_mem + idle_mem, "{node_mem}Mi");
+
+        // The burner ends: the node's counter keeps its time (metrics-server
+        // would drop a node whose counter went back), the node still reads.
+        c.kubectl(&["delete", "pod", "-n", NS, "busy", "idle", "--wait=true"])?;
+        std::thread::sleep(RESOLUTION * 2);
+        let after = top_node(c, NODE)?;
+        eprintln!("after the Pods ended {NODE}: {after:?}");
+        ensure!(
+            after.0 < busy_cpu / 2,
+            "the node's CPU falls when the burner ends: {after:?}"
+        );
+        Ok(())
+    })();
+    drop(vkd);
+    result
+}
+
+fn top_per_host_sim(c: &Cluster) -> Result<()> {
+    const NS: &str = "metrics-ph";
+    metrics_server(c)?;
+    let fleet = repo_root().join("testdata/fleets/two-by-four.yaml");
+    let _vkd = Vkd::start_provider(
+        c,
+        "vk-mph",
+        "sim",
+        &fleet,
+        &[
+            "--node-label",
+            "vkd.io/e2e=mph",
+            "--node-mode",
+            "per-host",
+            "--client-ca-file",
+            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
+        ],
+    )?;
+    c.namespace(NS)?;
+    let (a, b) = ("vk-mph-host-a", "vk-mph-host-b");
+    node_ready(c, a)?;
+    node_ready(c, b)?;
+    // Two Pods on host-a, each using what its annotations say; host-b idle.
+    for (name, cpu, mem) in [("a-big", "700m", "300Mi"), ("a-small", "30m", "20Mi")] {
+        c.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  \
+             annotations: {{sim.vkd.io/cpu-usage: {cpu}, sim.vkd.io/memory-usage: {mem}}}\n\
+             spec:\n  nodeName: {a}\n  \
+             tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n  \
+             containers: [{{name: main, image: example/main:1}}]\n"
+        ))?;
+    }
+    wait_ready(c, NS, "a-big")?;
+    wait_ready(c, NS, "a-small")?;
+    let pods = wait_for(
+        "kubectl top pod to show both sim Pods",
+        RESOLUTION * 6,
+        || {
+            let rows = top(c, &["pod", "-n", NS])?;
+            Ok((rows.len() == 2).then_some(rows))
+        },
+    )?;
+    eprintln!("kubectl top pod -n {NS}: {pods:?}");
+    ensure!(
+        pods["a-big"].1 == 300 && pods["a-small"].1 == 20,
+        "memory as annotated: {pods:?}"
+    );
+    ensure!(
+        (650..=750).contains(&pods["a-big"].0) && (20..=40).contains(&pods["a-small"].0),
+        "CPU as annotated: {pods:?}"
+    );
+    let (cpu_a, mem_a) = top_node(c, a)?;
+    let (cpu_b, mem_b) = top_node(c, b)?;
+    eprintln!("{a}: {cpu_a}m {mem_a}Mi; {b} (idle): {cpu_b}m {mem_b}Mi");
+    ensure!(mem_a >= 320 && cpu_a >= 700, "{a} counts its Pods");
+    ensure!(
+        mem_b > 0 && mem_b < 320 && cpu_b < 700,
+        "{b} reads its share of vkd, none of host-a's Pods"
+    );
+    // What each Node's kubelet port serves metrics-server, read as it reads
+    // it (its token, the port the Node advertises): its own Pods only.
+    for (node, mine) in [(a, true), (b, false)] {
+        let text = scrape(c, node)?;
+        for pod in ["a-big", "a-small"] {
+            let listed = text.contains(&format!("pod=\"{pod}\""));
+            ensure!(listed == mine, "{node} lists {pod}: {listed}\n{text}");
+        }
+    }
+    c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=60s"])?;
+    Ok(())
+}
+
+/// `/metrics/resource` of `node`, with metrics-server's token, from the
+/// kubelet port its Node advertises.
+fn scrape(c: &Cluster, node: &str) -> Result<String> {
+    let n = c.kubectl_json(&["get", "node", node])?;
+    let port = at(&n, "status.daemonEndpoints.kubeletEndpoint.Port")
+        .as_u64()
+        .context("the Node's kubelet port")?;
+    let kubeconfig = std::fs::read_to_string(c.dir().join("kubeconfig-metrics-server"))?;
+    let token = kubeconfig
+        .split("token: '")
+        .nth(1)
+        .and_then(|t| t.split('\'').next())
+        .context("metrics-server's token")?;
+    let out = std::process::Command::new("curl")
+        .args(["-sSfk", "--max-time", "20", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg(format!("https://127.0.0.1:{port}/metrics/resource"))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "scraping {node}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// A CPU quantity as the metrics API writes it ("123456789n", "5m", "1") in nanocores.
+fn nanocores(q: &str) -> Option<u64> {
+    for (suffix, scale) in [("n", 1), ("u", 1_000), ("m", 1_000_000)] {
+        if let Some(n) = q.strip_suffix(suffix) {
+            return n.parse::<u64>().ok()?.checked_mul(scale);
+        }
+    }
+    q.parse::<u64>().ok()?.checked_mul(1_000_000_000)
+}
+
+fn hpa_status(c: &Cluster, ns: &str) -> Result<Value> {
+    c.kubectl_json(&["get", "hpa", "burner", "-n", ns])
+}
+
+fn replicas(c: &Cluster, ns: &str) -> Result<usize> {
+    Ok(items(&c.kubectl_json(&["get", "pods", "-n", ns, "-l", "app=burner"])?).len())
+}
+
+/// Seconds since `start`, for the timeline.
+fn since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
+
+fn hpa(c: &Cluster) -> Result<()> {
+    const NS: &str = "metrics-hpa";
+    const NODE: &str = "vk-mhpa";
+    metrics_server(c)?;
+    let vkd = process_vkd(c, NODE, "mhpa", NS)?;
+    let result = (|| -> Result<()> {
+        c.apply(&format!(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: burner, namespace: {NS}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: burner}}}}
+  template:
+    metadata: {{labels: {{app: burner}}}}
+    spec:
+      nodeSelector: {{vkd.io/e2e: mhpa}}
+      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+      terminationGracePeriodSeconds: 2
+{}---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {{name: burner, namespace: {NS}}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: burner}}
+  minReplicas: 1
+  maxReplicas: 3
+  metrics:
+  - type: Resource
+    resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}
+  behavior:
+    scaleDown: {{stabilizationWindowSeconds: 0}}
+"#,
+            burner(6)
+        ))?;
+        // Settled at one Pod, the HPA reading its idle usage.
+        let first = wait_for("the first burner Ready", Duration::from_secs(90), || {
+            let pods = items(&c.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=burner"])?);
+            Ok(pods.into_iter().find(running_and_ready).map(|p| {
+                at(&p, "metadata.name")
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            }))
+        })?;
+        wait_for("the HPA to read the idle Pod's CPU", RESOLUTION * 8, || {
+            let h = hpa_status(c, NS)?;
+            let util = at(&h, "status.currentMetrics")
+                .get(0)
+                .map(|m| at(m, "resource.current.averageUtilization").clone());
+            Ok(util.filter(Value::is_number).map(|_| ()))
+        })?;
+
+        // Load on: the timeline of the scale-up.
+        let load = Instant::now();
+        c.kubectl(&["exec", "-n", NS, &first, "--", "touch", "/load/on"])?;
+        let (mut metric, mut decision, mut created, mut ready) = (None, None, None, None);
+        let mut timeline = String::new();
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while ready.is_none() {
+            ensure!(Instant::now() < deadline, "no second Pod Ready in 240 s");
+            if metric.is_none() {
+                let m = c.kubectl(&[
+                    "get",
+                    "--raw",
+                    &format!("/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/{first}"),
+                ]);
+                let m = m.ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
+                let cpu = m.and_then(|m| {
+                    nanocores(at(&m, "containers").get(0)?["usage"]["cpu"].as_str()?)
+                });
+                if cpu.is_some_and(|n| n >= 200_000_000) {
+                    metric = Some(since(load));
+                }
+            }
+            let h = hpa_status(c, NS)?;
+            if decision.is_none() && at(&h, "status.desiredReplicas").as_u64().unwrap_or(0) >= 2 {
+                decision = Some(since(load));
+            }
+            let pods = items(&c.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=burner"])?);
+            if created.is_none() && pods.len() >= 2 {
+                created = Some(since(load));
+            }
+            if let Some(p) = pods
+                .iter()
+                .find(|p| running_and_ready(p) && at(p, "metadata.name") != first.as_str())
+            {
+                ready = Some(since(load));
+                timeline = at(p, "metadata.annotations")
+                    .get("vkd.io/timeline")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(none)")
+                    .to_owned();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let metric = metric.unwrap_or(f64::NAN);
+        let decision = decision.context("Pods made without the HPA's decision")?;
+        let (created, ready) = (created.unwrap_or(decision), ready.unwrap_or(0.0));
+        eprintln!(
+            "HPA timeline from load (s): metric above target {metric:.1}, decision {decision:.1}, \
+             new Pod created {created:.1}, Ready {ready:.1} (polled); the new Pod's timeline on \
+             vkd's clock: {timeline}"
+        );
+
+        // Load off: back to one.
+        let off = Instant::now();
+        c.kubectl(&["exec", "-n", NS, &first, "--", "rm", "/load/on"])?;
+        wait_for(
+            "the HPA to scale back to 1",
+            Duration::from_secs(240),
+            || {
+                let h = hpa_status(c, NS)?;
+                let n = replicas(c, NS)?;
+                Ok((at(&h, "status.desiredReplicas").as_u64() == Some(1) && n == 1).then_some(()))
+            },
+        )?;
+        eprintln!(
+            "HPA back to 1 Pod {:.1}s after the load stopped",
+            since(off)
+        );
+        c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=90s"])?;
+        Ok(())
+    })();
+    drop(vkd);
+    result
+}
