@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
+use vkd_e2e::metrics_server::{MetricsServer, RESOLUTION};
 use vkd_e2e::{Cluster, Suite, at, wait_for};
 
 mod common;
@@ -35,6 +36,8 @@ struct Chain {
     _down_vkd: Vkd,
     _down_gpu: Vkd,
     up_vkd: Vkd,
+    /// metrics-server on each cluster, started by the test that needs them.
+    metrics: Option<(MetricsServer, MetricsServer)>,
 }
 
 static CHAIN: Mutex<Option<std::result::Result<Chain, String>>> = Mutex::new(None);
@@ -88,6 +91,10 @@ fn main() -> ExitCode {
         (
             "a_deposed_replica_is_refused_every_downstream_write",
             deposed_replica,
+        ),
+        (
+            "kubectl_top_shows_an_offloaded_pods_downstream_figures",
+            top_through_the_chain,
         ),
     ]);
     // Stop the downstream cluster and both daemons.
@@ -171,6 +178,7 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
         _down_vkd: down_vkd,
         _down_gpu: down_gpu,
         up_vkd,
+        metrics: None,
     })
 }
 
@@ -254,6 +262,77 @@ fn sleeper(up: &Cluster, name: &str) -> Result<String> {
     ))?;
     let p = wait_running(up, name)?;
     Ok(str_at(&p, "metadata.uid").to_owned())
+}
+
+/// `kubectl top pod NAME` upstream: (CPU millicores, memory MiB) once known.
+fn top_pod(up: &Cluster, name: &str) -> Result<Option<(u64, u64)>> {
+    let Ok(out) = up.kubectl(&["top", "pod", name, "-n", NS, "--no-headers"]) else {
+        return Ok(None);
+    };
+    let f: Vec<&str> = out.split_whitespace().collect();
+    let (Some(cpu), Some(mem)) = (f.get(1), f.get(2)) else {
+        return Ok(None);
+    };
+    let cpu = match cpu.strip_suffix('m') {
+        Some(m) => m.parse()?,
+        None => cpu.parse::<u64>()? * 1000,
+    };
+    let mem = mem.strip_suffix("Mi").context("memory in Mi")?.parse()?;
+    Ok(Some((cpu, mem)))
+}
+
+/// The metrics chain two hops down: metrics-server downstream scrapes the
+/// process node the Pod runs on, vkd's kubernetes provider reads the
+/// downstream PodMetrics, metrics-server upstream scrapes vkd.
+fn top_through_the_chain(up: &Cluster) -> Result<()> {
+    chain(up, |ch| {
+        if ch.metrics.is_none() {
+            ch.metrics = Some((MetricsServer::start(&ch.down)?, MetricsServer::start(up)?));
+        }
+        up.apply(&pod(
+            "hot",
+            "  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'while :; do :; done']}",
+        ))?;
+        let uid = str_at(&wait_running(up, "hot")?, "metadata.uid").to_owned();
+        let downstream = wait_for(
+            "the downstream kubectl top to show the burner",
+            RESOLUTION * 8,
+            || {
+                let pods = ch.down.kubectl_json(&[
+                    "get",
+                    "pods",
+                    "-A",
+                    "-l",
+                    &format!("vkd.io/owner-uid={uid}"),
+                ])?;
+                let Some(p) = items(&pods).into_iter().next() else {
+                    return Ok(None);
+                };
+                let (ns, name) = (
+                    str_at(&p, "metadata.namespace"),
+                    str_at(&p, "metadata.name"),
+                );
+                let out = ch
+                    .down
+                    .kubectl(&["top", "pod", name, "-n", ns, "--no-headers"])
+                    .unwrap_or_default();
+                Ok((!out.is_empty()).then_some(out))
+            },
+        )?;
+        let (cpu, mem) = wait_for(
+            "the upstream kubectl top to show the burner's downstream figures",
+            RESOLUTION * 10,
+            || Ok(top_pod(up, "hot")?.filter(|(cpu, _)| *cpu >= 300)),
+        )?;
+        let node = up.kubectl(&["top", "node", UP_NODE, "--no-headers"])?;
+        eprintln!(
+            "kubectl top pod hot: {cpu}m {mem}Mi upstream; downstream: {}; node: {}",
+            downstream.trim(),
+            node.trim()
+        );
+        ensure!(mem > 0, "memory {mem}Mi");
+        delete_and_wait(up, "pod", "hot")
+    })
 }
 
 /// Deletes an upstream object of `kind` in NS and waits until it is gone.

@@ -191,6 +191,12 @@ fn top_process(c: &Cluster) -> Result<()> {
                 Ok(row.filter(|(cpu, _)| *cpu >= busy_cpu / 2))
             })?;
         eprintln!("busy {NODE}: {node_cpu}m {node_mem}Mi (burner {busy_cpu}m)");
+        // As a person sees it.
+        eprintln!(
+            "$ kubectl top pod -n {NS}\n{}$ kubectl top node {NODE}\n{}",
+            c.kubectl(&["top", "pod", "-n", NS])?,
+            c.kubectl(&["top", "node", NODE])?
+        );
         ensure!(node_mem >= busy_mem + idle_mem, "{node_mem}Mi");
 
         // The burner ends: the node's counter keeps its time (metrics-server
