@@ -102,7 +102,9 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     let mut lease_age = None;
     for p in &pods {
         queue += p.queue_depth();
-        lease_age = lease_age.or(p.lease_age());
+        // The stalest Node's: in per-host mode one stalled lease among many
+        // is the one to see.
+        lease_age = lease_age.max(p.lease_age());
         for (phase, n) in p.phases() {
             *phases.entry(phase).or_default() += n;
         }
