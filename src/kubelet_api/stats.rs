@@ -72,6 +72,8 @@ struct Counters {
     retired: u64,
     /// The node's counter when last read, and when.
     node: Option<(SystemTime, u64)>,
+    /// vkd's share of its own CPU when last read, and when.
+    own: Option<(SystemTime, u64)>,
 }
 
 /// A node's CPU counter across its Pods' lives, and its share of vkd.
@@ -103,15 +105,17 @@ impl NodeUsage {
             .counters
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (mut working_set, mut rss) = (own.1 / self.share_of, 0u64);
+        let own_cpu = own.0 / self.share_of;
+        let (mut working_set, mut rss, mut rate) = (own.1 / self.share_of, 0u64, 0u64);
         for s in stats {
-            let (_, ns, ws, r) = sums(s);
+            let (nc, ns, ws, r) = sums(s);
             // A Pod's counter goes back only when its backend lost it (an
             // instance made again); the node's must not.
             let seen = c.last.entry(s.pod.uid.clone()).or_default();
             *seen = (*seen).max(ns);
             working_set = working_set.saturating_add(ws);
             rss = rss.saturating_add(r);
+            rate = rate.saturating_add(nc);
         }
         // A Pod not asked has left the node; one asked that did not answer
         // keeps its last figure.
@@ -125,20 +129,18 @@ impl NodeUsage {
         });
         c.retired = c.retired.saturating_add(retired);
         let pods: u64 = c.last.values().fold(0, |a, n| a.saturating_add(*n));
-        let measured = (own.0 / self.share_of)
-            .saturating_add(c.retired)
-            .saturating_add(pods);
-        let (cpu, rate) = match c.node {
-            Some((then, before)) => {
-                let cpu = measured.max(before);
-                let dt = now.duration_since(then).map_or(0, |d| d.as_nanos());
-                let rate = (dt > 0)
-                    .then(|| u128::from(cpu - before) * 1_000_000_000 / dt)
-                    .map_or(0, |r| u64::try_from(r).unwrap_or(u64::MAX));
-                (cpu, rate)
+        let measured = own_cpu.saturating_add(c.retired).saturating_add(pods);
+        let cpu = c.node.map_or(measured, |(_, before)| measured.max(before));
+        // The rate: the Pods' own (what their providers measure now) and
+        // vkd's share since the last reading.
+        if let Some((then, own_before)) = c.own {
+            let dt = now.duration_since(then).map_or(0, |d| d.as_nanos());
+            if dt > 0 {
+                let own_rate = u128::from(own_cpu.saturating_sub(own_before)) * 1_000_000_000 / dt;
+                rate = rate.saturating_add(u64::try_from(own_rate).unwrap_or(u64::MAX));
             }
-            None => (measured, 0),
-        };
+        }
+        c.own = Some((now, own_cpu));
         c.node = Some((now, cpu));
         NodeSample {
             cpu_core_ns: cpu,
@@ -430,7 +432,7 @@ mod tests {
             containers: vec![vkd_provider::ContainerStats {
                 name: "c".into(),
                 start_time: std::time::SystemTime::UNIX_EPOCH,
-                cpu_usage_nano_cores: 0,
+                cpu_usage_nano_cores: 250_000_000,
                 cpu_usage_core_nanoseconds: cpu_ns,
                 memory_working_set_bytes: working_set,
                 memory_rss_bytes: working_set,
@@ -465,16 +467,21 @@ mod tests {
         );
         assert_eq!(busy.cpu_core_ns, 6_000_000_000);
         assert_eq!(busy.working_set_bytes, (20 << 20) + (2 << 20));
-        assert_eq!(busy.cpu_nano_cores, 400_000_000, "4 s of CPU in 10 s");
+        assert_eq!(
+            busy.cpu_nano_cores, 500_000_000,
+            "the Pods' rates; vkd used none"
+        );
 
         // b did not answer this time: its last figure stands. a ended.
+        // vkd used 2 s more (1 s its share) in these 10 s.
+        let own = (6_000_000_000, 40 << 20);
         let later = usage.observe(&asked[1..], &[], own, at(20));
-        assert_eq!(later.cpu_core_ns, 6_000_000_000, "a's time is kept");
+        assert_eq!(later.cpu_core_ns, 7_000_000_000, "a's time is kept");
+        assert_eq!(later.cpu_nano_cores, 100_000_000, "vkd's share's rate");
         assert_eq!(later.working_set_bytes, 20 << 20);
         // b's backend lost count (an instance made again): no step back.
         let after = usage.observe(&asked[1..], &[figures("b", 10, 1)], own, at(30));
-        assert_eq!(after.cpu_core_ns, 6_000_000_000);
-        assert_eq!(after.cpu_nano_cores, 0);
+        assert_eq!(after.cpu_core_ns, 7_000_000_000);
     }
 
     /// 100 Pods of a second each answer in seconds, not in 100; a Pod that
