@@ -135,8 +135,8 @@ impl NodeUsage {
         // vkd's share since the last reading.
         if let Some((then, own_before)) = c.own {
             let dt = now.duration_since(then).map_or(0, |d| d.as_nanos());
-            if dt > 0 {
-                let own_rate = u128::from(own_cpu.saturating_sub(own_before)) * 1_000_000_000 / dt;
+            let used = u128::from(own_cpu.saturating_sub(own_before)) * 1_000_000_000;
+            if let Some(own_rate) = used.checked_div(dt) {
                 rate = rate.saturating_add(u64::try_from(own_rate).unwrap_or(u64::MAX));
             }
         }
