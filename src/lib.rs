@@ -12,6 +12,7 @@ pub mod config;
 pub mod dra;
 pub mod explain;
 pub mod fencing;
+pub mod gpu_usage;
 pub mod kubelet_api;
 pub mod metrics;
 pub mod node;
@@ -441,6 +442,10 @@ async fn act(
         tasks.spawn(
             format!("pod controller of node {name}"),
             Arc::clone(&pods).run(work.clone()),
+        );
+        tasks.spawn(
+            format!("GPU usage of node {name}"),
+            gpu_usage::run(pods.index(), Arc::clone(&shared.metrics), work.clone()),
         );
         binding_sides.push(dra::binding::NodeSide {
             node: name.clone(),

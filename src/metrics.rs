@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -72,6 +72,8 @@ pub struct Metrics {
     instances: Family<Labels, Gauge>,
     startup: Family<Labels, Histogram, fn() -> Histogram>,
     heap: Gauge,
+    /// Each Pod's GPUs, with DCGM exporter's names (not under `vkd_`).
+    pub gpu_usage: crate::gpu_usage::GpuUsage,
 }
 
 /// Reads the bytes the process holds on its heap; the binary installs one when
@@ -131,6 +133,7 @@ impl Default for Metrics {
             startup: reg!("startup_stage_seconds", "Seconds from binding to each startup stage (observed, admitted, accepted, started, ready)", hist()),
             heap: reg!("heap_bytes", "Bytes the daemon holds on its heap (backend state of embedded providers included)", Gauge::default()),
             registry: r,
+            gpu_usage: crate::gpu_usage::GpuUsage::default(),
         }
         .with_zeros()
     }
@@ -196,9 +199,11 @@ impl Metrics {
             self.heap.set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
+        if encode_registry(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        out.push_str(&self.gpu_usage.render());
+        let _ = encode_eof(&mut out);
         out
     }
 

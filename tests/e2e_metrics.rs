@@ -11,10 +11,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use vkd_e2e::metrics_server::{MetricsServer, RESOLUTION};
+use vkd_e2e::monitoring::{Job, KubeStateMetrics, Prometheus};
 use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
 use common::{Vkd, items, running_and_ready};
+
+/// A sample's value as Prometheus writes it: a number, or NaN where a
+/// quantile had no observations.
+fn number(v: &str) -> Option<f64> {
+    v.parse::<f64>().ok().filter(|n| n.is_finite())
+}
 
 fn main() -> ExitCode {
     let code = Suite::new("metrics", &[]).run(&[
@@ -29,6 +36,10 @@ fn main() -> ExitCode {
         (
             "hpa_scales_a_process_deployment_up_under_load_and_back_down",
             hpa,
+        ),
+        (
+            "every_dashboard_query_returns_series_from_a_real_prometheus",
+            dashboard,
         ),
     ]);
     *METRICS_SERVER.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -463,4 +474,160 @@ spec:
     })();
     drop(vkd);
     result
+}
+
+/// Every panel of manifests/grafana/vkd-dashboard.json, its queries evaluated
+/// by a real Prometheus that scrapes vkd (as the PodMonitor does) and
+/// kube-state-metrics, on a sim node with Pods, one of them on two GPUs.
+fn dashboard(c: &Cluster) -> Result<()> {
+    const NS: &str = "metrics-dash";
+    const NODE: &str = "vk-mdash";
+    let fleet = repo_root().join("testdata/fleets/two-by-four.yaml");
+    let vkd = Vkd::start_provider(
+        c,
+        NODE,
+        "sim",
+        &fleet,
+        &["--node-label", "vkd.io/e2e=mdash"],
+    )?;
+    node_ready(c, NODE)?;
+    c.namespace(NS)?;
+    let admin = {
+        let i = vkd
+            .args
+            .iter()
+            .position(|a| a == "--admin-port")
+            .context("admin port")?;
+        vkd.args[i + 1].clone()
+    };
+    let ksm = KubeStateMetrics::start(c)?;
+    let job = |name: &str, port: &str| Job {
+        name: name.into(),
+        target: format!("127.0.0.1:{port}"),
+        path: "/metrics".into(),
+        honor_labels: true,
+    };
+    let prom = Prometheus::start(
+        c,
+        &[
+            job("vkd", &admin),
+            job("kube-state-metrics", &ksm.port.to_string()),
+        ],
+    )?;
+    wait_for("both targets up", Duration::from_secs(60), || {
+        let t = prom.targets()?;
+        Ok((t.len() == 2 && t.iter().all(|(_, h, _)| h == "up")).then_some(()))
+    })?;
+    // Pods made while Prometheus watches, so rates and quantiles have
+    // observations in their windows.
+    for (name, extra) in [
+        (
+            "train",
+            "annotations: {sim.vkd.io/gpu-utilization: \"73\", sim.vkd.io/gpu-memory-usage: 20Gi}",
+        ),
+        ("web-1", "annotations: {}"),
+        ("web-2", "annotations: {}"),
+    ] {
+        let gpus = if name == "train" {
+            "limits: {nvidia.com/gpu: 2}"
+        } else {
+            ""
+        };
+        c.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  {extra}\n\
+             spec:\n  nodeSelector: {{vkd.io/e2e: mdash}}\n  \
+             tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n  \
+             containers: [{{name: main, image: example/main:1, resources: {{{gpus}}}}}]\n"
+        ))?;
+    }
+    for name in ["train", "web-1", "web-2"] {
+        wait_ready(c, NS, name)?;
+    }
+
+    // The GPU Pod's series, with DCGM exporter's names and labels.
+    let gpu = wait_for(
+        "DCGM_FI_DEV_GPU_UTIL for the GPU Pod",
+        Duration::from_secs(60),
+        || {
+            let s = prom.query(&format!(
+                "DCGM_FI_DEV_GPU_UTIL{{namespace=\"{NS}\",pod=\"train\"}}"
+            ))?;
+            Ok((s.len() == 2).then_some(s))
+        },
+    )?;
+    for (labels, value) in &gpu {
+        ensure!(value == "73", "{labels} {value}");
+        ensure!(
+            labels["container"] == "main"
+                && labels["modelName"] == "H100-SXM5-80GB"
+                && labels["Hostname"]
+                    .as_str()
+                    .is_some_and(|h| h.starts_with("host-"))
+                && labels["UUID"].as_str().is_some_and(|u| u.contains("-gpu"))
+                && labels["gpu"]
+                    .as_str()
+                    .is_some_and(|g| g.parse::<u32>().is_ok()),
+            "DCGM labels: {labels}"
+        );
+    }
+    let used = prom.query(&format!(
+        "sum(DCGM_FI_DEV_FB_USED{{namespace=\"{NS}\",pod=\"train\"}})"
+    ))?;
+    ensure!(
+        used.first().map(|(_, v)| v.as_str()) == Some("40960"),
+        "20 GiB on each of 2 GPUs: {used:?}"
+    );
+
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(
+        repo_root().join("manifests/grafana/vkd-dashboard.json"),
+    )?)?;
+    let mut report = Vec::new();
+    for panel in at(&dash, "panels").as_array().into_iter().flatten() {
+        let title = panel["title"].as_str().unwrap_or_default();
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap_or_default()
+                .replace("$node", NODE);
+            let refid = t["refId"].as_str().unwrap_or_default();
+            // Rates need two samples in their window; quantiles an
+            // observation: both come within a few scrapes.
+            let got = wait_for(
+                &format!("panel {title:?} {refid}: {expr}"),
+                Duration::from_secs(60),
+                || {
+                    let s = prom.query(&expr)?;
+                    Ok(s.iter().any(|(_, v)| number(v).is_some()).then_some(s))
+                },
+            )?;
+            let values: Vec<String> = got
+                .iter()
+                .filter(|(_, v)| number(v).is_some())
+                .take(3)
+                .map(|(m, v)| {
+                    let labels: Vec<String> = m
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect();
+                    format!("{{{}}} {v}", labels.join(","))
+                })
+                .collect();
+            report.push(format!(
+                "{title} [{refid}]: {} series; {}",
+                got.len(),
+                values.join("; ")
+            ));
+        }
+    }
+    eprintln!(
+        "dashboard queries against Prometheus:\n  {}",
+        report.join("\n  ")
+    );
+    drop(prom);
+    drop(ksm);
+    c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=60s"])?;
+    drop(vkd);
+    Ok(())
 }

@@ -152,7 +152,7 @@ impl NodeUsage {
 }
 
 /// Every Pod's stats, asked concurrently, within one deadline.
-async fn collect_from(
+pub(crate) async fn collect_from(
     provider: &dyn Provider,
     pods: Vec<PodRef>,
     deadline: Duration,
@@ -437,6 +437,7 @@ mod tests {
                 memory_working_set_bytes: working_set,
                 memory_rss_bytes: working_set,
                 ephemeral_storage_bytes: None,
+                gpus: Vec::new(),
             }],
             ephemeral_storage_bytes: None,
             volumes: Vec::new(),

@@ -9,6 +9,7 @@
 
 pub mod conformance;
 pub mod metrics_server;
+pub mod monitoring;
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -680,6 +680,10 @@ pub struct Capabilities {
     /// reports one (a Pod's IP never changes once written).
     #[serde(default)]
     pub pod_network: Support,
+    /// Reports each container's GPUs and their use ([`ContainerStats::gpus`]),
+    /// which vkd exports with DCGM exporter's names and labels.
+    #[serde(default)]
+    pub gpu_usage: Support,
 }
 
 impl Capabilities {
@@ -696,6 +700,7 @@ impl Capabilities {
             ("ephemeral-containers", self.ephemeral_containers),
             ("pod-spec", self.pod_spec),
             ("pod-network", self.pod_network),
+            ("gpu-usage", self.gpu_usage),
         ]
         .into_iter()
         .filter(|(_, s)| *s == Support::Supported)
@@ -751,6 +756,26 @@ pub struct ContainerStats {
     /// and logs); `None` where the backend cannot tell it from the Pod's.
     #[serde(default)]
     pub ephemeral_storage_bytes: Option<u64>,
+    /// The GPUs the container uses and how much of each, where the backend
+    /// measures them (empty where it does not).
+    #[serde(default)]
+    pub gpus: Vec<GpuStats>,
+}
+
+/// One GPU's use by one container, as DCGM exporter reports it per Pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuStats {
+    /// The GPU's id on its host (the host slice's id).
+    pub id: String,
+    /// Its index on the host (DCGM's `gpu`, the `nvidiaN` device's N).
+    pub index: u32,
+    pub model: String,
+    /// The backend host it is on.
+    pub host: String,
+    /// Percent of the time a kernel ran, 0 to 100 (`DCGM_FI_DEV_GPU_UTIL`).
+    pub utilization_percent: u32,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -327,6 +327,9 @@ impl Provider for KubernetesProvider {
             ephemeral_containers: Support::Unsupported,
             pod_spec: Support::Supported,
             pod_network: Support::Supported,
+            // The downstream metrics API has no GPU figures; the downstream
+            // cluster's own DCGM exporter has them.
+            gpu_usage: Support::Unsupported,
         }
     }
 

@@ -120,6 +120,7 @@ pub fn pod_stats(
             memory_working_set_bytes: working_set,
             memory_rss_bytes: 0,
             ephemeral_storage_bytes: None,
+            gpus: Vec::new(),
         });
     }
     // A container no longer reported keeps no total.

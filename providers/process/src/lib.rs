@@ -212,6 +212,8 @@ impl Provider for ProcessProvider {
             } else {
                 Support::Unsupported
             },
+            // It hands GPUs out (CUDA_VISIBLE_DEVICES) but does not read NVML.
+            gpu_usage: Support::Unsupported,
         }
     }
 

@@ -130,6 +130,7 @@ impl ProcessProvider {
                 // The containers share the Pod's writable directory: only the
                 // Pod's total is known.
                 ephemeral_storage_bytes: None,
+                gpus: Vec::new(),
             });
         }
         Ok(PodStats {

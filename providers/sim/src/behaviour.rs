@@ -12,6 +12,8 @@
 //! | `sim.vkd.io/stop-delay` | how long the instance takes to stop after SIGTERM (capped by the grace period) | `0s` |
 //! | `sim.vkd.io/cpu-usage` | CPU each running container uses, a quantity (`250m`, `1`) | half its share of the Pod's requests, at least `50m` |
 //! | `sim.vkd.io/memory-usage` | working set of each running container (`64Mi`) | half its share of the Pod's requests, at least `8Mi` |
+//! | `sim.vkd.io/gpu-utilization` | percent of time each of the Pod's GPUs is busy, 0 to 100 | `80` |
+//! | `sim.vkd.io/gpu-memory-usage` | memory used on each of the Pod's GPUs (at most the GPU's) | half the GPU's |
 //!
 //! Durations are at most 365 days. Times are computed with checked arithmetic:
 //! a moment past what the clock can represent (from a record written before
@@ -34,6 +36,8 @@ pub const CRASH_AFTER: &str = "sim.vkd.io/crash-after";
 pub const STOP_DELAY: &str = "sim.vkd.io/stop-delay";
 pub const CPU_USAGE: &str = "sim.vkd.io/cpu-usage";
 pub const MEMORY_USAGE: &str = "sim.vkd.io/memory-usage";
+pub const GPU_UTILIZATION: &str = "sim.vkd.io/gpu-utilization";
+pub const GPU_MEMORY_USAGE: &str = "sim.vkd.io/gpu-memory-usage";
 
 /// At most 1,024 cores and 64 TiB per container: far past any host, and so
 /// far from overflowing the counters they are multiplied into.
@@ -60,6 +64,9 @@ pub struct Behaviour {
     /// from its requests).
     pub cpu_usage_millis: Option<u64>,
     pub memory_usage_bytes: Option<u64>,
+    /// What the Pod's GPUs do, when the Pod says.
+    pub gpu_utilization_percent: Option<u32>,
+    pub gpu_memory_usage_bytes: Option<u64>,
 }
 
 /// A usage annotation: a quantity above 0 (metrics-server drops a Pod
@@ -123,6 +130,21 @@ pub fn from_annotations(a: &BTreeMap<String, String>) -> Result<Behaviour, Strin
         memory_usage_bytes: usage(
             a,
             MEMORY_USAGE,
+            vkd_provider::quantity::bytes,
+            MAX_MEMORY_USAGE_BYTES,
+        )?,
+        gpu_utilization_percent: a
+            .get(GPU_UTILIZATION)
+            .map(|v| match v.parse::<u32>() {
+                Ok(n) if n <= 100 => Ok(n),
+                _ => Err(format!(
+                    "annotation {GPU_UTILIZATION}={v:?} is not a percent from 0 to 100"
+                )),
+            })
+            .transpose()?,
+        gpu_memory_usage_bytes: usage(
+            a,
+            GPU_MEMORY_USAGE,
             vkd_provider::quantity::bytes,
             MAX_MEMORY_USAGE_BYTES,
         )?,
@@ -374,6 +396,9 @@ mod tests {
             (CPU_USAGE, "lots"),
             (MEMORY_USAGE, "0Mi"),
             (MEMORY_USAGE, "1Ei"),
+            (GPU_UTILIZATION, "101"),
+            (GPU_UTILIZATION, "-1"),
+            (GPU_MEMORY_USAGE, "lots"),
         ] {
             let e = from_annotations(&ann(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
@@ -385,6 +410,10 @@ mod tests {
         let b = from_annotations(&ann(&[(CPU_USAGE, "1500m"), (MEMORY_USAGE, "64Mi")])).unwrap();
         assert_eq!(b.cpu_usage_millis, Some(1500));
         assert_eq!(b.memory_usage_bytes, Some(64 << 20));
+        let b =
+            from_annotations(&ann(&[(GPU_UTILIZATION, "73"), (GPU_MEMORY_USAGE, "20Gi")])).unwrap();
+        assert_eq!(b.gpu_utilization_percent, Some(73));
+        assert_eq!(b.gpu_memory_usage_bytes, Some(20 << 30));
         let b = from_annotations(&BTreeMap::new()).unwrap();
         assert_eq!((b.cpu_usage_millis, b.memory_usage_bytes), (None, None));
     }
@@ -418,6 +447,8 @@ mod tests {
                     stop_delay: huge,
                     cpu_usage_millis: None,
                     memory_usage_bytes: None,
+                    gpu_utilization_percent: None,
+                    gpu_memory_usage_bytes: None,
                 };
                 for (latency, created) in [
                     (&LAT, end_of_time),

@@ -34,6 +34,7 @@ mod by_hand;
 pub mod fleet;
 mod state;
 pub mod streams;
+mod usage;
 
 pub use by_hand::create_by_hand;
 pub use fleet::{Fleet, FleetError};
@@ -269,6 +270,8 @@ impl SimProvider {
             stop_delay: Duration::ZERO,
             cpu_usage_millis: None,
             memory_usage_bytes: None,
+            gpu_utilization_percent: None,
+            gpu_memory_usage_bytes: None,
         });
         let lat = &self.inner.fleet.latency;
         let observed: Vec<_> = rec
@@ -517,6 +520,7 @@ impl Provider for SimProvider {
             port_forward: Supported,
             stats: Supported,
             pod_network: Supported,
+            gpu_usage: Supported,
             ..Default::default()
         }
     }

@@ -21,8 +21,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use vkd_provider::{
-    ContainerState, ContainerStats, Duplex, InstanceSpec, LogLine, LogRequest, Logs, PodStats,
-    ProviderError, Result, StreamIo, TermSize, parse_duration,
+    ContainerState, Duplex, InstanceSpec, LogLine, LogRequest, Logs, ProviderError, Result,
+    StreamIo, TermSize, parse_duration,
 };
 
 use crate::SimProvider;
@@ -97,7 +97,7 @@ fn not_running(what: &str) -> ProviderError {
 
 impl SimProvider {
     /// The instance of `uid`, or NotFound.
-    async fn instance(&self, uid: &str) -> Result<vkd_provider::Instance> {
+    pub(crate) async fn instance(&self, uid: &str) -> Result<vkd_provider::Instance> {
         vkd_provider::Provider::get(self, uid)
             .await?
             .ok_or_else(|| ProviderError::NotFound {
@@ -309,52 +309,6 @@ impl SimProvider {
         let _ = tokio::io::copy(&mut r, &mut w).await;
         let _ = w.shutdown().await;
         Ok(())
-    }
-
-    pub(crate) async fn sim_stats(&self, uid: &str) -> Result<PodStats> {
-        let inst = self.instance(uid).await?;
-        let spec = self.spec_of(uid)?;
-        let now = SystemTime::now();
-        let n = u64::try_from(spec.containers.len().max(1)).unwrap_or(1);
-        // What the Pod's annotations say, else half its requests: never 0,
-        // which metrics-server would take for a container with no figures.
-        let said = crate::behaviour::from_annotations(&spec.annotations).ok();
-        let cpu_millis = said
-            .and_then(|b| b.cpu_usage_millis)
-            .unwrap_or((spec.resources.cpu_millis / n / 2).max(50));
-        let memory = said
-            .and_then(|b| b.memory_usage_bytes)
-            .unwrap_or((spec.resources.memory_bytes / n / 2).max(8 << 20));
-        let containers = inst
-            .containers
-            .iter()
-            .filter_map(|c| match &c.state {
-                ContainerState::Running { started_at } => Some((c, *started_at)),
-                _ => None,
-            })
-            .map(|(c, start)| {
-                let up = now.duration_since(start).unwrap_or_default();
-                ContainerStats {
-                    name: c.name.clone(),
-                    start_time: start,
-                    cpu_usage_nano_cores: cpu_millis.saturating_mul(1_000_000),
-                    cpu_usage_core_nanoseconds: (up.as_nanos() as u64 / 1000)
-                        .saturating_mul(cpu_millis)
-                        .max(1),
-                    memory_working_set_bytes: memory,
-                    memory_rss_bytes: memory - memory / 4,
-                    ephemeral_storage_bytes: None,
-                }
-            })
-            .collect();
-        Ok(PodStats {
-            pod: inst.owner,
-            start_time: inst.started_at.unwrap_or(inst.created_at),
-            time: now,
-            containers,
-            ephemeral_storage_bytes: None,
-            volumes: Vec::new(),
-        })
     }
 }
 

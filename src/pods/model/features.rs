@@ -455,6 +455,7 @@ mod tests {
             memory_working_set_bytes: 0,
             memory_rss_bytes: 0,
             ephemeral_storage_bytes: Some(6 << 20),
+            gpus: Vec::new(),
         });
         assert_eq!(
             l.exceeded(&st).as_deref(),
