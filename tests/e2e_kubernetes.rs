@@ -96,6 +96,10 @@ fn main() -> ExitCode {
             "kubectl_top_shows_an_offloaded_pods_downstream_figures",
             top_through_the_chain,
         ),
+        (
+            "hpa_scales_an_offloaded_deployment_up_under_load_and_back_down",
+            hpa_through_the_chain,
+        ),
     ]);
     // Stop the downstream cluster and both daemons.
     drop(CHAIN.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -281,14 +285,49 @@ fn top_pod(up: &Cluster, name: &str) -> Result<Option<(u64, u64)>> {
     Ok(Some((cpu, mem)))
 }
 
+/// metrics-server on both clusters, once.
+fn metrics_servers(ch: &mut Chain, up: &Cluster) -> Result<()> {
+    if ch.metrics.is_none() {
+        ch.metrics = Some((MetricsServer::start(&ch.down)?, MetricsServer::start(up)?));
+    }
+    Ok(())
+}
+
+/// An HPA upstream scales a Deployment whose Pods run downstream, on the
+/// figures that come up the chain (docs/resource-metrics.md).
+fn hpa_through_the_chain(up: &Cluster) -> Result<()> {
+    // Under the chain's lock, as every test here: an outage or a SIGKILL
+    // of vkd beside it would be read as the HPA's doing, and its Pods as
+    // theirs.
+    chain(up, |ch| {
+        metrics_servers(ch, up)?;
+        let t = common::hpa::scale_up_and_down(
+            up,
+            NS,
+            "      nodeSelector: {vkd.io/e2e: offload}\n      automountServiceAccountToken: false\n",
+            Duration::from_secs(300),
+        )?;
+        eprintln!("kubernetes provider: {t}");
+        up.kubectl(&[
+            "delete",
+            "hpa,deployment",
+            "burner",
+            "-n",
+            NS,
+            "--wait=true",
+        ])?;
+        wait_for("the burners gone", Duration::from_secs(90), || {
+            Ok((common::hpa::replicas(up, NS)? == 0).then_some(()))
+        })
+    })
+}
+
 /// The metrics chain two hops down: metrics-server downstream scrapes the
 /// process node the Pod runs on, vkd's kubernetes provider reads the
 /// downstream PodMetrics, metrics-server upstream scrapes vkd.
 fn top_through_the_chain(up: &Cluster) -> Result<()> {
     chain(up, |ch| {
-        if ch.metrics.is_none() {
-            ch.metrics = Some((MetricsServer::start(&ch.down)?, MetricsServer::start(up)?));
-        }
+        metrics_servers(ch, up)?;
         up.apply(&pod(
             "hot",
             "  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'while :; do :; done']}",

@@ -6,15 +6,16 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use vkd_e2e::metrics_server::{MetricsServer, RESOLUTION};
-use vkd_e2e::monitoring::{Job, KubeStateMetrics, Prometheus};
+use vkd_e2e::monitoring::{Job, KubeStateMetrics, Prometheus, PrometheusAdapter};
 use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
+use common::hpa::{self, burner};
 use common::{Vkd, items, running_and_ready};
 
 /// A sample's value as Prometheus writes it: a number, or NaN where a
@@ -40,6 +41,10 @@ fn main() -> ExitCode {
         (
             "every_dashboard_query_returns_series_from_a_real_prometheus",
             dashboard,
+        ),
+        (
+            "an_hpa_scales_on_gpu_utilisation_through_prometheus_adapter",
+            gpu_hpa,
         ),
     ]);
     *METRICS_SERVER.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -115,24 +120,6 @@ fn wait_ready(c: &Cluster, ns: &str, name: &str) -> Result<Value> {
         let p = c.kubectl_json(&["get", "pod", name, "-n", ns])?;
         Ok(running_and_ready(&p).then_some(p))
     })
-}
-
-/// A process node's Pod running a shell loop that burns a core while the
-/// file /load/on exists (an emptyDir), and idles otherwise.
-/// Its spec's `containers` and `volumes`, indented by `n`.
-fn burner(n: usize) -> String {
-    [
-        "containers:",
-        "- name: burner",
-        "  image: busybox:1.36",
-        "  command: [sh, -c, 'while :; do if [ -e /load/on ]; then :; else sleep 1; fi; done']",
-        "  resources: {requests: {cpu: 100m, memory: 32Mi}}",
-        "  volumeMounts: [{name: load, mountPath: /load}]",
-        "volumes: [{name: load, emptyDir: {}}]",
-    ]
-    .iter()
-    .map(|l| format!("{}{l}\n", " ".repeat(n)))
-    .collect()
 }
 
 fn process_vkd(c: &Cluster, node: &str, label: &str, ns: &str) -> Result<Vkd> {
@@ -324,151 +311,19 @@ fn scrape(c: &Cluster, node: &str) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
-/// A CPU quantity as the metrics API writes it ("123456789n", "5m", "1") in nanocores.
-fn nanocores(q: &str) -> Option<u64> {
-    for (suffix, scale) in [("n", 1), ("u", 1_000), ("m", 1_000_000)] {
-        if let Some(n) = q.strip_suffix(suffix) {
-            return n.parse::<u64>().ok()?.checked_mul(scale);
-        }
-    }
-    q.parse::<u64>().ok()?.checked_mul(1_000_000_000)
-}
-
-fn hpa_status(c: &Cluster, ns: &str) -> Result<Value> {
-    c.kubectl_json(&["get", "hpa", "burner", "-n", ns])
-}
-
-fn replicas(c: &Cluster, ns: &str) -> Result<usize> {
-    Ok(items(&c.kubectl_json(&["get", "pods", "-n", ns, "-l", "app=burner"])?).len())
-}
-
-/// Seconds since `start`, for the timeline.
-fn since(start: Instant) -> f64 {
-    start.elapsed().as_secs_f64()
-}
-
 fn hpa(c: &Cluster) -> Result<()> {
     const NS: &str = "metrics-hpa";
     const NODE: &str = "vk-mhpa";
     metrics_server(c)?;
     let vkd = process_vkd(c, NODE, "mhpa", NS)?;
     let result = (|| -> Result<()> {
-        c.apply(&format!(
-            r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: burner, namespace: {NS}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: burner}}}}
-  template:
-    metadata: {{labels: {{app: burner}}}}
-    spec:
-      nodeSelector: {{vkd.io/e2e: mhpa}}
-      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
-      terminationGracePeriodSeconds: 2
-{}---
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata: {{name: burner, namespace: {NS}}}
-spec:
-  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: burner}}
-  minReplicas: 1
-  maxReplicas: 3
-  metrics:
-  - type: Resource
-    resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}
-  behavior:
-    scaleDown: {{stabilizationWindowSeconds: 0}}
-"#,
-            burner(6)
-        ))?;
-        // Settled at one Pod, the HPA reading its idle usage.
-        let first = wait_for("the first burner Ready", Duration::from_secs(90), || {
-            let pods = items(&c.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=burner"])?);
-            Ok(pods.into_iter().find(running_and_ready).map(|p| {
-                at(&p, "metadata.name")
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned()
-            }))
-        })?;
-        wait_for("the HPA to read the idle Pod's CPU", RESOLUTION * 8, || {
-            let h = hpa_status(c, NS)?;
-            let util = at(&h, "status.currentMetrics")
-                .get(0)
-                .map(|m| at(m, "resource.current.averageUtilization").clone());
-            Ok(util.filter(Value::is_number).map(|_| ()))
-        })?;
-
-        // Load on: the timeline of the scale-up.
-        let load = Instant::now();
-        c.kubectl(&["exec", "-n", NS, &first, "--", "touch", "/load/on"])?;
-        let (mut metric, mut decision, mut created, mut ready) = (None, None, None, None);
-        let mut timeline = String::new();
-        let deadline = Instant::now() + Duration::from_secs(240);
-        while ready.is_none() {
-            ensure!(Instant::now() < deadline, "no second Pod Ready in 240 s");
-            if metric.is_none() {
-                let m = c.kubectl(&[
-                    "get",
-                    "--raw",
-                    &format!("/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/{first}"),
-                ]);
-                let m = m.ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
-                let cpu = m.and_then(|m| {
-                    nanocores(at(&m, "containers").get(0)?["usage"]["cpu"].as_str()?)
-                });
-                if cpu.is_some_and(|n| n >= 200_000_000) {
-                    metric = Some(since(load));
-                }
-            }
-            let h = hpa_status(c, NS)?;
-            if decision.is_none() && at(&h, "status.desiredReplicas").as_u64().unwrap_or(0) >= 2 {
-                decision = Some(since(load));
-            }
-            let pods = items(&c.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=burner"])?);
-            if created.is_none() && pods.len() >= 2 {
-                created = Some(since(load));
-            }
-            if let Some(p) = pods
-                .iter()
-                .find(|p| running_and_ready(p) && at(p, "metadata.name") != first.as_str())
-            {
-                ready = Some(since(load));
-                timeline = at(p, "metadata.annotations")
-                    .get("vkd.io/timeline")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(none)")
-                    .to_owned();
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let metric = metric.unwrap_or(f64::NAN);
-        let decision = decision.context("Pods made without the HPA's decision")?;
-        let (created, ready) = (created.unwrap_or(decision), ready.unwrap_or(0.0));
-        eprintln!(
-            "HPA timeline from load (s): metric above target {metric:.1}, decision {decision:.1}, \
-             new Pod created {created:.1}, Ready {ready:.1} (polled); the new Pod's timeline on \
-             vkd's clock: {timeline}"
-        );
-
-        // Load off: back to one.
-        let off = Instant::now();
-        c.kubectl(&["exec", "-n", NS, &first, "--", "rm", "/load/on"])?;
-        wait_for(
-            "the HPA to scale back to 1",
+        let t = hpa::scale_up_and_down(
+            c,
+            NS,
+            "      nodeSelector: {vkd.io/e2e: mhpa}\n",
             Duration::from_secs(240),
-            || {
-                let h = hpa_status(c, NS)?;
-                let n = replicas(c, NS)?;
-                Ok((at(&h, "status.desiredReplicas").as_u64() == Some(1) && n == 1).then_some(()))
-            },
         )?;
-        eprintln!(
-            "HPA back to 1 Pod {:.1}s after the load stopped",
-            since(off)
-        );
+        eprintln!("process node: {t}");
         c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=90s"])?;
         Ok(())
     })();
@@ -627,6 +482,134 @@ fn dashboard(c: &Cluster) -> Result<()> {
     );
     drop(prom);
     drop(ksm);
+    c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=60s"])?;
+    drop(vkd);
+    Ok(())
+}
+
+/// A custom-metrics HPA on `DCGM_FI_DEV_GPU_UTIL`, as NVIDIA documents it for
+/// DCGM exporter, fed by vkd's series through a real Prometheus and
+/// prometheus-adapter: 1 -> 3 Pods while each GPU reads 90%, back to 1 when
+/// a rollout brings them to 10%.
+fn gpu_hpa(c: &Cluster) -> Result<()> {
+    const NS: &str = "metrics-gpu-hpa";
+    const NODE: &str = "vk-mgpu";
+    let fleet = repo_root().join("testdata/fleets/two-by-four.yaml");
+    let vkd = Vkd::start_provider(c, NODE, "sim", &fleet, &["--node-label", "vkd.io/e2e=mgpu"])?;
+    node_ready(c, NODE)?;
+    c.namespace(NS)?;
+    let admin = {
+        let i = vkd
+            .args
+            .iter()
+            .position(|a| a == "--admin-port")
+            .context("admin port")?;
+        vkd.args[i + 1].clone()
+    };
+    let prom = Prometheus::start(
+        c,
+        &[Job {
+            name: "vkd".into(),
+            target: format!("127.0.0.1:{admin}"),
+            path: "/metrics".into(),
+            honor_labels: true,
+        }],
+    )?;
+    let _adapter = PrometheusAdapter::start(c, &prom)?;
+    let deployment = |utilisation: u32| {
+        format!(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: train, namespace: {NS}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: train}}}}
+  template:
+    metadata:
+      labels: {{app: train}}
+      annotations: {{sim.vkd.io/gpu-utilization: "{utilisation}"}}
+    spec:
+      nodeSelector: {{vkd.io/e2e: mgpu}}
+      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+      terminationGracePeriodSeconds: 1
+      containers: [{{name: main, image: example/train:1, resources: {{limits: {{nvidia.com/gpu: 1}}}}}}]
+"#
+        )
+    };
+    c.apply(&deployment(90))?;
+    c.apply(&format!(
+        r#"
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {{name: train, namespace: {NS}}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: train}}
+  minReplicas: 1
+  maxReplicas: 3
+  metrics:
+  - type: Pods
+    pods:
+      metric: {{name: DCGM_FI_DEV_GPU_UTIL}}
+      target: {{type: AverageValue, averageValue: "50"}}
+  behavior:
+    scaleDown: {{stabilizationWindowSeconds: 0}}
+"#
+    ))?;
+    let started = std::time::Instant::now();
+    let ready_pods = || -> Result<usize> {
+        let pods = c.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=train"])?;
+        Ok(items(&pods).iter().filter(|p| running_and_ready(p)).count())
+    };
+    let hpa_reads = |c: &Cluster| -> Result<Option<String>> {
+        let h = c.kubectl_json(&["get", "hpa", "train", "-n", NS])?;
+        Ok(at(&h, "status.currentMetrics").get(0).and_then(|m| {
+            at(m, "pods.current.averageValue")
+                .as_str()
+                .map(str::to_owned)
+        }))
+    };
+    wait_for("3 GPU Pods at 90%", Duration::from_secs(240), || {
+        Ok((ready_pods()? == 3).then_some(()))
+    })?;
+    let up = started.elapsed().as_secs_f64();
+    let read = hpa_reads(c)?.unwrap_or_default();
+    // Each Pod's figure as the HPA asks for it (a new Pod's within vkd's
+    // refresh and a scrape).
+    let values = wait_for(
+        "custom.metrics.k8s.io to give each of the 3 Pods 90",
+        Duration::from_secs(60),
+        || {
+            let custom = c.kubectl(&[
+                "get",
+                "--raw",
+                &format!(
+                    "/apis/custom.metrics.k8s.io/v1beta1/namespaces/{NS}/pods/*/DCGM_FI_DEV_GPU_UTIL"
+                ),
+            ])?;
+            let custom: Value = serde_json::from_str(&custom)?;
+            let values: Vec<String> = at(&custom, "items")
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["value"].as_str().map(str::to_owned))
+                .collect();
+            Ok((values.len() == 3 && values.iter().all(|v| v == "90")).then_some(values))
+        },
+    )?;
+    // The work gets lighter: a rollout to 10% per GPU, then back to one Pod.
+    let lighter = std::time::Instant::now();
+    c.apply(&deployment(10))?;
+    wait_for("one GPU Pod at 10%", Duration::from_secs(240), || {
+        let pods = items(&c.kubectl_json(&["get", "pods", "-n", NS, "-l", "app=train"])?);
+        let h = c.kubectl_json(&["get", "hpa", "train", "-n", NS])?;
+        Ok((pods.len() == 1 && at(&h, "status.desiredReplicas").as_u64() == Some(1)).then_some(()))
+    })?;
+    eprintln!(
+        "GPU HPA: 1 -> 3 Pods at 90% in {up:.1}s (the HPA read {read}; custom.metrics.k8s.io \
+         per Pod {values:?}); back to 1 Pod {:.1}s after the rollout to 10%",
+        lighter.elapsed().as_secs_f64()
+    );
     c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=60s"])?;
     drop(vkd);
     Ok(())

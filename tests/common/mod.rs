@@ -9,6 +9,8 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use vkd_e2e::{Cluster, at, condition, repo_root};
 
+pub mod hpa;
+
 pub const VKD: &str = env!("CARGO_BIN_EXE_vkd");
 
 /// A vkd process for one test; killed when dropped.

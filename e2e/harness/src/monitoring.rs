@@ -194,3 +194,71 @@ impl Drop for KubeStateMetrics {
         let _ = self.child.wait();
     }
 }
+
+/// prometheus-adapter serving `custom.metrics.k8s.io` from a [`Prometheus`],
+/// with the rules in `testdata/monitoring/adapter-rules.yaml`; stopped on drop.
+#[derive(Debug)]
+pub struct PrometheusAdapter {
+    child: Child,
+    pub port: u16,
+}
+
+impl PrometheusAdapter {
+    /// Deploys the adapter's objects on `c`, starts it against `prometheus`,
+    /// and waits until the APIService `v1beta1.custom.metrics.k8s.io` is
+    /// Available.
+    pub fn start(c: &Cluster, prometheus: &Prometheus) -> Result<Self> {
+        let bin = binaries()?.join("prometheus-adapter");
+        let port = free_port()?;
+        let manifest = std::fs::read_to_string(
+            repo_root().join("testdata/monitoring/prometheus-adapter.yaml"),
+        )?
+        .replace("port: PORT", &format!("port: {port}"));
+        c.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))?;
+        let kubeconfig = c.dir().join("kubeconfig-prometheus-adapter");
+        c.write_token_kubeconfig(&kubeconfig, "kube-system", "prometheus-adapter")?;
+        let certs = c.dir().join("prometheus-adapter-certs");
+        std::fs::create_dir_all(&certs)?;
+        let kc = kubeconfig.display().to_string();
+        let rules = repo_root().join("testdata/monitoring/adapter-rules.yaml");
+        let args: Vec<String> = vec![
+            format!("--lister-kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            format!("--secure-port={port}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--cert-dir={}", certs.display()),
+            format!("--prometheus-url=http://127.0.0.1:{}/", prometheus.port),
+            format!("--config={}", rules.display()),
+            // Series new since it started are found within seconds.
+            "--metrics-relist-interval=5s".into(),
+        ];
+        let log = c.log_path("prometheus-adapter");
+        let child = spawn_logged(&bin, &args, &log, "")?;
+        let mut a = Self { child, port };
+        wait_for(
+            "the custom.metrics.k8s.io APIService to be Available",
+            Duration::from_secs(90),
+            || {
+                if let Some(status) = a.child.try_wait()? {
+                    bail!(
+                        "prometheus-adapter exited ({status}); see {}",
+                        log.display()
+                    );
+                }
+                let s = c.kubectl_json(&["get", "apiservice", "v1beta1.custom.metrics.k8s.io"])?;
+                Ok(crate::condition(&s, "Available")
+                    .filter(|a| a["status"] == "True")
+                    .map(|_| ()))
+            },
+        )?;
+        Ok(a)
+    }
+}
+
+impl Drop for PrometheusAdapter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
