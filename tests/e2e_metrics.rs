@@ -347,14 +347,7 @@ fn dashboard(c: &Cluster) -> Result<()> {
     )?;
     node_ready(c, NODE)?;
     c.namespace(NS)?;
-    let admin = {
-        let i = vkd
-            .args
-            .iter()
-            .position(|a| a == "--admin-port")
-            .context("admin port")?;
-        vkd.args[i + 1].clone()
-    };
+    let admin = vkd.admin_port()?.to_string();
     let ksm = KubeStateMetrics::start(c)?;
     let job = |name: &str, port: &str| Job {
         name: name.into(),
@@ -498,14 +491,7 @@ fn gpu_hpa(c: &Cluster) -> Result<()> {
     let vkd = Vkd::start_provider(c, NODE, "sim", &fleet, &["--node-label", "vkd.io/e2e=mgpu"])?;
     node_ready(c, NODE)?;
     c.namespace(NS)?;
-    let admin = {
-        let i = vkd
-            .args
-            .iter()
-            .position(|a| a == "--admin-port")
-            .context("admin port")?;
-        vkd.args[i + 1].clone()
-    };
+    let admin = vkd.admin_port()?.to_string();
     let prom = Prometheus::start(
         c,
         &[Job {

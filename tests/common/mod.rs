@@ -157,6 +157,16 @@ impl Vkd {
 }
 
 impl Vkd {
+    /// The port of its admin server (`/metrics`, `/slices`).
+    pub fn admin_port(&self) -> Result<u16> {
+        let i = self
+            .args
+            .iter()
+            .position(|a| a == "--admin-port")
+            .context("no admin port")?;
+        Ok(self.args[i + 1].parse()?)
+    }
+
     /// Kills what the process provider left running (shims and their containers'
     /// process groups) and removes its state; for the end of a suite.
     pub fn reap_processes(&self) {
@@ -312,12 +322,7 @@ pub fn apiserver_addr(c: &Cluster) -> Result<std::net::SocketAddr> {
 /// GET from a vkd's admin server; the body.
 pub fn admin_get(vkd: &Vkd, path: &str) -> Result<(u16, String)> {
     use std::io::{Read, Write};
-    let i = vkd
-        .args
-        .iter()
-        .position(|a| a == "--admin-port")
-        .context("no admin port")?;
-    let port: u16 = vkd.args[i + 1].parse()?;
+    let port = vkd.admin_port()?;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     write!(
         s,
