@@ -328,6 +328,18 @@ fn hpa_through_the_chain(up: &Cluster) -> Result<()> {
 fn top_through_the_chain(up: &Cluster) -> Result<()> {
     chain(up, |ch| {
         metrics_servers(ch, up)?;
+        // The node reads before the burner is there: what it runs and vkd's
+        // own share, never `metrics not available yet`.
+        let before = wait_for("kubectl top node before the burner", RESOLUTION * 6, || {
+            let out = up
+                .kubectl(&["top", "node", UP_NODE, "--no-headers"])
+                .unwrap_or_default();
+            Ok((!out.trim().is_empty()).then_some(out))
+        })?;
+        eprintln!(
+            "kubectl top node {UP_NODE} before the burner: {}",
+            before.trim()
+        );
         up.apply(&pod(
             "hot",
             "  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'while :; do :; done']}",

@@ -119,9 +119,10 @@ impl NodeUsage {
         }
         // A Pod not asked has left the node; one asked that did not answer
         // keeps its last figure.
+        let asked: std::collections::HashSet<&str> = asked.iter().map(String::as_str).collect();
         let mut retired = 0u64;
         c.last.retain(|uid, ns| {
-            let here = asked.contains(uid);
+            let here = asked.contains(uid.as_str());
             if !here {
                 retired = retired.saturating_add(*ns);
             }
