@@ -190,6 +190,21 @@ impl Metrics {
                 .kubelet_api_refused
                 .get_or_create(&labels(&[("reason", reason)]));
         }
+        // Histograms too: the first Pod after a start shows in `rate()`
+        // only if its series was there, at 0, a scrape before.
+        for (stage, _) in crate::pods::model::Timeline::default().stages() {
+            let _ = self.startup.get_or_create(&labels(&[("stage", stage)]));
+        }
+        for outcome in ["ok", "error"] {
+            let _ = self
+                .reconcile_duration
+                .get_or_create(&labels(&[("outcome", outcome)]));
+        }
+        for op in OPERATIONS {
+            let _ = self
+                .provider_duration
+                .get_or_create(&labels(&[("operation", op)]));
+        }
         self
     }
 
