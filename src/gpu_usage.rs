@@ -5,10 +5,10 @@
 //! where DCGM exporter (a DaemonSet) cannot run.
 //!
 //! A task per node asks the provider for its Pods' figures every
-//! [`REFRESH`]; a scrape renders the last answers and never calls the
-//! backend. Only providers that say they measure GPU use
-//! (`Capabilities::gpu_usage`) are asked. These series carry Pod names as
-//! labels, as DCGM exporter's do: one per GPU a Pod holds.
+//! [`REFRESH`], when its hosts have GPUs at all; a scrape renders the last
+//! answers and never calls the backend. Only providers that say they measure
+//! GPU use (`Capabilities::gpu_usage`) are asked. These series carry Pod
+//! names as labels, as DCGM exporter's do: one per GPU a Pod holds.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -125,10 +125,12 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Asks `pods`' provider for their figures every [`REFRESH`] until `stop`.
+/// Asks `pods`' provider for their figures every [`REFRESH`] until `stop`;
+/// then the node's series go (a replica that stops serving the node, on
+/// shutdown or a lost lease, exports none of its Pods).
 pub async fn run(
     pods: PodIndex,
-    usage: std::sync::Arc<crate::metrics::Metrics>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     stop: CancellationToken,
 ) -> Result<(), std::convert::Infallible> {
     if pods.provider().capabilities().gpu_usage != Support::Supported {
@@ -139,17 +141,32 @@ pub async fn run(
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = stop.cancelled() => return Ok(()),
+            () = stop.cancelled() => break,
             _ = every.tick() => {}
         }
-        let stats = crate::kubelet_api::stats::collect_from(
-            pods.provider().as_ref(),
-            pods.pods(),
-            DEADLINE,
-        )
-        .await;
-        usage.gpu_usage.set(pods.node(), &stats);
+        // A backend without GPUs (a CPU fleet) costs no call per Pod.
+        let has_gpus = pods
+            .provider()
+            .capacity()
+            .await
+            .is_ok_and(|c| c.hosts.iter().any(|h| !h.gpus.is_empty()));
+        let stats = if has_gpus {
+            let asked = crate::kubelet_api::stats::collect_from(
+                pods.provider().as_ref(),
+                pods.pods(),
+                DEADLINE,
+            );
+            tokio::select! {
+                () = stop.cancelled() => break,
+                stats = asked => stats,
+            }
+        } else {
+            Vec::new()
+        };
+        metrics.gpu_usage.set(pods.node(), &stats);
     }
+    metrics.gpu_usage.set(pods.node(), &[]);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -178,18 +178,7 @@ fn run_suite(lists: &Lists, wanted: &[&str], check_lists: bool) -> Result<Done> 
 }
 
 fn build_tools() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("e2e/cluster"))
-        .arg("build-conformance")
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running e2e/cluster build-conformance")?;
-    ensure!(
-        out.status.success(),
-        "e2e/cluster build-conformance failed ({})",
-        out.status
-    );
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    vkd_e2e::built("build-conformance")
 }
 
 /// Every spec of the selected families, from e2e.test itself (no cluster needed).

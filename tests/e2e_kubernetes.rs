@@ -349,14 +349,7 @@ fn top_through_the_chain(up: &Cluster) -> Result<()> {
             "the downstream kubectl top to show the burner",
             RESOLUTION * 8,
             || {
-                let pods = ch.down.kubectl_json(&[
-                    "get",
-                    "pods",
-                    "-A",
-                    "-l",
-                    &format!("vkd.io/owner-uid={uid}"),
-                ])?;
-                let Some(p) = items(&pods).into_iter().next() else {
+                let Some(p) = downstream_pods(&ch.down, &uid)?.into_iter().next() else {
                     return Ok(None);
                 };
                 let (ns, name) = (
@@ -418,6 +411,17 @@ fn cpu_millis(q: &Value) -> u64 {
 }
 
 /// The downstream objects of `kind` that belong to upstream Pod `uid`.
+/// The downstream Pods of upstream Pod `uid`, in any namespace.
+fn downstream_pods(down: &Cluster, uid: &str) -> Result<Vec<Value>> {
+    Ok(items(&down.kubectl_json(&[
+        "get",
+        "pods",
+        "-A",
+        "-l",
+        &format!("vkd.io/owner-uid={uid}"),
+    ])?))
+}
+
 fn owned(down: &Cluster, kind: &str, ns: &str, uid: &str) -> Result<Value> {
     down.kubectl_json(&[
         "get",
@@ -1688,14 +1692,7 @@ fn deposed_replica(up: &Cluster) -> Result<()> {
             .to_owned();
         let epoch = fence_epoch(down)?;
         let secrets = |ns: &str| owned(down, "secrets", ns, &uid);
-        let pods = down.kubectl_json(&[
-            "get",
-            "pods",
-            "-A",
-            "-l",
-            &format!("vkd.io/owner-uid={uid}"),
-        ])?;
-        let ns = items(&pods)
+        let ns = downstream_pods(down, &uid)?
             .first()
             .map(|p| str_at(p, "metadata.namespace").to_owned())
             .context("no downstream Pod")?;
@@ -1810,14 +1807,7 @@ fn deposed_replica(up: &Cluster) -> Result<()> {
         // Nothing changed: the Pod runs on, upstream and down, with its data.
         let p = wait_running(up, "kept")?;
         ensure!(str_at(&p, "metadata.uid") == uid, "the Pod was replaced");
-        let after = down.kubectl_json(&[
-            "get",
-            "pods",
-            "-n",
-            &ns,
-            "-l",
-            &format!("vkd.io/owner-uid={uid}"),
-        ])?;
+        let after = owned(down, "pods", &ns, &uid)?;
         ensure!(
             items(&after).len() == 1
                 && at(&items(&after)[0], "metadata.deletionTimestamp").is_null(),

@@ -70,11 +70,12 @@ fn millicores(text: &str) -> Result<u64> {
     })
 }
 
-/// A memory quantity as `kubectl top` prints it ("32Mi") in MiB.
+/// A memory quantity as `kubectl top` prints it ("32Mi") in MiB, rounded up
+/// (so "512Ki" is 1, not 0).
 fn mebibytes(text: &str) -> Result<u64> {
-    for (suffix, per_mib) in [("Ki", 0), ("Mi", 1), ("Gi", 1024)] {
+    for (suffix, kib) in [("Ki", 1), ("Mi", 1 << 10), ("Gi", 1 << 20)] {
         if let Some(n) = text.strip_suffix(suffix) {
-            return Ok(n.parse::<u64>()? * per_mib);
+            return Ok((n.parse::<u64>()? * kib).div_ceil(1 << 10));
         }
     }
     bail!("memory {text:?} in a unit this test does not read")

@@ -34,25 +34,23 @@ async fn collect(pods: &PodIndex) -> (Vec<String>, Vec<PodStats>) {
     (uids, stats)
 }
 
-/// vkd's own CPU time (ns) and resident memory (bytes), from /proc/self.
+/// vkd's own CPU time (ns) and resident memory (bytes), read from /proc as
+/// the process provider reads its Pods'.
 fn own_usage() -> (u64, u64) {
-    // Fields 14 and 15 of /proc/self/stat, in clock ticks (USER_HZ, 100).
-    let cpu = std::fs::read_to_string("/proc/self/stat")
+    use vkd_process::procfs;
+    let Some(s) = i32::try_from(std::process::id())
         .ok()
-        .and_then(|t| {
-            let f: Vec<&str> = t[t.rfind(')')? + 1..].split_whitespace().collect();
-            let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-            Some(ticks.saturating_mul(10_000_000))
-        })
-        .unwrap_or(0);
-    let rss = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|t| {
-            let kib = t.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
-            kib.split_whitespace().next()?.parse::<u64>().ok()
-        })
-        .map_or(0, |kib| kib.saturating_mul(1024));
-    (cpu, rss)
+        .and_then(procfs::stat)
+    else {
+        return (0, 0);
+    };
+    let tick = 1_000_000_000 / procfs::TICKS_PER_SECOND;
+    (
+        s.utime_ticks
+            .saturating_add(s.stime_ticks)
+            .saturating_mul(tick),
+        s.rss_pages.saturating_mul(procfs::page_size()),
+    )
 }
 
 /// One reading of a node's figures.
@@ -105,8 +103,8 @@ impl NodeUsage {
             .counters
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let own_cpu = own.0 / self.share_of;
-        let (mut working_set, mut rss, mut rate) = (own.1 / self.share_of, 0u64, 0u64);
+        let (own_cpu, own_memory) = (own.0 / self.share_of, own.1 / self.share_of);
+        let (mut working_set, mut rss, mut rate) = (own_memory, own_memory, 0u64);
         for s in stats {
             let (nc, ns, ws, r) = sums(s);
             // A Pod's counter goes back only when its backend lost it (an
@@ -147,7 +145,7 @@ impl NodeUsage {
             cpu_core_ns: cpu,
             cpu_nano_cores: rate,
             working_set_bytes: working_set.max(1),
-            rss_bytes: rss.saturating_add(own.1 / self.share_of),
+            rss_bytes: rss,
         }
     }
 }

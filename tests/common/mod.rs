@@ -407,15 +407,7 @@ pub fn cni_network(
     bridge: &str,
     subnet: &str,
 ) -> Result<String> {
-    let out = Command::new(repo_root().join("e2e/cluster"))
-        .arg("build-cni")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "e2e/cluster build-cni: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bin = String::from_utf8(out.stdout)?.trim().to_owned();
+    let bin = vkd_e2e::built("build-cni")?.display().to_string();
     let conflist = dir.join("pods.conflist");
     std::fs::write(
         &conflist,

@@ -7,6 +7,7 @@
 //! Events and the tail of every log in the cluster directory, which is then kept
 //! for diagnosis; a passing suite removes it.
 
+pub mod aggregated;
 pub mod conformance;
 pub mod metrics_server;
 pub mod monitoring;
@@ -60,6 +61,63 @@ pub fn spawn_logged(
         .stderr(file)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))
+}
+
+/// The bin directory `e2e/cluster <command>` (`build-metrics-server`,
+/// `build-monitoring`, ...) built or found in its cache, and printed.
+pub fn built(command: &str) -> Result<PathBuf> {
+    let out = Command::new(repo_root().join("e2e/cluster"))
+        .arg(command)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running e2e/cluster {command}"))?;
+    if !out.status.success() {
+        bail!("e2e/cluster {command} failed ({})", out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// A daemon a suite runs beside its cluster (metrics-server, Prometheus, ...),
+/// its output in the cluster's logs; killed and reaped on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    name: String,
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `bin` with `args`, logging to the cluster's `logs/<name>.log`.
+    pub fn start(c: &Cluster, name: &str, bin: &Path, args: &[String]) -> Result<Self> {
+        let log = c.log_path(name);
+        let child = spawn_logged(bin, args, &log, "")?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    /// An error naming the log once the daemon has exited: a wait for it to
+    /// serve then ends at once, saying why.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); see {}",
+                self.name,
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A control plane started by `e2e/cluster up`, stopped by `e2e/cluster down` on drop.

@@ -3,31 +3,23 @@
 //! dashboard's queries are evaluated by the engine a user runs them on.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::Value;
 
-use crate::{Cluster, free_port, repo_root, spawn_logged, wait_for};
+use crate::aggregated::{Aggregated, Spec};
+use crate::{Cluster, Daemon, free_port, repo_root, wait_for};
 
 /// How often Prometheus scrapes here: two samples (what `rate` needs) come
 /// within seconds.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The directory with `prometheus` and `kube-state-metrics`, built or unpacked
-/// once and cached by `e2e/cluster`.
+/// The directory with `prometheus`, `kube-state-metrics` and
+/// `prometheus-adapter`, built or unpacked once and cached by `e2e/cluster`.
 pub fn binaries() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("e2e/cluster"))
-        .arg("build-monitoring")
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running e2e/cluster build-monitoring")?;
-    if !out.status.success() {
-        bail!("e2e/cluster build-monitoring failed ({})", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::built("build-monitoring")
 }
 
 /// One scrape job: a target `host:port` and its path.
@@ -44,7 +36,7 @@ pub struct Job {
 /// A running Prometheus; stopped on drop.
 #[derive(Debug)]
 pub struct Prometheus {
-    child: Child,
+    _daemon: Daemon,
     pub port: u16,
 }
 
@@ -73,27 +65,19 @@ impl Prometheus {
             format!("--storage.tsdb.path={}", dir.join("data").display()),
             format!("--web.listen-address=127.0.0.1:{port}"),
         ];
-        let child = spawn_logged(&bin, &args, &c.log_path("prometheus"), "")?;
-        let mut p = Self { child, port };
-        let log = c.log_path("prometheus");
+        let mut daemon = Daemon::start(c, "prometheus", &bin, &args)?;
         wait_for("Prometheus to be ready", Duration::from_secs(30), || {
-            if let Some(status) = p.child.try_wait()? {
-                bail!("prometheus exited ({status}); see {}", log.display());
-            }
-            Ok(p.get("/-/ready").ok().map(|_| ()))
+            daemon.ensure_running()?;
+            Ok(get(port, "/-/ready").ok().map(|_| ()))
         })?;
-        Ok(p)
+        Ok(Self {
+            _daemon: daemon,
+            port,
+        })
     }
 
     fn get(&self, path: &str) -> Result<String> {
-        let out = Command::new("curl")
-            .args(["-sSf", "--max-time", "10"])
-            .arg(format!("http://127.0.0.1:{}{path}", self.port))
-            .output()?;
-        if !out.status.success() {
-            bail!("GET {path}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8(out.stdout)?)
+        get(self.port, path)
     }
 
     /// The instant vector `expr` evaluates to now: each series' labels and value.
@@ -136,17 +120,22 @@ impl Prometheus {
     }
 }
 
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// GET `path` from a loopback HTTP server on `port`; the body.
+fn get(port: u16, path: &str) -> Result<String> {
+    let out = Command::new("curl")
+        .args(["-sSf", "--max-time", "10"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()?;
+    if !out.status.success() {
+        bail!("GET {path}: {}", String::from_utf8_lossy(&out.stderr));
     }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// kube-state-metrics on loopback, reading the cluster as its admin.
 #[derive(Debug)]
 pub struct KubeStateMetrics {
-    child: Child,
+    _daemon: Daemon,
     pub port: u16,
 }
 
@@ -162,36 +151,22 @@ impl KubeStateMetrics {
             format!("--telemetry-port={telemetry}"),
             "--resources=pods,nodes".into(),
         ];
-        let child = spawn_logged(&bin, &args, &c.log_path("kube-state-metrics"), "")?;
-        let mut k = Self { child, port };
-        let log = c.log_path("kube-state-metrics");
+        let mut daemon = Daemon::start(c, "kube-state-metrics", &bin, &args)?;
         wait_for(
             "kube-state-metrics to serve",
             Duration::from_secs(60),
             || {
-                if let Some(status) = k.child.try_wait()? {
-                    bail!(
-                        "kube-state-metrics exited ({status}); see {}",
-                        log.display()
-                    );
-                }
-                let ok = Command::new("curl")
-                    .args(["-sSf", "--max-time", "5"])
-                    .arg(format!("http://127.0.0.1:{port}/metrics"))
-                    .output()?;
-                Ok(String::from_utf8_lossy(&ok.stdout)
-                    .contains("kube_pod_info")
-                    .then_some(()))
+                daemon.ensure_running()?;
+                Ok(get(port, "/metrics")
+                    .ok()
+                    .filter(|m| m.contains("kube_pod_info"))
+                    .map(|_| ()))
             },
         )?;
-        Ok(k)
-    }
-}
-
-impl Drop for KubeStateMetrics {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Ok(Self {
+            _daemon: daemon,
+            port,
+        })
     }
 }
 
@@ -199,8 +174,7 @@ impl Drop for KubeStateMetrics {
 /// with the rules in `testdata/monitoring/adapter-rules.yaml`; stopped on drop.
 #[derive(Debug)]
 pub struct PrometheusAdapter {
-    child: Child,
-    pub port: u16,
+    _server: Aggregated,
 }
 
 impl PrometheusAdapter {
@@ -209,56 +183,25 @@ impl PrometheusAdapter {
     /// Available.
     pub fn start(c: &Cluster, prometheus: &Prometheus) -> Result<Self> {
         let bin = binaries()?.join("prometheus-adapter");
-        let port = free_port()?;
-        let manifest = std::fs::read_to_string(
-            repo_root().join("testdata/monitoring/prometheus-adapter.yaml"),
-        )?
-        .replace("port: PORT", &format!("port: {port}"));
-        c.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))?;
         let kubeconfig = c.dir().join("kubeconfig-prometheus-adapter");
-        c.write_token_kubeconfig(&kubeconfig, "kube-system", "prometheus-adapter")?;
-        let certs = c.dir().join("prometheus-adapter-certs");
-        std::fs::create_dir_all(&certs)?;
-        let kc = kubeconfig.display().to_string();
         let rules = repo_root().join("testdata/monitoring/adapter-rules.yaml");
-        let args: Vec<String> = vec![
-            format!("--lister-kubeconfig={kc}"),
-            format!("--authentication-kubeconfig={kc}"),
-            format!("--authorization-kubeconfig={kc}"),
-            format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".into(),
-            format!("--cert-dir={}", certs.display()),
-            format!("--prometheus-url=http://127.0.0.1:{}/", prometheus.port),
-            format!("--config={}", rules.display()),
-            // Series new since it started are found within seconds.
-            "--metrics-relist-interval=5s".into(),
-        ];
-        let log = c.log_path("prometheus-adapter");
-        let child = spawn_logged(&bin, &args, &log, "")?;
-        let mut a = Self { child, port };
-        wait_for(
-            "the custom.metrics.k8s.io APIService to be Available",
-            Duration::from_secs(90),
-            || {
-                if let Some(status) = a.child.try_wait()? {
-                    bail!(
-                        "prometheus-adapter exited ({status}); see {}",
-                        log.display()
-                    );
-                }
-                let s = c.kubectl_json(&["get", "apiservice", "v1beta1.custom.metrics.k8s.io"])?;
-                Ok(crate::condition(&s, "Available")
-                    .filter(|a| a["status"] == "True")
-                    .map(|_| ()))
+        Aggregated::start(
+            c,
+            Spec {
+                name: "prometheus-adapter",
+                bin: &bin,
+                manifest: "testdata/monitoring/prometheus-adapter.yaml",
+                account: "prometheus-adapter",
+                api_service: "v1beta1.custom.metrics.k8s.io",
+                args: vec![
+                    format!("--lister-kubeconfig={}", kubeconfig.display()),
+                    format!("--prometheus-url=http://127.0.0.1:{}/", prometheus.port),
+                    format!("--config={}", rules.display()),
+                    // Series new since it started are found within seconds.
+                    "--metrics-relist-interval=5s".into(),
+                ],
             },
-        )?;
-        Ok(a)
-    }
-}
-
-impl Drop for PrometheusAdapter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        )
+        .map(|server| Self { _server: server })
     }
 }

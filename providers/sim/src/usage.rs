@@ -18,23 +18,24 @@ const DEFAULT_GPU_UTILIZATION: u32 = 80;
 impl SimProvider {
     pub(crate) async fn sim_stats(&self, uid: &str) -> Result<PodStats> {
         let inst = self.instance(uid).await?;
-        let (spec, gpus) = {
+        // What each running container uses, and the Pod's GPUs, read under
+        // one look at the record.
+        let (cpu_millis, memory, gpus) = {
             let st = self.state();
             let r = st.records.get(uid).ok_or_else(|| ProviderError::NotFound {
                 uid: uid.to_owned(),
             })?;
             let said = from_annotations(&r.spec.annotations).ok();
-            (r.spec.clone(), gpu_stats(&st.hosts, &r.placement, said))
+            let n = u64::try_from(r.spec.containers.len().max(1)).unwrap_or(1);
+            let cpu_millis = said
+                .and_then(|b| b.cpu_usage_millis)
+                .unwrap_or((r.spec.resources.cpu_millis / n / 2).max(50));
+            let memory = said
+                .and_then(|b| b.memory_usage_bytes)
+                .unwrap_or((r.spec.resources.memory_bytes / n / 2).max(8 << 20));
+            (cpu_millis, memory, gpu_stats(&st.hosts, &r.placement, said))
         };
         let now = SystemTime::now();
-        let n = u64::try_from(spec.containers.len().max(1)).unwrap_or(1);
-        let said = from_annotations(&spec.annotations).ok();
-        let cpu_millis = said
-            .and_then(|b| b.cpu_usage_millis)
-            .unwrap_or((spec.resources.cpu_millis / n / 2).max(50));
-        let memory = said
-            .and_then(|b| b.memory_usage_bytes)
-            .unwrap_or((spec.resources.memory_bytes / n / 2).max(8 << 20));
         let mut gpus = Some(gpus);
         let containers = inst
             .containers
