@@ -251,9 +251,15 @@ pub struct RunArgs {
     #[arg(long, env = "VKD_ALLOW_PRIVILEGED")]
     pub allow_privileged: Option<bool>,
     /// `aggregate`: one Node for the whole backend; `per-host`: one Node per host
-    /// slice, named `<node-name>-<host>`, each on its own kubelet port from --kubelet-port up.
+    /// slice, named `<node-name>-<host>`, each on its own kubelet port from --kubelet-port up
+    /// (or all on one: --shared-kubelet-port).
     #[arg(long, env = "VKD_NODE_MODE", value_enum)]
     pub node_mode: Option<NodeMode>,
+    /// Per-host mode: every Node on the one --kubelet-port, each Node's paths
+    /// under `/nodes/<node>/` (its `metrics.k8s.io/resource-metrics-path` says
+    /// where metrics-server finds its figures; docs/kubelet-api.md).
+    #[arg(long, env = "VKD_SHARED_KUBELET_PORT")]
+    pub shared_kubelet_port: Option<bool>,
     /// How long a Pod may wait for backend capacity before it fails (`10m`, `90s`).
     #[arg(long, env = "VKD_QUEUE_TIMEOUT")]
     pub queue_timeout: Option<String>,
@@ -368,6 +374,7 @@ struct FileConfig {
     allow_host_path: Option<bool>,
     allow_privileged: Option<bool>,
     node_mode: Option<NodeMode>,
+    shared_kubelet_port: Option<bool>,
     queue_timeout: Option<String>,
     leader_elect: Option<bool>,
     leader_election_namespace: Option<String>,
@@ -453,6 +460,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub policy: crate::pods::spec::Policy,
     pub node_mode: NodeMode,
+    /// Per-host mode: one kubelet port for every Node.
+    pub shared_kubelet_port: bool,
     pub queue_timeout: Duration,
     /// `None`: leader election off (one replica, a fixed epoch).
     pub leader: Option<crate::fencing::leader::LeaderSettings>,
@@ -889,6 +898,10 @@ impl Config {
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             policy,
             node_mode: args.node_mode.or(file.node_mode).unwrap_or_default(),
+            shared_kubelet_port: args
+                .shared_kubelet_port
+                .or(file.shared_kubelet_port)
+                .unwrap_or(false),
             queue_timeout,
             leader,
             gc_interval,
@@ -1090,7 +1103,8 @@ mod tests {
         std::fs::write(
             &path,
             "node-name: from-file\nkubelet-port: 11250\nnode-labels: {zone: a}\nnode-taints: [none]\n\
-             allow-privileged: true\nkubelet-api-max-connections-per-peer: 16\n",
+             allow-privileged: true\nkubelet-api-max-connections-per-peer: 16\n\
+             shared-kubelet-port: true\n",
         )
         .unwrap();
         let mut a = args("from-flag");
@@ -1102,6 +1116,7 @@ mod tests {
         assert!(c.node_taints.is_empty());
         assert!(c.policy.allow_privileged);
         assert_eq!(c.kubelet_api.max_connections_per_peer, 16);
+        assert!(c.shared_kubelet_port);
         std::fs::write(&path, "node-nmae: typo\n").unwrap();
         let mut a = args("x");
         a.config = Some(path);

@@ -22,6 +22,7 @@ pub mod tasks;
 pub mod telemetry;
 pub mod topology;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::Client;
@@ -196,7 +197,8 @@ async fn kube_config(cfg: &Config) -> Result<kube::Config, Error> {
 }
 
 /// The Nodes this daemon registers: one for the whole backend, or one per host
-/// slice (`<node-name>-<host>`) in per-host mode, each with its own kubelet port.
+/// slice (`<node-name>-<host>`) in per-host mode, each with its own kubelet port
+/// (or all on one with `--shared-kubelet-port`).
 async fn nodes(
     cfg: &Config,
     provider: &dyn Provider,
@@ -218,12 +220,21 @@ async fn nodes(
                 .iter()
                 .enumerate()
                 .map(|(i, h)| {
-                    let port = u16::try_from(usize::from(cfg.kubelet_port) + i).map_err(|_| {
-                        Error::Config(config::ConfigError {
-                            field: "kubelet-port".into(),
-                            message: format!("no port left for host {}", h.name),
-                        })
-                    })?;
+                    let i = if cfg.shared_kubelet_port { 0 } else { i };
+                    let port = u16::try_from(usize::from(cfg.kubelet_port) + i)
+                        .ok()
+                        .filter(|p| *p != cfg.admin_port)
+                        .ok_or_else(|| {
+                            Error::Config(config::ConfigError {
+                                field: "kubelet-port".into(),
+                                message: format!(
+                                    "no port left for host {} (its port would be {}, past 65535 or \
+                                     the admin port): use --shared-kubelet-port",
+                                    h.name,
+                                    usize::from(cfg.kubelet_port) + i
+                                ),
+                            })
+                        })?;
                     let name = format!("{}-{}", cfg.node_name, topology::node_suffix(&h.name));
                     Ok((name, Some(h.name.clone()), port))
                 })
@@ -346,6 +357,8 @@ async fn act(
     let mut controllers = Vec::new();
     let mut binding_sides = Vec::new();
     let mut registered = Vec::new();
+    let mut listeners: BTreeMap<u16, Vec<pods::PodIndex>> = BTreeMap::new();
+    let mut configured = Vec::new();
     let nodes = nodes(cfg, provider.as_ref()).await?;
     let nodes_served = nodes.len();
     // Every node's kubelet port is the node's, not a Pod's (per-host mode
@@ -397,13 +410,23 @@ async fn act(
             Arc::clone(provider),
             node_shared.clone(),
         );
-        let tls = kubelet_api::tls::server_config(&cfg.tls, &name, cfg.node_address)
+        listeners.entry(port).or_default().push(pods.index());
+        configured.push((name, host, port, pods, node_shared));
+    }
+    // A kubelet API per port (each Node's own, or every Node's on a shared
+    // one), listening before any Node says where it is.
+    for (port, indexes) in listeners {
+        let names: Vec<String> = indexes.iter().map(|i| i.node().to_owned()).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let tls = kubelet_api::tls::server_config(&cfg.tls, &names, cfg.node_address)
             .map_err(kubelet_api::ApiError::from)?;
+        let what = format!("kubelet API of node {}", names.join(", "));
         let server = kubelet_api::KubeletApi::new(
-            pods.index(),
+            indexes,
             clients.pods.clone(),
             cfg.anonymous_auth,
             nodes_served,
+            Arc::clone(&shared.metrics),
         )
         .serve_with(
             (cfg.kubelet_bind, port).into(),
@@ -412,12 +435,17 @@ async fn act(
             work.clone(),
         )
         .await?;
-        tasks.adopt(format!("kubelet API of node {name}"), server);
+        tasks.adopt(what, server);
+    }
+    for (name, host, port, pods, node_shared) in configured {
         let agent = node::NodeAgent::new(
             node::Settings {
                 name: name.clone(),
                 address: cfg.node_address.to_string(),
                 kubelet_port: port,
+                resource_metrics_path: cfg
+                    .shared_kubelet_port
+                    .then(|| kubelet_api::nodes::resource_metrics_path(&name)),
                 labels: cfg.node_labels.clone(),
                 taints: cfg.node_taints.clone(),
                 max_pods: cfg.max_pods,

@@ -16,7 +16,7 @@ use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
 use common::hpa::{self, burner};
-use common::{Vkd, items, running_and_ready};
+use common::{Vkd, items, running_and_ready, users_client_ca};
 
 /// A sample's value as Prometheus writes it: a number, or NaN where a
 /// quantile had no observations.
@@ -32,7 +32,11 @@ fn main() -> ExitCode {
         ),
         (
             "kubectl_top_on_per_host_sim_nodes_shows_each_its_own_pods",
-            top_per_host_sim,
+            |c| top_per_host_sim(c, false),
+        ),
+        (
+            "per_host_sim_nodes_on_one_shared_kubelet_port_keep_their_own_pods",
+            |c| top_per_host_sim(c, true),
         ),
         (
             "hpa_scales_a_process_deployment_up_under_load_and_back_down",
@@ -214,49 +218,69 @@ fn top_process(c: &Cluster) -> Result<()> {
     result
 }
 
-fn top_per_host_sim(c: &Cluster) -> Result<()> {
-    const NS: &str = "metrics-ph";
+/// Per-host sim Nodes, each on its own kubelet port or all on one
+/// (`--shared-kubelet-port`, where metrics-server follows each Node's
+/// `metrics.k8s.io/resource-metrics-path`): each shows only its own Pods, and
+/// logs and exec reach the Pod on whichever Node it is.
+fn top_per_host_sim(c: &Cluster, shared: bool) -> Result<()> {
+    let (ns, node) = if shared {
+        ("metrics-shared", "vk-msh")
+    } else {
+        ("metrics-ph", "vk-mph")
+    };
     metrics_server(c)?;
     let fleet = repo_root().join("testdata/fleets/two-by-four.yaml");
-    let _vkd = Vkd::start_provider(
-        c,
-        "vk-mph",
-        "sim",
-        &fleet,
-        &[
-            "--node-label",
-            "vkd.io/e2e=mph",
-            "--node-mode",
-            "per-host",
-            "--client-ca-file",
-            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
-        ],
-    )?;
-    c.namespace(NS)?;
-    let (a, b) = ("vk-mph-host-a", "vk-mph-host-b");
+    let label = format!("vkd.io/e2e={node}");
+    // The cluster's users' CA too, for `vkd explain --direct` as the admin.
+    let client_ca = users_client_ca(c)?;
+    let mut args = vec![
+        "--node-label",
+        &label,
+        "--node-mode",
+        "per-host",
+        "--client-ca-file",
+        &client_ca,
+    ];
+    if shared {
+        args.push("--shared-kubelet-port=true");
+    }
+    let _vkd = Vkd::start_provider(c, node, "sim", &fleet, &args)?;
+    c.namespace(ns)?;
+    let (a, b) = (format!("{node}-host-a"), format!("{node}-host-b"));
+    let (a, b) = (a.as_str(), b.as_str());
     node_ready(c, a)?;
     node_ready(c, b)?;
+    let ports = [a, b]
+        .map(|n| Ok::<_, anyhow::Error>(kubelet_endpoint(c, n)?.0))
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(
+        (ports[0] == ports[1]) == shared,
+        "kubelet ports {ports:?}, shared: {shared}"
+    );
     // Two Pods on host-a, each using what its annotations say; host-b idle.
-    for (name, cpu, mem) in [("a-big", "700m", "300Mi"), ("a-small", "30m", "20Mi")] {
+    let pod = |name: &str, on: &str, cpu: &str, mem: &str| {
         c.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  \
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  \
              annotations: {{sim.vkd.io/cpu-usage: {cpu}, sim.vkd.io/memory-usage: {mem}}}\n\
-             spec:\n  nodeName: {a}\n  \
+             spec:\n  nodeName: {on}\n  \
              tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n  \
              containers: [{{name: main, image: example/main:1}}]\n"
-        ))?;
-    }
-    wait_ready(c, NS, "a-big")?;
-    wait_ready(c, NS, "a-small")?;
+        ))
+    };
+    pod("a-big", a, "700m", "300Mi")?;
+    pod("a-small", a, "30m", "20Mi")?;
+    wait_ready(c, ns, "a-big")?;
+    wait_ready(c, ns, "a-small")?;
     let pods = wait_for(
         "kubectl top pod to show both sim Pods",
         RESOLUTION * 6,
         || {
-            let rows = top(c, &["pod", "-n", NS])?;
+            let rows = top(c, &["pod", "-n", ns])?;
             Ok((rows.len() == 2).then_some(rows))
         },
     )?;
-    eprintln!("kubectl top pod -n {NS}: {pods:?}");
+    eprintln!("kubectl top pod -n {ns}: {pods:?}");
     ensure!(
         pods["a-big"].1 == 300 && pods["a-small"].1 == 20,
         "memory as annotated: {pods:?}"
@@ -274,25 +298,76 @@ fn top_per_host_sim(c: &Cluster) -> Result<()> {
         "{b} reads its share of vkd, none of host-a's Pods"
     );
     // What each Node's kubelet port serves metrics-server, read as it reads
-    // it (its token, the port the Node advertises): its own Pods only.
-    for (node, mine) in [(a, true), (b, false)] {
-        let text = scrape(c, node)?;
+    // it (its token, the port the Node advertises, the path it annotates):
+    // its own Pods only.
+    for (n, mine) in [(a, true), (b, false)] {
+        let (code, text) = scrape(c, n, None)?;
+        ensure!(code == 200, "scraping {n}: {code} {text}");
         for pod in ["a-big", "a-small"] {
             let listed = text.contains(&format!("pod=\"{pod}\""));
-            ensure!(listed == mine, "{node} lists {pod}: {listed}\n{text}");
+            ensure!(listed == mine, "{n} lists {pod}: {listed}\n{text}");
         }
     }
-    c.kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=60s"])?;
+    if shared {
+        // The node-wide path without a Node's name is no one Node's: refused
+        // with where to ask, never every Node's figures at once.
+        let (code, text) = scrape(c, a, Some("/metrics/resource"))?;
+        eprintln!("/metrics/resource on the shared port: {code} {text}");
+        ensure!(
+            code == 404 && text.contains("/nodes/<node>/metrics/resource") && text.contains(b),
+            "{code} {text}"
+        );
+        // `vkd explain node` names the Node it asks about on the shared port.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vkd"))
+            .args(["explain", "node", b, "-o", "json", "--direct"])
+            .arg("--insecure-skip-tls-verify-kubelet")
+            .env("KUBECONFIG", c.kubeconfig())
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "vkd explain node {b}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer: Value = serde_json::from_slice(&out.stdout)?;
+        ensure!(
+            answer["vkd"]["node"] == b && answer["vkd"]["pods"] == 0,
+            "vkd explain node {b} on the shared port: {answer}"
+        );
+    }
+    // Logs and exec find each Pod on its own Node.
+    pod("b-one", b, "10m", "10Mi")?;
+    wait_ready(c, ns, "b-one")?;
+    for name in ["a-big", "b-one"] {
+        let said = c.kubectl(&["exec", "-n", ns, name, "--", "echo", &format!("hi-{name}")])?;
+        ensure!(
+            said.trim() == format!("hi-{name}"),
+            "exec in {name}: {said:?}"
+        );
+        let logs = c.kubectl(&["logs", "-n", ns, name, "--tail=1"])?;
+        ensure!(!logs.trim().is_empty(), "logs of {name} are empty");
+    }
+    c.kubectl(&["delete", "namespace", ns, "--wait=true", "--timeout=60s"])?;
     Ok(())
 }
 
-/// `/metrics/resource` of `node`, with metrics-server's token, from the
-/// kubelet port its Node advertises.
-fn scrape(c: &Cluster, node: &str) -> Result<String> {
+/// The kubelet port a Node advertises and the resource-metrics path it
+/// annotates (metrics-server's default when it has none).
+fn kubelet_endpoint(c: &Cluster, node: &str) -> Result<(u64, String)> {
     let n = c.kubectl_json(&["get", "node", node])?;
     let port = at(&n, "status.daemonEndpoints.kubeletEndpoint.Port")
         .as_u64()
         .context("the Node's kubelet port")?;
+    let path = n["metadata"]["annotations"]["metrics.k8s.io/resource-metrics-path"]
+        .as_str()
+        .unwrap_or("/metrics/resource")
+        .to_owned();
+    Ok((port, path))
+}
+
+/// The status and body of `node`'s resource metrics (or `path`), with
+/// metrics-server's token, from the kubelet port its Node advertises.
+fn scrape(c: &Cluster, node: &str, path: Option<&str>) -> Result<(u16, String)> {
+    let (port, annotated) = kubelet_endpoint(c, node)?;
     let kubeconfig = std::fs::read_to_string(c.dir().join("kubeconfig-metrics-server"))?;
     let token = kubeconfig
         .split("token: '")
@@ -300,16 +375,21 @@ fn scrape(c: &Cluster, node: &str) -> Result<String> {
         .and_then(|t| t.split('\'').next())
         .context("metrics-server's token")?;
     let out = std::process::Command::new("curl")
-        .args(["-sSfk", "--max-time", "20", "-H"])
+        .args(["-sSk", "--max-time", "20", "-w", "\n%{http_code}", "-H"])
         .arg(format!("Authorization: Bearer {token}"))
-        .arg(format!("https://127.0.0.1:{port}/metrics/resource"))
+        .arg(format!(
+            "https://127.0.0.1:{port}{}",
+            path.unwrap_or(&annotated)
+        ))
         .output()?;
     ensure!(
         out.status.success(),
         "scraping {node}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(String::from_utf8(out.stdout)?)
+    let text = String::from_utf8(out.stdout)?;
+    let (body, code) = text.rsplit_once('\n').context("curl's status line")?;
+    Ok((code.trim().parse()?, body.to_owned()))
 }
 
 fn hpa(c: &Cluster) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Authentication and authorization of kubelet API requests, as the kubelet does:
 //! a client certificate from the client CA, or a bearer token checked with a
-//! TokenReview; then a SubjectAccessReview on `nodes/<subresource>` of this node.
+//! TokenReview; then a SubjectAccessReview on `nodes/<subresource>` of the Node asked.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -122,6 +122,16 @@ fn fine_grained(subresource: &str) -> bool {
     matches!(subresource, "pods" | "healthz" | "configz")
 }
 
+fn on_node(node: &str, verb: &'static str, sub: &'static str) -> Target {
+    Target {
+        verb,
+        resource: "nodes",
+        subresource: Some(sub),
+        namespace: None,
+        name: node.to_owned(),
+    }
+}
+
 #[derive(Debug)]
 struct Cache<K, V> {
     map: Mutex<HashMap<K, (Instant, V)>>,
@@ -156,7 +166,6 @@ impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
 
 pub struct Authenticator {
     client: Client,
-    node: String,
     anonymous: bool,
     /// Tokens are cached by a keyed hash, never stored.
     hasher: RandomState,
@@ -167,17 +176,15 @@ pub struct Authenticator {
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Authenticator")
-            .field("node", &self.node)
             .field("anonymous", &self.anonymous)
             .finish()
     }
 }
 
 impl Authenticator {
-    pub fn new(client: Client, node: String, anonymous: bool) -> Self {
+    pub fn new(client: Client, anonymous: bool) -> Self {
         Self {
             client,
-            node,
             anonymous,
             hasher: RandomState::new(),
             tokens: Cache::new(),
@@ -243,15 +250,20 @@ impl Authenticator {
         outcome.map_err(AuthError::Unauthorized)
     }
 
-    /// Asks the API server whether `user` may do `attrs` on this node.
-    pub async fn authorize(&self, user: &User, attrs: &Attributes) -> Result<(), AuthError> {
+    /// Asks the API server whether `user` may do `attrs` on Node `node`.
+    pub async fn authorize(
+        &self,
+        user: &User,
+        node: &str,
+        attrs: &Attributes,
+    ) -> Result<(), AuthError> {
         let first = self
-            .review(user, self.on_node(attrs.verb, attrs.subresource))
+            .review(user, on_node(node, attrs.verb, attrs.subresource))
             .await?;
         if first.is_ok() || !fine_grained(attrs.subresource) {
             return first.map_err(AuthError::Forbidden);
         }
-        self.review(user, self.on_node(attrs.verb, "proxy"))
+        self.review(user, on_node(node, attrs.verb, "proxy"))
             .await?
             .map_err(AuthError::Forbidden)
     }
@@ -275,16 +287,6 @@ impl Authenticator {
         self.review(user, target)
             .await?
             .map_err(AuthError::Forbidden)
-    }
-
-    fn on_node(&self, verb: &'static str, sub: &'static str) -> Target {
-        Target {
-            verb,
-            resource: "nodes",
-            subresource: Some(sub),
-            namespace: None,
-            name: self.node.clone(),
-        }
     }
 
     async fn review(&self, user: &User, target: Target) -> Result<Result<(), String>, AuthError> {
@@ -357,7 +359,7 @@ mod tests {
                     "kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
             )
         });
-        let auth = Authenticator::new(client, "vk".into(), false);
+        let auth = Authenticator::new(client, false);
         let user = User {
             name: "alice".into(),
             groups: vec!["team".into()],

@@ -823,7 +823,7 @@ mod tests {
         std::fs::write(dir.join("tls.key"), ck.signing_key.serialize_pem()).unwrap();
         let config = crate::kubelet_api::tls::server_config(
             &settings,
-            "vk",
+            &["vk"],
             std::net::IpAddr::from([127, 0, 0, 1]),
         )
         .unwrap();

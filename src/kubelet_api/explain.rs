@@ -3,7 +3,7 @@
 
 use hyper::{Response, StatusCode};
 
-use super::{Body, KubeletApi, json_response, provider_error, status};
+use super::{Body, NodeApi, json_response, provider_error, status};
 
 /// For `/explain/pod/{ns}/{name}`, the Pod whose read authorizes the request
 /// (`None` for any other path); a malformed explain path is a 404 at once.
@@ -36,7 +36,7 @@ fn json_of(answer: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
-impl KubeletApi {
+impl NodeApi {
     /// `GET /explain/{what..}`, once authorized.
     pub(super) async fn explain(&self, what: &[&str]) -> Response<Body> {
         match what {

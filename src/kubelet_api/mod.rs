@@ -11,10 +11,12 @@ mod conn;
 mod explain;
 mod idle;
 pub mod logs;
+pub mod nodes;
 pub mod stats;
 mod streams;
 pub mod tls;
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,6 +46,7 @@ pub use conn::{
     Limits, default_per_peer,
 };
 pub use idle::DEFAULT_STREAM_IDLE_TIMEOUT;
+use nodes::Target;
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
@@ -59,9 +62,17 @@ pub enum ApiError {
     },
 }
 
+/// One listener's kubelet API: the Nodes it answers for (one, or every per-host
+/// Node on a shared port) and who may ask what of them.
 pub struct KubeletApi {
-    pods: PodIndex,
+    nodes: BTreeMap<String, NodeApi>,
     auth: Authenticator,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// What one Node's kubelet paths are answered from.
+struct NodeApi {
+    pods: PodIndex,
     client: Client,
     usage: stats::NodeUsage,
 }
@@ -69,6 +80,7 @@ pub struct KubeletApi {
 impl std::fmt::Debug for KubeletApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeletApi")
+            .field("nodes", &self.nodes.keys().collect::<Vec<_>>())
             .field("auth", &self.auth)
             .finish_non_exhaustive()
     }
@@ -129,14 +141,30 @@ fn provider_error(e: &ProviderError) -> Response<Body> {
 }
 
 impl KubeletApi {
-    /// The kubelet API of one of the `nodes_served` Nodes this process serves.
-    pub fn new(pods: PodIndex, client: Client, anonymous: bool, nodes_served: usize) -> Arc<Self> {
-        let auth = Authenticator::new(client.clone(), pods.node().to_owned(), anonymous);
+    /// The kubelet API of `nodes` (their Pod indexes), of the `nodes_served`
+    /// Nodes this process serves in all.
+    pub fn new(
+        nodes: Vec<PodIndex>,
+        client: Client,
+        anonymous: bool,
+        nodes_served: usize,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Arc<Self> {
+        let nodes = nodes
+            .into_iter()
+            .map(|pods| {
+                let api = NodeApi {
+                    client: client.clone(),
+                    usage: stats::NodeUsage::new(nodes_served),
+                    pods,
+                };
+                (api.pods.node().to_owned(), api)
+            })
+            .collect();
         Arc::new(Self {
-            pods,
-            auth,
-            client,
-            usage: stats::NodeUsage::new(nodes_served),
+            nodes,
+            auth: Authenticator::new(client, anonymous),
+            metrics,
         })
     }
 
@@ -164,7 +192,7 @@ impl KubeletApi {
             .map_err(|source| ApiError::Bind { addr, source })?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let token = shutdown.clone();
-        let metrics = Arc::clone(self.pods.metrics());
+        let metrics = Arc::clone(&self.metrics);
         Ok(tokio::spawn(conn::accept_loop(
             listener,
             limits,
@@ -206,30 +234,105 @@ impl KubeletApi {
                 Ok(u) => u,
                 Err(e) => return auth_response(&e),
             };
-            // `vkd explain pod` is authorized as reading the Pod; every other
-            // path as the kubelet authorizes it.
-            let pod_read = match explain::pod_read(&path) {
-                Ok(p) => p,
-                Err(not_found) => return not_found,
-            };
-            let allowed = match &pod_read {
-                Some((ns, name)) => self.auth.authorize_pod_read(&user, ns, name).await,
-                None => {
-                    let attrs = auth::attributes(req.method().as_str(), &path);
-                    self.auth.authorize(&user, &attrs).await
+            let served: Vec<&str> = self.nodes.keys().map(String::as_str).collect();
+            let target = nodes::resolve(&path, &served, |ns, pod| {
+                self.nodes
+                    .iter()
+                    .find(|(_, n)| n.pods.lookup(ns, pod).is_some())
+                    .map(|(name, _)| name.as_str())
+            });
+            let method = req.method().as_str();
+            match target {
+                Target::Node { node, path } => {
+                    if let Err(r) = self.authorize(&user, method, &path, &[&node]).await {
+                        return r;
+                    }
+                    match self.nodes.get(&node) {
+                        Some(api) => api.route(req, &path).await,
+                        None => status(StatusCode::NOT_FOUND, "NotFound", "no such node"),
+                    }
                 }
-            };
-            if let Err(e) = allowed {
-                return auth_response(&e);
+                Target::Unserved { node, path } => {
+                    if let Err(r) = self.authorize(&user, method, &path, &[&node]).await {
+                        return r;
+                    }
+                    status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!(
+                            "node \"{node}\" is not served on this port (it serves {})",
+                            served.join(", ")
+                        ),
+                    )
+                }
+                Target::NoPod {
+                    namespace,
+                    pod,
+                    path,
+                } => {
+                    if let Err(r) = self.authorize(&user, method, &path, &served).await {
+                        return r;
+                    }
+                    status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!(
+                            "pod \"{pod}\" in namespace \"{namespace}\" not found on nodes {}",
+                            served.join(", ")
+                        ),
+                    )
+                }
+                Target::Unnamed { path } => {
+                    if let Err(r) = self.authorize(&user, method, &path, &served).await {
+                        return r;
+                    }
+                    if path == "/healthz" {
+                        return text(StatusCode::OK, "ok");
+                    }
+                    status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &nodes::unnamed_message(&path, &served),
+                    )
+                }
             }
-            self.route(req).await
         }
         .instrument(span)
         .await
     }
 
-    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
-        let path = req.uri().path().to_owned();
+    /// `vkd explain pod` is authorized as reading the Pod; every other path as
+    /// the kubelet authorizes it, on each Node in `nodes`.
+    async fn authorize(
+        &self,
+        user: &User,
+        method: &str,
+        path: &str,
+        nodes: &[&str],
+    ) -> Result<(), Response<Body>> {
+        match explain::pod_read(path)? {
+            Some((ns, name)) => self
+                .auth
+                .authorize_pod_read(user, &ns, &name)
+                .await
+                .map_err(|e| auth_response(&e)),
+            None => {
+                let attrs = auth::attributes(method, path);
+                for node in nodes {
+                    self.auth
+                        .authorize(user, node, &attrs)
+                        .await
+                        .map_err(|e| auth_response(&e))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl NodeApi {
+    /// Answers `path` (the request's, without a `/nodes/<node>` prefix).
+    async fn route(&self, req: Request<Incoming>, path: &str) -> Response<Body> {
         let query = req.uri().query().unwrap_or_default().to_owned();
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let get_or_post = matches!(*req.method(), hyper::Method::GET | hyper::Method::POST);

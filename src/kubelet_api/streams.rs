@@ -11,13 +11,13 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{Body, KubeletApi, full, logs, provider_error, status};
+use super::{Body, NodeApi, full, logs, provider_error, status};
 use crate::streaming::portforward::{self, Connect};
 use crate::streaming::remotecommand::{self, EXEC_PROTOCOLS, Outcome, Requested};
 use crate::streaming::spdy::session::Session;
 use crate::streaming::websocket::{self, Protocol};
 
-impl KubeletApi {
+impl NodeApi {
     pub(super) async fn remotecommand(
         &self,
         mut req: Request<Incoming>,

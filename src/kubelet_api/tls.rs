@@ -97,8 +97,9 @@ impl ResolvesServerCert for FixedResolver {
 }
 
 /// A self-signed certificate for the node's name and address.
-fn self_signed(node: &str, address: IpAddr) -> Result<Arc<CertifiedKey>, TlsError> {
-    let sans = vec![node.to_owned(), address.to_string(), "localhost".to_owned()];
+fn self_signed(nodes: &[&str], address: IpAddr) -> Result<Arc<CertifiedKey>, TlsError> {
+    let mut sans: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+    sans.extend([address.to_string(), "localhost".to_owned()]);
     let ck =
         rcgen::generate_simple_self_signed(sans).map_err(|e| TlsError::Setup(e.to_string()))?;
     let key = PrivateKeyDer::try_from(ck.signing_key.serialize_der())
@@ -120,10 +121,11 @@ pub struct TlsSettings {
     pub client_ca_file: Option<PathBuf>,
 }
 
-/// Builds the rustls server configuration.
+/// Builds the rustls server configuration of a listener serving `nodes` (a
+/// self-signed certificate, when no files are given, names each).
 pub fn server_config(
     s: &TlsSettings,
-    node: &str,
+    nodes: &[&str],
     address: IpAddr,
 ) -> Result<rustls::ServerConfig, TlsError> {
     let provider = Arc::new(default_provider());
@@ -158,7 +160,7 @@ pub fn server_config(
                 paths,
             })
         }
-        (None, None) => Arc::new(FixedResolver(self_signed(node, address)?)),
+        (None, None) => Arc::new(FixedResolver(self_signed(nodes, address)?)),
         _ => {
             return Err(TlsError::Setup(
                 "--tls-cert-file and --tls-private-key-file go together".into(),
@@ -194,7 +196,7 @@ mod tests {
     fn self_signed_config_builds() {
         let c = server_config(
             &TlsSettings::default(),
-            "vk-1",
+            &["vk-1"],
             IpAddr::from([127, 0, 0, 1]),
         )
         .unwrap();
@@ -267,7 +269,7 @@ mod tests {
             key_file: Some("/nonexistent/tls.key".into()),
             client_ca_file: None,
         };
-        let e = server_config(&s, "vk", IpAddr::from([127, 0, 0, 1])).unwrap_err();
+        let e = server_config(&s, &["vk"], IpAddr::from([127, 0, 0, 1])).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/tls.crt"), "{e}");
     }
 }

@@ -47,6 +47,9 @@ pub struct Settings {
     pub name: String,
     pub address: String,
     pub kubelet_port: u16,
+    /// Where metrics-server reads this Node's resource metrics, when the port
+    /// serves other Nodes too (`metrics.k8s.io/resource-metrics-path`).
+    pub resource_metrics_path: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
     pub max_pods: Option<u32>,
@@ -175,6 +178,12 @@ impl NodeAgent {
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         annotations.extend(topo_annotations);
+        if let Some(path) = &self.settings.resource_metrics_path {
+            annotations.insert(
+                crate::kubelet_api::nodes::RESOURCE_METRICS_PATH_ANNOTATION.to_owned(),
+                path.clone(),
+            );
+        }
         // Only its own keys: the provider cannot overwrite vkd's.
         let identity: Vec<(String, String)> = self
             .provider
@@ -562,6 +571,7 @@ mod tests {
             name: "vk".into(),
             address: "10.0.0.1".into(),
             kubelet_port: 10250,
+            resource_metrics_path: None,
             labels: BTreeMap::new(),
             taints: Vec::new(),
             max_pods: None,

@@ -118,6 +118,11 @@ pub struct Source {
     pub insecure_skip_tls_verify_kubelet: bool,
 }
 
+/// `path` of Node `node` on vkd's kubelet API, whichever Nodes its port serves.
+fn node_path(node: &str, path: &str) -> String {
+    format!("{}{node}{path}", crate::kubelet_api::nodes::PREFIX)
+}
+
 pub(crate) struct Explainer {
     client: Client,
     /// How vkd's kubelet API is asked directly (`--direct`, `--kubelet`),
@@ -223,6 +228,8 @@ impl Explainer {
         known: Option<&Node>,
         path: &str,
     ) -> Result<T, ExplainError> {
+        // Named, as on a port that serves several Nodes (`--shared-kubelet-port`).
+        let path = &node_path(node, path);
         let direct_client;
         let (client, url) = match &self.direct {
             Some(d) => {
@@ -256,6 +263,7 @@ impl Explainer {
     }
 
     fn via(&self, node: &str, path: &str) -> String {
+        let path = node_path(node, path);
         match &self.direct {
             Some(_) => format!("vkd's kubelet API, GET {path}"),
             None => format!("kubectl get --raw /api/v1/nodes/{node}/proxy{path}"),
@@ -705,7 +713,7 @@ mod tests {
         assert_eq!(answer.leadership.epoch, 3);
         assert_eq!(
             log.lock().unwrap()[0].path,
-            "/api/v1/nodes/vk/proxy/explain/node"
+            "/api/v1/nodes/vk/proxy/nodes/vk/explain/node"
         );
         let refused = e
             .ask::<PodAnswer>("vk", None, "/explain/pod/ns/secret")
@@ -716,7 +724,7 @@ mod tests {
         );
         assert_eq!(
             e.via("vk", "/explain/node"),
-            "kubectl get --raw /api/v1/nodes/vk/proxy/explain/node"
+            "kubectl get --raw /api/v1/nodes/vk/proxy/nodes/vk/explain/node"
         );
     }
 }
