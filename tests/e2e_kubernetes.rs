@@ -13,10 +13,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use vkd_e2e::metrics_server::{MetricsServer, RESOLUTION};
+use vkd_e2e::monitoring::{Job, Prometheus};
 use vkd_e2e::{Cluster, Suite, at, wait_for};
 
 mod common;
-use common::{Vkd, items, running_and_ready, str_at};
+use common::{Vkd, admin_get, items, running_and_ready, str_at};
 
 /// The upstream virtual node.
 const UP_NODE: &str = "vk-offload";
@@ -38,6 +39,9 @@ struct Chain {
     up_vkd: Vkd,
     /// metrics-server on each cluster, started by the test that needs them.
     metrics: Option<(MetricsServer, MetricsServer)>,
+    /// The downstream Prometheus, scraping the downstream GPU node's vkd as
+    /// a downstream cluster's scrapes its DCGM exporter.
+    _down_prometheus: Prometheus,
 }
 
 static CHAIN: Mutex<Option<std::result::Result<Chain, String>>> = Mutex::new(None);
@@ -146,14 +150,25 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
     for host in ["host-a", "host-b"] {
         wait_ready(&down, &format!("{DOWN_GPU}-{host}"))?;
     }
+    let down_prometheus = Prometheus::start(
+        &down,
+        &[Job {
+            name: "dcgm".into(),
+            target: format!("127.0.0.1:{}", down_gpu.admin_port()?),
+            path: "/metrics".into(),
+            honor_labels: true,
+        }],
+    )?;
     let config = up.dir().join("kubernetes-provider.yaml");
     std::fs::write(
         &config,
         format!(
-            "kubeconfig: {}\nclusterName: down\nhostSelector: gpu-pool=a\n",
+            "kubeconfig: {}\nclusterName: down\nhostSelector: gpu-pool=a\n\
+             gpuMetrics: {{prometheusUrl: 'http://127.0.0.1:{}'}}\n",
             // Only what manifests/downstream grants: the suite proves it is enough.
             down.token_kubeconfig("manifests/downstream", "vkd-downstream")?
-                .display()
+                .display(),
+            down_prometheus.port
         ),
     )?;
     let ca = up.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
@@ -183,6 +198,7 @@ fn start_chain(up: &Cluster) -> Result<Chain> {
         _down_gpu: down_gpu,
         up_vkd,
         metrics: None,
+        _down_prometheus: down_prometheus,
     })
 }
 
@@ -770,6 +786,8 @@ fn downstream_host(up: &Cluster, down: &Cluster, name: &str) -> Result<String> {
 
 fn gpu_slices(up: &Cluster) -> Result<()> {
     chain(up, |ch| {
+        // A Pod's figures, GPUs included, ride on the downstream metrics API.
+        metrics_servers(ch, up)?;
         let down = &ch.down;
         let (host_a, host_b) = (format!("{DOWN_GPU}-host-a"), format!("{DOWN_GPU}-host-b"));
         // 8 GPUs: the upstream Node's sum says yes, no downstream host does.
@@ -795,6 +813,45 @@ fn gpu_slices(up: &Cluster) -> Result<()> {
             h1 == host_b,
             "four-1 went to {h1} although the tenant holds {host_a}"
         );
+        // Its GPUs' use, as the downstream Prometheus has it from the
+        // downstream node, comes up on the upstream vkd's metrics under the
+        // upstream Pod's name.
+        let gpus = wait_for(
+            "four-1's GPU figures upstream",
+            Duration::from_secs(90),
+            || {
+                let (_, text) = admin_get(&ch.up_vkd, "/metrics")?;
+                let series = |name: &str| -> Vec<String> {
+                    text.lines()
+                        .filter(|l| {
+                            l.starts_with(&format!("{name}{{"))
+                                && l.contains(&format!("namespace=\"{NS}\""))
+                                && l.contains("pod=\"four-1\"")
+                        })
+                        .map(str::to_owned)
+                        .collect()
+                };
+                let (util, used) = (
+                    series("DCGM_FI_DEV_GPU_UTIL"),
+                    series("DCGM_FI_DEV_FB_USED"),
+                );
+                Ok((util.len() == 4 && used.len() == 4).then_some((util, used)))
+            },
+        )?;
+        eprintln!("four-1's GPUs upstream:\n  {}", gpus.0.join("\n  "));
+        for line in gpus.0.iter().chain(&gpus.1) {
+            ensure!(line.contains("Hostname=\"host-b\""), "{line}");
+        }
+        let node = up.kubectl_json(&["get", "node", UP_NODE])?;
+        let caps = node["metadata"]["annotations"]["vkd.io/capabilities"].clone();
+        ensure!(
+            caps.as_str()
+                .is_some_and(|c| c.split(',').any(|c| c == "gpu-usage")),
+            "the upstream Node's capabilities: {caps}"
+        );
+        // The sim's defaults downstream: 80% busy, half of 80 GiB in use.
+        ensure!(gpus.0.iter().all(|l| l.ends_with(" 80")), "{:?}", gpus.0);
+        ensure!(gpus.1.iter().all(|l| l.ends_with(" 40960")), "{:?}", gpus.1);
         // ... and a second waits, visibly, until the tenant's Pod is gone.
         up.apply(&gpu_pod("four-2", 4))?;
         let waiting = wait_for(

@@ -763,7 +763,7 @@ pub struct ContainerStats {
 }
 
 /// One GPU's use by one container, as DCGM exporter reports it per Pod.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuStats {
     /// The GPU's id on its host (the host slice's id).
     pub id: String,

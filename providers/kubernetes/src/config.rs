@@ -14,6 +14,10 @@
 //! fenceNamespace: vkd-system      # where the fence objects live downstream
 //! podSecurity: baseline           # enforced in the namespaces vkd creates downstream
 //! outageGrace: 5m                 # the upstream Node stays Ready this long with the downstream unreachable
+//! gpuMetrics:                     # where the downstream's DCGM exporter figures are (default: nowhere)
+//!   prometheusUrl: http://prometheus.gpu-east.example:9090
+//!   # or, through the downstream API server's service proxy:
+//!   # prometheusService: monitoring/prometheus-k8s:9090
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -94,6 +98,23 @@ pub struct KubernetesConfig {
     /// Pods' tolerations. A duration (`90s`, `5m`); `0s` goes at once.
     #[serde(default = "default_outage_grace")]
     pub outage_grace: String,
+    /// Where the downstream Pods' GPU use is read (`crate::gpu_metrics`).
+    #[serde(default)]
+    pub gpu_metrics: Option<GpuMetricsConfig>,
+}
+
+/// The downstream cluster's Prometheus, which scrapes its DCGM exporter.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuMetricsConfig {
+    /// Its URL (`http://` or `https://`), asked with no credentials.
+    #[serde(default)]
+    pub prometheus_url: Option<String>,
+    /// `namespace/name:port` of its Service downstream, asked through the
+    /// downstream API server's service proxy with vkd's downstream credentials
+    /// (`get` on `services/proxy` there).
+    #[serde(default)]
+    pub prometheus_service: Option<String>,
 }
 
 fn default_outage_grace() -> String {
@@ -226,6 +247,43 @@ impl KubernetesConfig {
                 ));
             }
         }
+        if let Some(g) = &cfg.gpu_metrics {
+            let url_ok = |u: &str| {
+                (u.starts_with("http://") || u.starts_with("https://"))
+                    && u.parse::<http::Uri>().is_ok_and(|u| u.host().is_some())
+            };
+            let service_ok = |s: &str| {
+                let Some((ns, rest)) = s.split_once('/') else {
+                    return false;
+                };
+                let (name, port) = rest.split_once(':').unwrap_or((rest, ""));
+                vkd_provider::is_dns_label(ns)
+                    && vkd_provider::is_dns_label(name)
+                    && (port.is_empty() || port.parse::<u16>().is_ok_and(|p| p > 0))
+            };
+            match (&g.prometheus_url, &g.prometheus_service) {
+                (Some(u), None) if url_ok(u) => {}
+                (None, Some(s)) if service_ok(s) => {}
+                (Some(u), None) => {
+                    return Err(invalid(
+                        "gpuMetrics.prometheusUrl",
+                        format!("{u:?} is not an http:// or https:// URL with a host"),
+                    ));
+                }
+                (None, Some(s)) => {
+                    return Err(invalid(
+                        "gpuMetrics.prometheusService",
+                        format!("{s:?} is not namespace/name or namespace/name:port"),
+                    ));
+                }
+                _ => {
+                    return Err(invalid(
+                        "gpuMetrics",
+                        "give one of prometheusUrl and prometheusService".into(),
+                    ));
+                }
+            }
+        }
         if !vkd_provider::is_dns_label(&cfg.fence_namespace) {
             return Err(invalid(
                 "fenceNamespace",
@@ -263,6 +321,13 @@ mod tests {
         assert!(c.host_selector.is_empty());
         assert_eq!(c.pod_security, "baseline");
         assert_eq!(c.outage_grace(), std::time::Duration::from_secs(300));
+        assert_eq!(c.gpu_metrics, None);
+        let c =
+            parse("kubeconfig: /k\ngpuMetrics: {prometheusService: monitoring/prom:9090}").unwrap();
+        assert_eq!(
+            c.gpu_metrics.unwrap().prometheus_service.as_deref(),
+            Some("monitoring/prom:9090")
+        );
     }
 
     #[test]
@@ -281,6 +346,23 @@ mod tests {
             ("kubeconfig: /k\npodSecurity: lax", "podSecurity"),
             ("kubeconfig: /k\noutageGrace: soon", "outageGrace"),
             ("kubeconfig: /k\noutageGrace: 48h", "outageGrace"),
+            ("kubeconfig: /k\ngpuMetrics: {}", "gpuMetrics"),
+            (
+                "kubeconfig: /k\ngpuMetrics: {prometheusUrl: 'ftp://x', prometheusService: m/p}",
+                "gpuMetrics",
+            ),
+            (
+                "kubeconfig: /k\ngpuMetrics: {prometheusUrl: 'prometheus:9090'}",
+                "gpuMetrics.prometheusUrl",
+            ),
+            (
+                "kubeconfig: /k\ngpuMetrics: {prometheusService: 'prometheus:9090'}",
+                "gpuMetrics.prometheusService",
+            ),
+            (
+                "kubeconfig: /k\ngpuMetrics: {prometheusService: 'm/p:0'}",
+                "gpuMetrics.prometheusService",
+            ),
         ] {
             let e = parse(text).unwrap_err();
             assert!(

@@ -18,6 +18,7 @@ pub mod capacity;
 pub mod config;
 mod describe;
 pub mod fence;
+pub mod gpu_metrics;
 pub mod kept;
 mod namespaces;
 pub mod naming;
@@ -86,6 +87,8 @@ pub struct KubernetesProvider {
     cpu_totals: Mutex<HashMap<String, stats::CpuTotals>>,
     /// PodMetrics per downstream namespace, as last listed (`namespace_metrics`).
     metrics: tokio::sync::Mutex<HashMap<String, (std::time::Instant, PodMetrics)>>,
+    /// The downstream Prometheus's DCGM figures (`gpuMetrics`).
+    gpu: Option<gpu_metrics::GpuMetrics>,
 }
 
 impl fmt::Debug for KubernetesProvider {
@@ -162,6 +165,16 @@ impl KubernetesProvider {
                 .filter(|c| !c.is_empty() && !c.contains('/'))
                 .unwrap_or_else(|| "downstream".into())
         });
+        let gpu = config
+            .gpu_metrics
+            .as_ref()
+            .map(gpu_metrics::GpuMetrics::new)
+            .transpose()
+            .map_err(|e| ConfigError::Invalid {
+                path: config.kubeconfig.clone(),
+                field: "gpuMetrics",
+                message: e.to_string(),
+            })?;
         let (events, _) = broadcast::channel(4096);
         Ok(Self {
             config,
@@ -177,6 +190,7 @@ impl KubernetesProvider {
             unreachable_since: Mutex::default(),
             cpu_totals: Mutex::default(),
             metrics: tokio::sync::Mutex::default(),
+            gpu,
         })
     }
 
@@ -327,9 +341,13 @@ impl Provider for KubernetesProvider {
             ephemeral_containers: Support::Unsupported,
             pod_spec: Support::Supported,
             pod_network: Support::Supported,
-            // The downstream metrics API has no GPU figures; the downstream
-            // cluster's own DCGM exporter has them.
-            gpu_usage: Support::Unsupported,
+            // The downstream metrics API has no GPU figures: its Prometheus
+            // has what its DCGM exporter says, where the config names it.
+            gpu_usage: if self.gpu.is_some() {
+                Support::Supported
+            } else {
+                Support::Unsupported
+            },
         }
     }
 
@@ -634,10 +652,25 @@ impl Provider for KubernetesProvider {
             .as_ref()
             .and_then(|s| s.start_time.as_ref())
             .map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
-        let mut totals = lock(&self.cpu_totals);
-        let mine = totals.entry(uid.to_owned()).or_default();
-        stats::pod_stats(owner, start, &metrics, mine)
-            .map_err(|e| ProviderError::transient(format!("downstream: {e}")))
+        let mut found = {
+            let mut totals = lock(&self.cpu_totals);
+            let mine = totals.entry(uid.to_owned()).or_default();
+            stats::pod_stats(owner, start, &metrics, mine)
+                .map_err(|e| ProviderError::transient(format!("downstream: {e}")))?
+        };
+        if let Some(gpu) = &self.gpu {
+            // The CPU and memory figures stand without the GPUs': a
+            // Prometheus that does not answer costs only these.
+            match gpu.of_namespace(&d.client, ns).await {
+                Ok(by_pod) => {
+                    if let Some(gpus) = by_pod.get(name) {
+                        stats::attach_gpus(&mut found, gpus);
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "no GPU figures for {ns}/{name}"),
+            }
+        }
+        Ok(found)
     }
 
     async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {

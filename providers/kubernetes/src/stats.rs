@@ -135,6 +135,21 @@ pub fn pod_stats(
     })
 }
 
+/// Each GPU to the container DCGM names, else to the first container (so a
+/// sum over containers counts each GPU once).
+pub fn attach_gpus(stats: &mut PodStats, gpus: &[(String, vkd_provider::GpuStats)]) {
+    for (container, gpu) in gpus {
+        let at = stats
+            .containers
+            .iter()
+            .position(|c| &c.name == container)
+            .unwrap_or(0);
+        if let Some(c) = stats.containers.get_mut(at) {
+            c.gpus.push(gpu.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
@@ -199,6 +214,28 @@ mod tests {
             2_500_000_000 + 123_456 * 20
         );
         assert_eq!(next.containers[0].cpu_usage_nano_cores, 123_456);
+    }
+
+    #[test]
+    fn gpus_go_to_the_container_dcgm_names_or_the_first() {
+        let mut totals = CpuTotals::new();
+        let mut s = pod_stats(
+            owner(),
+            SystemTime::UNIX_EPOCH,
+            &metrics("2026-12-03T10:00:00Z", "250m", "64Mi"),
+            &mut totals,
+        )
+        .unwrap();
+        let gpu = |id: &str| vkd_provider::GpuStats {
+            id: id.into(),
+            ..Default::default()
+        };
+        attach_gpus(
+            &mut s,
+            &[("main".into(), gpu("a")), ("gone".into(), gpu("b"))],
+        );
+        let ids: Vec<&str> = s.containers[0].gpus.iter().map(|g| g.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
     }
 
     #[test]
