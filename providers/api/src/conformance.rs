@@ -58,6 +58,13 @@ pub fn sample_spec(node: &str, uid: &str) -> InstanceSpec {
     }
 }
 
+const IDEMPOTENT_CREATE: &str = "idempotent create";
+const DELETE_CONFIRMED: &str = "delete confirmed by a later get";
+const LIST_SHOWS_OWNERS: &str = "list shows owners";
+const STALE_EPOCH_REFUSED: &str = "stale epoch refused";
+const EVENTS_DELIVERED: &str = "events delivered";
+const UNSUPPORTED_DECLARED: &str = "unsupported capabilities declared";
+
 type SpecFn<'a> = dyn Fn(&str, &str) -> InstanceSpec + Send + Sync + 'a;
 
 /// Runs the checks against one provider. Run it once per provider instance: the
@@ -109,6 +116,22 @@ impl<'a> Kit<'a> {
         Ok(())
     }
 
+    /// Runs every check in turn, each whatever the others gave: a report a
+    /// plugin's author reads whole (`vkd provider-conformance`).
+    pub async fn report(&self) -> Vec<(&'static str, Result<(), Failure>)> {
+        vec![
+            (IDEMPOTENT_CREATE, self.idempotent_create().await),
+            (DELETE_CONFIRMED, self.delete_confirmed_by_get().await),
+            (LIST_SHOWS_OWNERS, self.list_shows_owners().await),
+            (STALE_EPOCH_REFUSED, self.stale_epoch_refused().await),
+            (EVENTS_DELIVERED, self.events_delivered().await),
+            (
+                UNSUPPORTED_DECLARED,
+                self.unsupported_capabilities_declared().await,
+            ),
+        ]
+    }
+
     fn fence(&self, epoch: u64) -> Fence {
         Fence {
             node: self.node.clone(),
@@ -120,7 +143,7 @@ impl<'a> Kit<'a> {
     const EPOCH: u64 = 10;
 
     async fn idempotent_create(&self) -> Result<(), Failure> {
-        const C: &str = "idempotent create";
+        const C: &str = IDEMPOTENT_CREATE;
         let spec = (self.spec)(&self.node, "conf-idem");
         let fence = self.fence(Self::EPOCH);
         let a = self
@@ -175,7 +198,7 @@ impl<'a> Kit<'a> {
     }
 
     async fn delete_confirmed_by_get(&self) -> Result<(), Failure> {
-        const C: &str = "delete confirmed by a later get";
+        const C: &str = DELETE_CONFIRMED;
         let spec = (self.spec)(&self.node, "conf-delete");
         self.provider
             .create(&self.fence(Self::EPOCH), &spec)
@@ -194,7 +217,7 @@ impl<'a> Kit<'a> {
     }
 
     async fn list_shows_owners(&self) -> Result<(), Failure> {
-        const C: &str = "list shows owners";
+        const C: &str = LIST_SHOWS_OWNERS;
         let specs: Vec<_> = ["conf-list-a", "conf-list-b"]
             .iter()
             .map(|uid| (self.spec)(&self.node, uid))
@@ -231,7 +254,7 @@ impl<'a> Kit<'a> {
     }
 
     async fn stale_epoch_refused(&self) -> Result<(), Failure> {
-        const C: &str = "stale epoch refused";
+        const C: &str = STALE_EPOCH_REFUSED;
         let spec = (self.spec)(&self.node, "conf-fence");
         let newer = self.fence(Self::EPOCH + 1);
         self.provider
@@ -269,7 +292,7 @@ impl<'a> Kit<'a> {
     }
 
     async fn events_delivered(&self) -> Result<(), Failure> {
-        const C: &str = "events delivered";
+        const C: &str = EVENTS_DELIVERED;
         let mut events = self.provider.events();
         let spec = (self.spec)(&self.node, "conf-events");
         let fence = self.fence(Self::EPOCH + 1);
@@ -300,7 +323,7 @@ impl<'a> Kit<'a> {
     }
 
     async fn unsupported_capabilities_declared(&self) -> Result<(), Failure> {
-        const C: &str = "unsupported capabilities declared";
+        const C: &str = UNSUPPORTED_DECLARED;
         let caps = self.provider.capabilities();
         let unsupported = |r: &Result<(), ProviderError>| matches!(r, Err(ProviderError::Unsupported { provider, .. }) if provider == self.provider.name());
         let io = || StreamIo {

@@ -1,0 +1,147 @@
+//! The vkd provider protocol: the provider contract (vkd-provider) as a
+//! versioned gRPC service (`proto/vkd/provider/v1/provider.proto`), so that a
+//! backend runs in a process of its own, in any language.
+//!
+//! - [`server::serve`] puts any [`vkd_provider::Provider`] behind the protocol
+//!   (a plugin written in Rust; `vkd provider-serve` for the in-tree ones);
+//! - [`client::GrpcProvider`] is a provider that is such a plugin (`vkd run
+//!   --provider grpc --provider-endpoint ...`).
+//!
+//! HTTP/2 over a Unix socket (the socket file's permissions say who may
+//! speak) or TCP. docs/provider-protocol.md describes each call.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub mod client;
+pub mod convert;
+pub mod server;
+
+pub use client::GrpcProvider;
+
+/// The generated messages and service of `vkd.provider.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("vkd.provider.v1");
+}
+
+/// The protocol version this build speaks.
+pub const VERSION: u32 = 1;
+
+/// The largest message either side takes: a list of many thousand instances.
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("provider endpoint {0:?}: {1}")]
+    Endpoint(String, String),
+    #[error("no provider plugin answers at {endpoint}: {why}")]
+    Hello { endpoint: String, why: String },
+    #[error("listening on {0}: {1}")]
+    Bind(String, #[source] std::io::Error),
+    #[error("serving the provider protocol: {0}")]
+    Serve(String),
+}
+
+/// Where a plugin listens: `unix:///path/to.sock` or `tcp://host:port`
+/// (`http://host:port` is read as the same).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unix(p) => write!(f, "unix://{}", p.display()),
+            Self::Tcp(a) => write!(f, "tcp://{a}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = GrpcError;
+
+    fn from_str(s: &str) -> Result<Self, GrpcError> {
+        let bad = |why: &str| GrpcError::Endpoint(s.to_owned(), why.to_owned());
+        if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a Unix socket's path must be absolute (unix:///run/x.sock)",
+                ));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        let rest = s
+            .strip_prefix("tcp://")
+            .or_else(|| s.strip_prefix("http://"))
+            .ok_or_else(|| bad("give unix:///path or tcp://host:port"))?;
+        rest.trim_end_matches('/')
+            .parse()
+            .map(Self::Tcp)
+            .map_err(|_| bad("tcp:// takes an IP address and a port"))
+    }
+}
+
+impl Endpoint {
+    /// A channel that connects when first used and again after a loss.
+    fn channel(&self, timeout: Duration) -> Result<tonic::transport::Channel, GrpcError> {
+        let bad = |e: tonic::transport::Error| GrpcError::Endpoint(self.to_string(), e.to_string());
+        match self {
+            Self::Tcp(addr) => Ok(tonic::transport::Endpoint::from_shared(format!(
+                "http://{addr}"
+            ))
+            .map_err(bad)?
+            .connect_timeout(timeout)
+            .connect_lazy()),
+            Self::Unix(path) => {
+                let path = path.clone();
+                // The URI is not dialled: the connector below is.
+                Ok(
+                    tonic::transport::Endpoint::from_static("http://plugin.invalid")
+                        .connect_timeout(timeout)
+                        .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
+                            let path = path.clone();
+                            async move {
+                                let stream = tokio::net::UnixStream::connect(path).await?;
+                                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                            }
+                        })),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    #[test]
+    fn endpoints_read_as_written_and_bad_ones_say_why() {
+        assert_eq!(
+            "unix:///run/vkd/p.sock".parse::<Endpoint>().unwrap(),
+            Endpoint::Unix("/run/vkd/p.sock".into())
+        );
+        assert_eq!(
+            "tcp://127.0.0.1:7070"
+                .parse::<Endpoint>()
+                .unwrap()
+                .to_string(),
+            "tcp://127.0.0.1:7070"
+        );
+        assert!("http://127.0.0.1:7070/".parse::<Endpoint>().is_ok());
+        for bad in [
+            "unix://relative.sock",
+            "grpc://x:1",
+            "tcp://host-name:1",
+            "",
+        ] {
+            assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
+        }
+    }
+}

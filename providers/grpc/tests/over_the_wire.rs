@@ -1,0 +1,275 @@
+//! The sim provider served over the protocol on a Unix socket, and used
+//! through [`GrpcProvider`] as vkd uses any provider: the conformance kit
+//! passes, errors keep their kind, exec and logs carry their bytes, and a
+//! plugin that goes away and comes back loses nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use vkd_grpc::{Endpoint, GrpcProvider, pb, server};
+use vkd_provider::conformance::{Kit, sample_spec};
+use vkd_provider::{
+    Fence, Health, InstanceEvent, InstancePhase, LogRequest, Provider, ProviderError, StreamIo,
+};
+use vkd_sim::{Fleet, SimProvider};
+
+const FLEET: &str = r#"
+latency: {start: 20ms, ready: 20ms}
+hosts:
+- name: host-a
+  cpu: "16"
+  memory: 64Gi
+  gpus: [{count: 4, model: H100, memory: 80Gi, nvlink_domain: nvl-a}]
+"#;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "vkd-grpc-test-{}-{}",
+        std::process::id(),
+        fastrand_suffix()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn fastrand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The sim on a socket in `dir`, its state in `dir`, until the token ends it.
+async fn plugin(dir: &Path) -> (Endpoint, CancellationToken, tokio::task::JoinHandle<()>) {
+    let sim = SimProvider::open(Fleet::parse(FLEET, "test").unwrap(), &dir.join("state")).unwrap();
+    let endpoint = Endpoint::Unix(dir.join("plugin.sock"));
+    let stop = CancellationToken::new();
+    let served = server::serve(Arc::new(sim), &endpoint, stop.clone())
+        .await
+        .unwrap();
+    let handle = tokio::spawn(async move {
+        served.await.unwrap().unwrap();
+    });
+    (endpoint, stop, handle)
+}
+
+fn fence(epoch: u64) -> Fence {
+    Fence {
+        node: "n".into(),
+        epoch,
+    }
+}
+
+async fn running(p: &GrpcProvider, uid: &str) {
+    for _ in 0..200 {
+        if let Some(i) = p.get(uid).await.unwrap()
+            && i.phase == InstancePhase::Running
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{uid} never ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_kit_passes_over_the_wire() {
+    let dir = tempdir();
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    let p = GrpcProvider::connect(endpoint, TIMEOUT).await.unwrap();
+    assert_eq!(p.name(), "sim");
+    assert!(p.capabilities().supported().contains(&"exec"));
+    Kit::new(&p, "n", sample_spec).run().await.unwrap();
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_streams_and_logs_keep_what_they_carry() {
+    let dir = tempdir();
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    let p = Arc::new(GrpcProvider::connect(endpoint, TIMEOUT).await.unwrap());
+    let spec = sample_spec("n", "pod-1");
+    p.create(&fence(5), &spec).await.unwrap();
+    // A stale epoch is the backend's fence, with its numbers.
+    match p.delete(&fence(4), "pod-1", Duration::ZERO).await {
+        Err(ProviderError::Fenced { node, current, got }) => {
+            assert_eq!((node.as_str(), current, got), ("n", 5, 4));
+        }
+        other => panic!("a stale delete gave {other:?}"),
+    }
+    running(&p, "pod-1").await;
+    // Exec with stdin: what goes in comes out, and the exit code comes back.
+    let (mut stdin_w, stdin_r) = tokio::io::duplex(1024);
+    let (stdout_w, mut stdout_r) = tokio::io::duplex(1024);
+    let io = StreamIo {
+        stdin: Some(Box::new(stdin_r)),
+        stdout: Some(Box::new(stdout_w)),
+        stderr: None,
+        tty: false,
+        resize: None,
+    };
+    stdin_w.write_all(b"through the wire\n").await.unwrap();
+    stdin_w.shutdown().await.unwrap();
+    let code = p
+        .exec("pod-1", "main", vec!["cat".into()], io)
+        .await
+        .unwrap();
+    let mut out = String::new();
+    stdout_r.read_to_string(&mut out).await.unwrap();
+    assert_eq!((code, out.as_str()), (0, "through the wire\n"));
+    let (stdout_w, _) = tokio::io::duplex(64);
+    let io = StreamIo {
+        stdin: None,
+        stdout: Some(Box::new(stdout_w)),
+        stderr: None,
+        tty: false,
+        resize: None,
+    };
+    let code = p
+        .exec("pod-1", "main", vec!["exit".into(), "3".into()], io)
+        .await
+        .unwrap();
+    assert_eq!(code, 3);
+    // Logs: the history the sim has written so far.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let logs = p
+        .logs("pod-1", "main", LogRequest::default())
+        .await
+        .unwrap();
+    assert!(!logs.history.is_empty() && logs.follow.is_none());
+    // A followed log goes on past its history.
+    let follow = LogRequest {
+        follow: true,
+        ..LogRequest::default()
+    };
+    let mut logs = p.logs("pod-1", "main", follow).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), logs.follow.as_mut().unwrap().next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!next.bytes.is_empty());
+    // Port-forward: the sim echoes what it is sent, both ways over the wire.
+    let (ours, mut theirs) = tokio::io::duplex(1024);
+    let forward = {
+        let p = Arc::clone(&p);
+        tokio::spawn(async move { p.port_forward("pod-1", 8080, Box::new(ours)).await })
+    };
+    theirs.write_all(b"ping over grpc").await.unwrap();
+    theirs.shutdown().await.unwrap();
+    let mut echoed = Vec::new();
+    theirs.read_to_end(&mut echoed).await.unwrap();
+    assert_eq!(echoed, b"ping over grpc");
+    forward.await.unwrap().unwrap();
+    // An unknown Pod is NotFound, as in process.
+    let missing = p.logs("nobody", "main", LogRequest::default()).await;
+    assert!(
+        matches!(missing, Err(ProviderError::NotFound { .. })),
+        "{missing:?}"
+    );
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_goes_away_is_unhealthy_fences_nothing_and_is_adopted_back() {
+    let dir = tempdir();
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    let p = GrpcProvider::connect(endpoint.clone(), TIMEOUT)
+        .await
+        .unwrap();
+    let mut events = p.events();
+    let created = p
+        .create(&fence(1), &sample_spec("n", "kept"))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+    assert!(
+        matches!(first, Ok(Some(InstanceEvent::Changed { ref uid })) if uid == "kept"),
+        "{first:?}"
+    );
+    stop.cancel();
+    handle.await.unwrap();
+    match p.health().await {
+        Health::Unhealthy { reason, message } => {
+            assert_eq!(reason, vkd_grpc::client::UNREACHABLE);
+            assert!(message.contains("plugin.sock"), "{message}");
+        }
+        other => panic!("health with the plugin gone: {other:?}"),
+    }
+    let refused = p.create(&fence(1), &sample_spec("n", "other")).await;
+    assert!(
+        matches!(refused, Err(ProviderError::Transient { .. })),
+        "{refused:?}"
+    );
+    // Back, from the same state: healthy, and what it ran is still there.
+    let (_, stop, handle) = plugin(&dir).await;
+    assert_eq!(p.health().await, Health::Healthy);
+    // Its notices resume with a resync: what changed meanwhile is unknown.
+    let resumed = loop {
+        let e = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .unwrap()
+            .unwrap();
+        if e == InstanceEvent::Resync {
+            break e;
+        }
+    };
+    assert_eq!(resumed, InstanceEvent::Resync);
+    let listed = p.list("n").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+        [created.id.as_str()]
+    );
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_version_or_no_plugin_is_refused_at_connect_naming_the_endpoint() {
+    let dir = tempdir();
+    let nothing = Endpoint::Unix(dir.join("none.sock"));
+    let e = GrpcProvider::connect(nothing, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("none.sock"), "{e}");
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    let Endpoint::Unix(path) = &endpoint else {
+        unreachable!()
+    };
+    let path = path.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://plugin.invalid")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    let refused = pb::provider_client::ProviderClient::new(channel)
+        .hello(pb::HelloRequest { versions: vec![2] })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("version 1"),
+        "{}",
+        refused.message()
+    );
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}
