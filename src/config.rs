@@ -43,6 +43,86 @@ pub enum Command {
     /// Why a Pod waits, why an instance exists, why nothing moved: evidence
     /// from the Pod to the backend, with its sources.
     Explain(crate::cli::explain::ExplainArgs),
+    /// Serve an in-tree provider over the provider protocol, as a plugin for
+    /// `vkd run --provider grpc` (docs/provider-protocol.md).
+    ProviderServe(ProviderServeArgs),
+    /// Check a provider plugin against the provider contract, over the wire,
+    /// and report every check.
+    ProviderConformance(ProviderConformanceArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProviderServeArgs {
+    /// The in-tree provider: `sim`, `process` or `kubernetes`.
+    #[arg(long, env = "VKD_PROVIDER")]
+    pub provider: String,
+    /// Its config file (`sim`: the fleet file).
+    #[arg(long, env = "VKD_PROVIDER_CONFIG")]
+    pub provider_config: Option<PathBuf>,
+    /// Where it keeps its state.
+    #[arg(long, env = "VKD_STATE_DIR")]
+    pub state_dir: PathBuf,
+    /// Where to listen: `unix:///path.sock` or `tcp://ip:port`.
+    #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
+    pub listen: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProviderConformanceArgs {
+    /// The plugin: `unix:///path.sock` or `tcp://ip:port`.
+    #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
+    pub endpoint: String,
+    /// The node name the checks' Pods and fences carry.
+    #[arg(long, default_value = "vkd-conformance")]
+    pub node: String,
+    /// How long one call may take (`10s`).
+    #[arg(long, default_value = "10s")]
+    pub timeout: String,
+    /// How long a deletion may take to be confirmed (`30s`).
+    #[arg(long, default_value = "30s")]
+    pub patience: String,
+}
+
+impl ProviderServeArgs {
+    /// The provider kind and the endpoint, checked.
+    pub fn checked(&self) -> Result<(ProviderKind, vkd_grpc::Endpoint), ConfigError> {
+        let kind = match self.provider.as_str() {
+            "process" => ProviderKind::Process,
+            "sim" => ProviderKind::Sim,
+            "kubernetes" => ProviderKind::Kubernetes,
+            other => {
+                return Err(bad(
+                    "provider",
+                    format!("{other:?} is not an in-tree provider: process, sim, kubernetes"),
+                ));
+            }
+        };
+        let endpoint = self
+            .listen
+            .parse()
+            .map_err(|e: vkd_grpc::GrpcError| bad("listen", e.to_string()))?;
+        Ok((kind, endpoint))
+    }
+}
+
+impl ProviderConformanceArgs {
+    /// The endpoint, the call timeout and the patience, checked.
+    pub fn checked(&self) -> Result<(vkd_grpc::Endpoint, Duration, Duration), ConfigError> {
+        let endpoint = self
+            .endpoint
+            .parse()
+            .map_err(|e: vkd_grpc::GrpcError| bad("endpoint", e.to_string()))?;
+        let duration = |field: &'static str, text: &str| {
+            vkd_provider::parse_duration(text)
+                .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
+                .ok_or_else(|| bad(field, format!("{text:?} is not a duration of at most 1h")))
+        };
+        Ok((
+            endpoint,
+            duration("timeout", &self.timeout)?,
+            duration("patience", &self.patience)?,
+        ))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -122,9 +202,14 @@ pub struct RunArgs {
     #[arg(long, env = "VKD_NODE_NAME")]
     pub node_name: Option<String>,
     /// Backend: `process` (the default: Pods as local processes), `sim` (a
-    /// simulated GPU fleet) or `kubernetes` (Pods as Pods of a second cluster).
+    /// simulated GPU fleet), `kubernetes` (Pods as Pods of a second cluster)
+    /// or `grpc` (a provider plugin at --provider-endpoint).
     #[arg(long, env = "VKD_PROVIDER")]
     pub provider: Option<String>,
+    /// Where the `grpc` provider's plugin listens: `unix:///path.sock` or
+    /// `tcp://ip:port` (docs/provider-protocol.md).
+    #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
+    pub provider_endpoint: Option<String>,
     /// The provider's own config file (`sim`: the fleet file; `process`: image map
     /// and run-as user, optional).
     #[arg(long, env = "VKD_PROVIDER_CONFIG")]
@@ -339,6 +424,7 @@ struct FileConfig {
     kubeconfig: Option<PathBuf>,
     node_name: Option<String>,
     provider: Option<String>,
+    provider_endpoint: Option<String>,
     provider_config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     kubelet_port: Option<u16>,
@@ -418,6 +504,8 @@ pub enum ProviderKind {
     Process,
     Sim,
     Kubernetes,
+    /// A plugin over the provider protocol.
+    Grpc,
 }
 
 impl ProviderKind {
@@ -426,6 +514,7 @@ impl ProviderKind {
             Self::Process => "process",
             Self::Sim => "sim",
             Self::Kubernetes => "kubernetes",
+            Self::Grpc => "grpc",
         }
     }
 }
@@ -438,6 +527,8 @@ pub struct Config {
     pub provider: ProviderKind,
     /// Required for `sim`; optional for `process`.
     pub provider_config: Option<PathBuf>,
+    /// Required for `grpc`: where its plugin listens.
+    pub provider_endpoint: Option<vkd_grpc::Endpoint>,
     pub state_dir: PathBuf,
     pub kubelet_port: u16,
     pub kubelet_bind: IpAddr,
@@ -546,13 +637,26 @@ impl Config {
             None | Some("process") => ProviderKind::Process,
             Some("sim") => ProviderKind::Sim,
             Some("kubernetes") => ProviderKind::Kubernetes,
+            Some("grpc") => ProviderKind::Grpc,
             Some(other) => {
                 return Err(bad(
                     "provider",
-                    format!("unknown provider {other:?}; known: process, sim, kubernetes"),
+                    format!("unknown provider {other:?}; known: process, sim, kubernetes, grpc"),
                 ));
             }
         };
+        let provider_endpoint = args
+            .provider_endpoint
+            .or(file.provider_endpoint)
+            .map(|e| e.parse::<vkd_grpc::Endpoint>())
+            .transpose()
+            .map_err(|e| bad("provider-endpoint", e.to_string()))?;
+        if provider == ProviderKind::Grpc && provider_endpoint.is_none() {
+            return Err(bad(
+                "provider-endpoint",
+                "required: the grpc provider needs its plugin's endpoint (unix:///path.sock, tcp://ip:port)",
+            ));
+        }
         let provider_config = args.provider_config.or(file.provider_config);
         if provider == ProviderKind::Sim && provider_config.is_none() {
             return Err(bad(
@@ -868,6 +972,7 @@ impl Config {
             node_name,
             provider,
             provider_config,
+            provider_endpoint,
             state_dir: args
                 .state_dir
                 .or(file.state_dir)
@@ -1028,6 +1133,26 @@ mod tests {
         a.provider = Some("kubernetes".into());
         a.provider_config = None;
         assert_eq!(Config::from_args(a).unwrap_err().field, "provider-config");
+        let mut a = args("vk");
+        a.provider = Some("grpc".into());
+        assert_eq!(
+            Config::from_args(a).unwrap_err().field,
+            "provider-endpoint",
+            "a plugin needs its endpoint"
+        );
+        let mut a = args("vk");
+        a.provider = Some("grpc".into());
+        a.provider_endpoint = Some("unix://relative.sock".into());
+        assert_eq!(Config::from_args(a).unwrap_err().field, "provider-endpoint");
+        let mut a = args("vk");
+        a.provider = Some("grpc".into());
+        a.provider_endpoint = Some("unix:///run/vkd/provider.sock".into());
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.provider, ProviderKind::Grpc);
+        assert_eq!(
+            c.provider_endpoint,
+            Some(vkd_grpc::Endpoint::Unix("/run/vkd/provider.sock".into()))
+        );
         let mut a = args("vk");
         a.admin_port = Some(10250);
         assert_eq!(Config::from_args(a).unwrap_err().field, "admin-port");

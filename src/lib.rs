@@ -63,11 +63,46 @@ pub enum Error {
 /// The epoch every mutation carries when leader election is off.
 pub const STATIC_EPOCH: u64 = 1;
 
-/// Builds the configured provider. A malformed provider config is a config error.
+/// Builds the configured provider. A malformed provider config is a config
+/// error. The `grpc` provider is not built but connected ([`connect_provider`]).
 pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
-    match cfg.provider {
+    build_in_tree(cfg.provider, cfg.provider_config.as_deref(), &cfg.state_dir)
+}
+
+/// Connects the `grpc` provider's plugin and asks its protocol version, each
+/// call bounded by the provider timeout. A plugin that does not answer, or
+/// speaks another version, is an error naming its endpoint.
+pub async fn connect_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
+    let endpoint = cfg.provider_endpoint.clone().ok_or_else(|| {
+        Error::Config(config::ConfigError {
+            field: "provider-endpoint".into(),
+            message: "required by the grpc provider".into(),
+        })
+    })?;
+    let plugin = vkd_grpc::GrpcProvider::connect(endpoint.clone(), cfg.provider_timeout)
+        .await
+        .map_err(|e| Error::Provider {
+            provider: "grpc",
+            message: e.to_string(),
+        })?;
+    info!(plugin = plugin.name(), %endpoint, "provider plugin connected");
+    Ok(Arc::new(plugin))
+}
+
+/// An in-tree provider of `kind`, with its config file and its state under
+/// `state_dir` (what `vkd run` builds, and `vkd provider-serve` serves).
+pub fn build_in_tree(
+    kind: ProviderKind,
+    provider_config: Option<&std::path::Path>,
+    state_dir: &std::path::Path,
+) -> Result<Arc<dyn Provider>, Error> {
+    match kind {
+        ProviderKind::Grpc => Err(Error::Config(config::ConfigError {
+            field: "provider".into(),
+            message: "grpc is a plugin vkd connects to, not one it builds".into(),
+        })),
         ProviderKind::Process => {
-            let config = match &cfg.provider_config {
+            let config = match provider_config {
                 Some(path) => vkd_process::ProcessConfig::load(path).map_err(|e| {
                     Error::Config(config::ConfigError {
                         field: "provider-config".into(),
@@ -82,7 +117,7 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
                 message: format!("locating the vkd binary: {e}"),
             })?;
             let provider =
-                vkd_process::ProcessProvider::open(config, &cfg.state_dir.join("process"), exe)
+                vkd_process::ProcessProvider::open(config, &state_dir.join("process"), exe)
                     .map_err(|e| {
                         // A field of the provider config that this host cannot honour.
                         if e.is_config() {
@@ -107,10 +142,7 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
             Ok(Arc::new(provider))
         }
         ProviderKind::Sim => {
-            let fleet_path = cfg
-                .provider_config
-                .as_deref()
-                .unwrap_or(std::path::Path::new(""));
+            let fleet_path = provider_config.unwrap_or(std::path::Path::new(""));
             let fleet = vkd_sim::Fleet::load(fleet_path).map_err(|e| {
                 Error::Config(config::ConfigError {
                     field: "provider-config".into(),
@@ -118,7 +150,7 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
                 })
             })?;
             let provider =
-                vkd_sim::SimProvider::open(fleet, &cfg.state_dir.join("sim")).map_err(|e| {
+                vkd_sim::SimProvider::open(fleet, &state_dir.join("sim")).map_err(|e| {
                     Error::Provider {
                         provider: "sim",
                         message: e.to_string(),
@@ -127,10 +159,7 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
             Ok(Arc::new(provider))
         }
         ProviderKind::Kubernetes => {
-            let path = cfg
-                .provider_config
-                .as_deref()
-                .unwrap_or(std::path::Path::new(""));
+            let path = provider_config.unwrap_or(std::path::Path::new(""));
             let config_error = |e: vkd_kubernetes::ConfigError| {
                 Error::Config(config::ConfigError {
                     field: "provider-config".into(),

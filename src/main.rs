@@ -57,6 +57,8 @@ fn main() -> ExitCode {
             epoch,
         }) => sim_create(&state_dir, &node, &pod, uid, &host, epoch),
         Command::Explain(args) => explain(args),
+        Command::ProviderServe(args) => provider_serve(&args),
+        Command::ProviderConformance(args) => provider_conformance(&args),
         Command::Process(ProcessCommand::List {
             state_dir,
             node,
@@ -74,7 +76,13 @@ fn run(args: vkd::config::RunArgs) -> ExitCode {
         }
     };
     let _telemetry = vkd::telemetry::init(cfg.log_format);
-    let provider = match vkd::build_provider(&cfg) {
+    // A plugin is connected in the runtime, below; the others are built now.
+    let built = if cfg.provider == vkd::config::ProviderKind::Grpc {
+        Ok(None)
+    } else {
+        vkd::build_provider(&cfg).map(Some)
+    };
+    let provider = match built {
         Ok(p) => p,
         Err(e @ vkd::Error::Config(_)) => {
             eprintln!("vkd: {e}");
@@ -98,6 +106,10 @@ fn run(args: vkd::config::RunArgs) -> ExitCode {
     let result = runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         tokio::spawn(signals(shutdown.clone()));
+        let provider = match provider {
+            Some(p) => p,
+            None => vkd::connect_provider(&cfg).await?,
+        };
         vkd::run(cfg, provider, shutdown).await
     });
     match result {
@@ -108,6 +120,123 @@ fn run(args: vkd::config::RunArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("vkd: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
+/// `vkd provider-serve`: an in-tree provider behind the provider protocol
+/// until SIGTERM.
+fn provider_serve(args: &vkd::config::ProviderServeArgs) -> ExitCode {
+    let (kind, endpoint) = match args.checked() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vkd: invalid configuration: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let _telemetry = vkd::telemetry::init(vkd::config::LogFormat::default());
+    let runtime = match runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let result = runtime.block_on(async move {
+        let provider = vkd::build_in_tree(kind, args.provider_config.as_deref(), &args.state_dir)?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(signals(shutdown.clone()));
+        let served = vkd_grpc::server::serve(provider, &endpoint, shutdown)
+            .await
+            .map_err(|e| vkd::Error::Provider {
+                provider: "provider-serve",
+                message: e.to_string(),
+            })?;
+        tracing::info!(%endpoint, provider = kind.name(), "serving the provider protocol");
+        match served.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(vkd::Error::Provider {
+                provider: "provider-serve",
+                message: e.to_string(),
+            }),
+            Err(e) => Err(vkd::Error::Provider {
+                provider: "provider-serve",
+                message: e.to_string(),
+            }),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ vkd::Error::Config(_)) => {
+            eprintln!("vkd: {e}");
+            ExitCode::from(EX_USAGE)
+        }
+        Err(e) => {
+            eprintln!("vkd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `vkd provider-conformance`: every check of the provider kit against a
+/// plugin, one line each; exit 0 when all pass, 1 when any fails or the
+/// plugin does not answer.
+fn provider_conformance(args: &vkd::config::ProviderConformanceArgs) -> ExitCode {
+    let (endpoint, timeout, patience) = match args.checked() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vkd: invalid configuration: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let runtime = match runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    runtime.block_on(async move {
+        let plugin = match vkd_grpc::GrpcProvider::connect(endpoint, timeout).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("vkd: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        use vkd_provider::Provider as _;
+        println!(
+            "plugin {} (capabilities: {})",
+            plugin.name(),
+            plugin.capabilities().supported().join(", ")
+        );
+        let mut kit = vkd_provider::conformance::Kit::new(
+            &plugin,
+            &args.node,
+            vkd_provider::conformance::sample_spec,
+        );
+        kit.patience = patience;
+        let report = kit.report().await;
+        let failed = report.iter().filter(|(_, r)| r.is_err()).count();
+        for (check, result) in &report {
+            match result {
+                Ok(()) => println!("PASS  {check}"),
+                Err(e) => println!("FAIL  {check}: {}", e.message),
+            }
+        }
+        println!(
+            "{} of {} checks passed",
+            report.len() - failed,
+            report.len()
+        );
+        if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    })
 }
 
 /// The first SIGTERM or SIGINT cancels the token; a second one exits at once.

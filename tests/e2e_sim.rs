@@ -47,6 +47,10 @@ fn main() -> ExitCode {
             "unhealthy_provider_makes_the_node_not_ready",
             unhealthy_provider,
         ),
+        (
+            "a_provider_plugin_over_grpc_runs_pods_and_is_adopted_back",
+            provider_plugin,
+        ),
     ])
 }
 
@@ -798,5 +802,190 @@ fn unhealthy_provider(c: &Cluster) -> Result<()> {
         !str_at(&lease, "spec.renewTime").is_empty(),
         "no lease renewal"
     );
+    Ok(())
+}
+
+/// `vkd provider-serve`: the sim as a plugin on a Unix socket.
+struct Plugin {
+    args: Vec<String>,
+    log: std::path::PathBuf,
+    socket: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl Plugin {
+    fn start(c: &Cluster, name: &str) -> Result<Self> {
+        let dir = c.dir().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("provider.sock");
+        let fleet = repo_root().join("testdata/fleets/demo.yaml");
+        let mut plugin = Self {
+            args: [
+                "provider-serve",
+                "--provider",
+                "sim",
+                "--provider-config",
+                &path(&fleet),
+                "--state-dir",
+                &path(&dir),
+                "--listen",
+                &format!("unix://{}", path(&socket)),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            log: c.log_path(name),
+            socket,
+            child: None,
+        };
+        plugin.spawn()?;
+        Ok(plugin)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let _ = std::fs::remove_file(&self.socket);
+        self.child = Some(vkd_e2e::spawn_logged(
+            &common::daemon_binary(),
+            &self.args,
+            &self.log,
+            "info",
+        )?);
+        wait_for("the plugin's socket", Duration::from_secs(20), || {
+            Ok(self.socket.exists().then_some(()))
+        })
+    }
+
+    fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// What the plugin's sim runs for `node`, read from its state.
+    fn instances(&self, node: &str) -> Result<Vec<Value>> {
+        let state = self.socket.parent().context("the plugin's directory")?;
+        common::sim_instances(state, node)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+fn ready_condition(c: &Cluster, node: &str, status: &str) -> Result<Value> {
+    wait_for(
+        &format!("{node} Ready={status}"),
+        Duration::from_secs(40),
+        || {
+            let n = c.kubectl_json(&["get", "node", node])?;
+            Ok(condition(&n, "Ready")
+                .filter(|r| r["status"] == status)
+                .cloned())
+        },
+    )
+}
+
+/// vkd on `--provider grpc`, its provider the sim in a process of its own
+/// (`vkd provider-serve`): a Pod runs with logs and exec through the protocol;
+/// when the plugin is killed the Node goes not Ready saying why and nothing
+/// is lost; when it is back the Node is Ready and the same instance serves
+/// the Pod, never a second one.
+fn provider_plugin(c: &Cluster) -> Result<()> {
+    const NODE: &str = "vk-plugin";
+    const NS: &str = "e2e-plugin";
+    let mut plugin = Plugin::start(c, "plugin-sim")?;
+    let endpoint = format!("unix://{}", path(&plugin.socket));
+    let unused = repo_root().join("testdata/fleets/demo.yaml");
+    let _vkd = Vkd::start_provider(
+        c,
+        NODE,
+        "grpc",
+        &unused,
+        &[
+            "--provider-endpoint",
+            &endpoint,
+            "--node-label",
+            "vkd.io/e2e=plugin",
+            "--client-ca-file",
+            c.env("VKD_E2E_KUBELET_CLIENT_CA")?,
+        ],
+    )?;
+    ready_condition(c, NODE, "True")?;
+    let n = c.kubectl_json(&["get", "node", NODE])?;
+    let caps = n["metadata"]["annotations"]["vkd.io/capabilities"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(
+        caps.split(',').any(|c| c == "exec") && caps.split(',').any(|c| c == "logs"),
+        "the plugin's capabilities on the Node: {caps:?}"
+    );
+    c.namespace(NS)?;
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: {NS}}}\nspec:\n  \
+         nodeSelector: {{vkd.io/e2e: plugin}}\n  \
+         tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]\n  \
+         containers: [{{name: main, image: example/web:1}}]\n"
+    ))?;
+    let pod = wait_for("web Running", Duration::from_secs(60), || {
+        let p = c.kubectl_json(&["get", "pod", "web", "-n", NS])?;
+        Ok(running_and_ready(&p).then_some(p))
+    })?;
+    let uid = str_at(&pod, "metadata.uid").to_owned();
+    let said = c.kubectl(&["exec", "-n", NS, "web", "--", "echo", "through-the-plugin"])?;
+    ensure!(said.trim() == "through-the-plugin", "exec said {said:?}");
+    wait_for("a log line", Duration::from_secs(20), || {
+        let logs = c.kubectl(&["logs", "-n", NS, "web", "--tail=1"])?;
+        Ok((!logs.trim().is_empty()).then_some(()))
+    })?;
+    let before = plugin.instances(NODE)?;
+    ensure!(before.len() == 1, "instances before: {before:?}");
+    // The plugin dies: the Node says why, the Pod stays.
+    plugin.kill()?;
+    let down = ready_condition(c, NODE, "False")?;
+    eprintln!("with the plugin killed: {down}");
+    ensure!(
+        down["reason"] == "ProviderPluginUnreachable"
+            && down["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("provider.sock"),
+        "{down}"
+    );
+    let p = c.kubectl_json(&["get", "pod", "web", "-n", NS])?;
+    ensure!(
+        str_at(&p, "metadata.uid") == uid && str_at(&p, "status.phase") == "Running",
+        "the Pod while the plugin is down: {}",
+        at(&p, "status")
+    );
+    // Back from its state: Ready again, the same one instance.
+    plugin.spawn()?;
+    ready_condition(c, NODE, "True")?;
+    let p = wait_for("web Ready again", Duration::from_secs(30), || {
+        let p = c.kubectl_json(&["get", "pod", "web", "-n", NS])?;
+        Ok(running_and_ready(&p).then_some(p))
+    })?;
+    ensure!(str_at(&p, "metadata.uid") == uid, "a new Pod");
+    let after = plugin.instances(NODE)?;
+    ensure!(
+        after.len() == 1 && after[0]["instance"] == before[0]["instance"],
+        "instances before {before:?}, after {after:?}"
+    );
+    let said = c.kubectl(&["exec", "-n", NS, "web", "--", "echo", "back"])?;
+    ensure!(said.trim() == "back", "exec after the return said {said:?}");
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "web",
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    let gone = plugin.instances(NODE)?;
+    ensure!(gone.is_empty(), "instances after the delete: {gone:?}");
     Ok(())
 }

@@ -140,20 +140,26 @@ impl Vkd {
 
     /// [`Self::instances`] of one of its Nodes (per-host mode has several).
     pub fn instances_on(&self, node: &str) -> Result<Vec<Value>> {
-        let out = Command::new(VKD)
-            .args(["sim", "list", "--json", "--node", node, "--state-dir"])
-            .arg(&self.state_dir)
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "vkd sim list: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(serde_json::from_slice::<Value>(&out.stdout)?
-            .as_array()
-            .cloned()
-            .unwrap_or_default())
+        sim_instances(&self.state_dir, node)
     }
+}
+
+/// What a sim backend whose state is under `state_dir` runs for `node`
+/// (`vkd sim list`).
+pub fn sim_instances(state_dir: &std::path::Path, node: &str) -> Result<Vec<Value>> {
+    let out = Command::new(VKD)
+        .args(["sim", "list", "--json", "--node", node, "--state-dir"])
+        .arg(state_dir)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "vkd sim list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice::<Value>(&out.stdout)?
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
 }
 
 impl Vkd {
