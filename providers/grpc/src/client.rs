@@ -9,7 +9,7 @@
 //! event stream starts with a resync, so vkd lists every instance and adopts
 //! what the plugin kept.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -53,7 +53,7 @@ pub struct GrpcProvider {
     name: String,
     /// Whether the last health check found the plugin gone: the next answer
     /// is checked with a Hello first.
-    lost: Arc<Mutex<bool>>,
+    lost: Mutex<bool>,
     /// The plugin's notices, from the one Events call kept open.
     events: broadcast::Sender<InstanceEvent>,
     /// Ends that call when the provider goes.
@@ -108,15 +108,20 @@ impl GrpcProvider {
             client,
             timeout,
             said: Mutex::new(said),
-            lost: Arc::default(),
+            lost: Mutex::default(),
             events,
             _events_task: stop.drop_guard(),
         })
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
+        self.request_within(message, Duration::ZERO)
+    }
+
+    /// A request whose deadline is the call's plus `more` (a deletion's grace).
+    fn request_within<T>(&self, message: T, more: Duration) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
-        r.set_timeout(self.timeout);
+        r.set_timeout(self.timeout.saturating_add(more));
         r
     }
 
@@ -336,7 +341,7 @@ impl Provider for GrpcProvider {
             grace_millis: convert::millis(grace),
         };
         self.client()
-            .delete(self.request(request))
+            .delete(self.request_within(request, grace))
             .await
             .map_err(|s| error_of(&s))?;
         Ok(())
@@ -357,7 +362,7 @@ impl Provider for GrpcProvider {
             grace_millis: convert::millis(grace),
         };
         self.client()
-            .delete_instance(self.request(request))
+            .delete_instance(self.request_within(request, grace))
             .await
             .map_err(|s| error_of(&s))?;
         Ok(())
