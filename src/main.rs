@@ -134,7 +134,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 
 /// `vkd provider-serve`: an in-tree provider behind the provider protocol
 /// until SIGTERM.
-fn provider_serve(args: &vkd::config::ProviderServeArgs) -> ExitCode {
+fn provider_serve(args: &vkd::cli::provider::ProviderServeArgs) -> ExitCode {
     let (kind, endpoint) = match args.checked() {
         Ok(c) => c,
         Err(e) => {
@@ -186,7 +186,7 @@ fn provider_serve(args: &vkd::config::ProviderServeArgs) -> ExitCode {
 /// `vkd provider-conformance`: every check of the provider kit against a
 /// plugin, one line each; exit 0 when all pass, 1 when any fails or the
 /// plugin does not answer.
-fn provider_conformance(args: &vkd::config::ProviderConformanceArgs) -> ExitCode {
+fn provider_conformance(args: &vkd::cli::provider::ProviderConformanceArgs) -> ExitCode {
     let (endpoint, timeout, patience) = match args.checked() {
         Ok(c) => c,
         Err(e) => {
