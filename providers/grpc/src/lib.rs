@@ -8,7 +8,7 @@
 //!   --provider grpc --provider-endpoint ...`).
 //!
 //! HTTP/2 over a Unix socket (the socket file's permissions say who may
-//! speak) or TCP. docs/provider-protocol.md describes each call.
+//! speak) or TCP on loopback. docs/provider-protocol.md describes each call.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -45,8 +45,8 @@ pub enum GrpcError {
     Serve(String),
 }
 
-/// Where a plugin listens: `unix:///path/to.sock` or `tcp://host:port`
-/// (`http://host:port` is read as the same).
+/// Where a plugin listens: `unix:///path/to.sock` or `tcp://ip:port` on a
+/// loopback address (`http://ip:port` is read as the same).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Unix(PathBuf),
@@ -79,10 +79,18 @@ impl std::str::FromStr for Endpoint {
             .strip_prefix("tcp://")
             .or_else(|| s.strip_prefix("http://"))
             .ok_or_else(|| bad("give unix:///path or tcp://host:port"))?;
-        rest.trim_end_matches('/')
+        let addr: SocketAddr = rest
+            .trim_end_matches('/')
             .parse()
-            .map(Self::Tcp)
-            .map_err(|_| bad("tcp:// takes an IP address and a port"))
+            .map_err(|_| bad("tcp:// takes an IP address and a port"))?;
+        // Whoever reaches a plugin may run Pods through it: without mutual
+        // TLS, only this machine may.
+        if !addr.ip().is_loopback() {
+            return Err(bad(
+                "tcp:// is for a loopback address only (no mutual TLS yet); use unix:// or 127.0.0.1",
+            ));
+        }
+        Ok(Self::Tcp(addr))
     }
 }
 
@@ -139,6 +147,8 @@ mod tests {
             "unix://relative.sock",
             "grpc://x:1",
             "tcp://host-name:1",
+            "tcp://0.0.0.0:7070",
+            "tcp://10.0.0.5:7070",
             "",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
