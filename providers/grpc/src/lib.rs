@@ -33,6 +33,34 @@ pub const VERSION: u32 = 1;
 /// The largest message either side takes: a list of many thousand instances.
 pub const MAX_MESSAGE: usize = 64 << 20;
 
+/// How many bytes one stream frame carries at most.
+const CHUNK: usize = 32 * 1024;
+
+/// Sends what `from` gives, as the messages `wrap` makes, until it ends:
+/// every byte pump of the streams, both sides. False when the receiver went
+/// first.
+async fn pump<R, T>(
+    mut from: R,
+    to: &tokio::sync::mpsc::Sender<T>,
+    wrap: impl Fn(Vec<u8>) -> T,
+) -> bool
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return true,
+            Ok(n) => {
+                if to.send(wrap(buf[..n].to_vec())).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GrpcError {
     #[error("provider endpoint {0:?}: {1}")]

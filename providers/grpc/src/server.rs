@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -16,13 +16,10 @@ use vkd_provider::{LogRequest, Provider, StreamIo, TermSize};
 
 use crate::convert::{self, status_of};
 use crate::pb::provider_server::{Provider as Service, ProviderServer};
-use crate::{Endpoint, GrpcError, MAX_MESSAGE, VERSION, pb};
+use crate::{CHUNK, Endpoint, GrpcError, MAX_MESSAGE, VERSION, pb, pump};
 
 type Answer<T> = Result<Response<T>, Status>;
 type Outgoing<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-/// How many bytes one stream frame carries at most.
-const CHUNK: usize = 32 * 1024;
 
 /// The protocol's service over `provider`.
 pub struct Served {
@@ -98,33 +95,6 @@ fn err(e: &vkd_provider::ProviderError) -> Status {
 
 fn invalid(what: String) -> Status {
     Status::invalid_argument(what)
-}
-
-/// Bytes read from `from`, as messages `wrap` makes, until it ends; `done`
-/// is dropped then.
-fn forward<R, T>(
-    mut from: R,
-    to: mpsc::Sender<Result<T, Status>>,
-    wrap: fn(Vec<u8>) -> T,
-    done: mpsc::Sender<()>,
-) where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match from.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to.send(Ok(wrap(buf[..n].to_vec()))).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        drop(done);
-    });
 }
 
 fn stdout_msg(b: Vec<u8>) -> pb::StreamOut {
@@ -212,14 +182,18 @@ impl Served {
         let provider = Arc::clone(&self.provider);
         tokio::spawn(async move {
             // The output pumps end when the provider drops its writers.
-            let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
-            if let Some(r) = stdout_reader {
-                forward(r, out_tx.clone(), stdout_msg, done_tx.clone());
-            }
-            if let Some(r) = stderr_reader {
-                forward(r, out_tx.clone(), stderr_msg, done_tx.clone());
-            }
-            drop(done_tx);
+            let outputs = [
+                stdout_reader.map(|r| (r, stdout_msg as fn(Vec<u8>) -> pb::StreamOut)),
+                stderr_reader.map(|r| (r, stderr_msg as fn(Vec<u8>) -> pb::StreamOut)),
+            ];
+            let pumps: Vec<_> = outputs
+                .into_iter()
+                .flatten()
+                .map(|(r, wrap)| {
+                    let tx = out_tx.clone();
+                    tokio::spawn(async move { pump(r, &tx, |b| Ok(wrap(b))).await })
+                })
+                .collect();
             let outcome = if exec {
                 provider
                     .exec(&start.uid, &start.container, start.command, io)
@@ -231,7 +205,9 @@ impl Served {
                     .map(|()| 0)
             };
             // Everything written before the end goes out before it.
-            while done_rx.recv().await.is_some() {}
+            for p in pumps {
+                let _ = p.await;
+            }
             let last = match outcome {
                 Ok(code) => Ok(pb::StreamOut {
                     msg: Some(pb::stream_out::Msg::Exit(code)),
@@ -438,13 +414,8 @@ impl Service for Served {
                 }
             }
         });
-        let (done_tx, _) = mpsc::channel::<()>(1);
-        forward(
-            read_half,
-            out_tx.clone(),
-            |data| pb::ForwardOut { data },
-            done_tx,
-        );
+        let tx = out_tx.clone();
+        tokio::spawn(async move { pump(read_half, &tx, |data| Ok(pb::ForwardOut { data })).await });
         let provider = Arc::clone(&self.provider);
         tokio::spawn(async move {
             if let Err(e) = provider

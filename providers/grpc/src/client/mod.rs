@@ -34,8 +34,6 @@ use crate::{Endpoint, GrpcError, MAX_MESSAGE, VERSION, pb};
 
 /// The reason health gives while the plugin does not answer.
 pub const UNREACHABLE: &str = "ProviderPluginUnreachable";
-/// How many bytes one stream frame carries at most.
-const CHUNK: usize = 32 * 1024;
 /// How long the event stream waits before asking a silent plugin again.
 const RECONNECT: Duration = Duration::from_secs(1);
 

@@ -2,18 +2,18 @@
 //! resizes out, stdout, stderr and the exit code back) and the byte pump
 //! port-forward shares with them.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use vkd_provider::{ProviderError, Result, StreamIo};
 
-use super::{CHUNK, GrpcProvider, bad_answer};
+use super::{GrpcProvider, bad_answer};
 use crate::convert::error_of;
 use crate::pb;
 
 /// Sends what `from` gives as the messages `wrap` makes, then `end`.
 pub(super) fn feed<R, T>(
-    mut from: R,
+    from: R,
     to: mpsc::Sender<T>,
     wrap: fn(Vec<u8>) -> T,
     end: T,
@@ -23,18 +23,9 @@ where
     T: Send + 'static,
 {
     tokio::spawn(async move {
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match from.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to.send(wrap(buf[..n].to_vec())).await.is_err() {
-                        return;
-                    }
-                }
-            }
+        if crate::pump(from, &to, wrap).await {
+            let _ = to.send(end).await;
         }
-        let _ = to.send(end).await;
     })
 }
 
