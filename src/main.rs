@@ -151,23 +151,17 @@ fn provider_serve(args: &vkd::cli::provider::ProviderServeArgs) -> ExitCode {
         let provider = vkd::build_in_tree(kind, args.provider_config.as_deref(), &args.state_dir)?;
         let shutdown = CancellationToken::new();
         tokio::spawn(signals(shutdown.clone()));
+        let failed = |message: String| vkd::Error::Provider {
+            provider: "provider-serve",
+            message,
+        };
         let served = vkd_grpc::server::serve(provider, &endpoint, shutdown)
             .await
-            .map_err(|e| vkd::Error::Provider {
-                provider: "provider-serve",
-                message: e.to_string(),
-            })?;
+            .map_err(|e| failed(e.to_string()))?;
         tracing::info!(%endpoint, provider = kind.name(), "serving the provider protocol");
         match served.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(vkd::Error::Provider {
-                provider: "provider-serve",
-                message: e.to_string(),
-            }),
-            Err(e) => Err(vkd::Error::Provider {
-                provider: "provider-serve",
-                message: e.to_string(),
-            }),
+            Ok(done) => done.map_err(|e| failed(e.to_string())),
+            Err(e) => Err(failed(format!("the server task: {e}"))),
         }
     });
     match result {
