@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use vkd_provider::topology::decide;
 use vkd_provider::{
-    Admission, Capacity, HostSlice, InstanceSpec, Placement, Provider, ProviderError,
+    Admission, Capacity, HostSlice, InstanceSpec, Placement, Provider, ProviderError, Support,
 };
 
 /// The longest a snapshot of the slices is decided on, whatever the provider's
@@ -183,6 +183,11 @@ impl Admitter {
                 host: h.clone(),
                 gpu_ids: Vec::new(),
             });
+        }
+        // A backend with its own queue (an HPC scheduler) places and queues
+        // Pods itself: its admission alone says whether a Pod can ever run.
+        if self.provider.capabilities().backend_queue == Support::Supported {
+            return Ok((self.provider.admit(&spec).await?, String::new()));
         }
         let (mut snapshot, mut fresh) = self.snapshot(false).await?;
         loop {

@@ -11,6 +11,7 @@ pub mod aggregated;
 pub mod conformance;
 pub mod metrics_server;
 pub mod monitoring;
+pub mod slurm;
 
 use std::collections::BTreeMap;
 use std::io::Write;

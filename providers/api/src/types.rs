@@ -684,6 +684,14 @@ pub struct Capabilities {
     /// which vkd exports with DCGM exporter's names and labels.
     #[serde(default)]
     pub gpu_usage: Support,
+    /// The backend keeps its own queue and places Pods itself (an HPC
+    /// scheduler): vkd asks [`Provider::admit`] alone rather than deciding on
+    /// the host slices' free room, and a Pod that must wait is created and
+    /// waits in the backend, its instance `Pending` with the backend's reason
+    /// (the containers `Waiting`, reason `BackendQueued`). The host slices
+    /// still say what the Node advertises.
+    #[serde(default)]
+    pub backend_queue: Support,
 }
 
 impl Capabilities {
@@ -701,6 +709,7 @@ impl Capabilities {
             ("pod-spec", self.pod_spec),
             ("pod-network", self.pod_network),
             ("gpu-usage", self.gpu_usage),
+            ("backend-queue", self.backend_queue),
         ]
         .into_iter()
         .filter(|(_, s)| *s == Support::Supported)

@@ -23,7 +23,7 @@ pub const MAX_GRACE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// them, with their field: the one list both ends read.
 type Field = fn(&mut Capabilities) -> &mut Support;
 
-const CAPABILITIES: [(&str, Field); 11] = [
+const CAPABILITIES: [(&str, Field); 12] = [
     ("logs", |c| &mut c.logs),
     ("exec", |c| &mut c.exec),
     ("attach", |c| &mut c.attach),
@@ -35,6 +35,7 @@ const CAPABILITIES: [(&str, Field); 11] = [
     ("pod-spec", |c| &mut c.pod_spec),
     ("pod-network", |c| &mut c.pod_network),
     ("gpu-usage", |c| &mut c.gpu_usage),
+    ("backend-queue", |c| &mut c.backend_queue),
 ];
 
 /// The capabilities a plugin names; a name vkd does not know is left out.

@@ -1,0 +1,659 @@
+//! A vkd provider whose backend is a Slurm cluster, served over the provider
+//! protocol by the `vkd-slurm` binary (docs/slurm-provider.md).
+//!
+//! Each Pod is one Slurm batch job, named `vkd-<pod uid>`, its comment
+//! `vkd:node=<node>;epoch=<epoch>;pod=<ns>/<name>`. The batch script is this
+//! binary's runner ([`job`]), which starts each container as a job step.
+//! Capacity is what `scontrol show nodes` says of each node (its CPUs,
+//! memory and GPU GRES, one host slice a node, never summed); Slurm places
+//! and queues the jobs itself (capability `backend-queue`), so a Pod that
+//! must wait is a pending job whose reason is Slurm's. A stale epoch is
+//! refused here and, where the site installs the `job_submit.lua` this binary
+//! prints, by `slurmctld` too. Delete is `scancel --signal=TERM` (the steps), then
+//! `scancel` once the Pod's grace period is over.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use vkd_provider::fence::FenceBook;
+use vkd_provider::{
+    Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Gpu, Health, HostSlice,
+    Instance, InstanceEvent, InstanceSpec, LogRequest, Logs, Placement, Provider, ProviderError,
+    Result, StreamIo, Support,
+};
+
+pub mod instance;
+pub mod job;
+pub mod pod_dir;
+pub mod slurm;
+mod streams;
+
+use instance::{comment, instance, job_name, job_of_instance, orphan, uid_of};
+use pod_dir::{PodDir, checked_container, checked_uid, pods_root};
+use slurm::{JobRow, Refusal, Slurm, SlurmError, Submit};
+
+/// The provider's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// On a filesystem every compute node shares (see [`pod_dir`]).
+    pub state_dir: PathBuf,
+    pub slurm: Slurm,
+    /// This binary, as the compute nodes reach it.
+    pub runner: PathBuf,
+    /// How often Slurm is asked what changed.
+    pub poll: Duration,
+    /// Memory a Pod that asks none is given (`--mem`), in MiB.
+    pub default_memory_mib: u64,
+}
+
+/// What `squeue` said last, by Pod UID.
+#[derive(Debug, Default)]
+struct Jobs {
+    rows: Arc<HashMap<String, JobRow>>,
+    at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Config,
+    book: FenceBook,
+    jobs: Mutex<Jobs>,
+    /// One `squeue` at a time: callers that wait share its answer.
+    refreshing: tokio::sync::Mutex<()>,
+    /// One submission at a time: a retried create finds the job the first made.
+    submitting: tokio::sync::Mutex<()>,
+    /// Node name → its address (a Pod's IP is its node's).
+    addresses: Mutex<HashMap<String, String>>,
+    events: broadcast::Sender<InstanceEvent>,
+}
+
+/// The Slurm provider.
+#[derive(Clone, Debug)]
+pub struct SlurmProvider {
+    inner: Arc<Inner>,
+}
+
+fn slurm_error(e: SlurmError) -> ProviderError {
+    ProviderError::transient(e.to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl SlurmProvider {
+    /// Starts watching Slurm (in the current runtime) until `shutdown`.
+    pub fn new(config: Config, shutdown: CancellationToken) -> std::io::Result<Self> {
+        std::fs::create_dir_all(pods_root(&config.state_dir))?;
+        let book = FenceBook::new(&config.state_dir.join("epochs"))?;
+        let (events, _) = broadcast::channel(4096);
+        let provider = Self {
+            inner: Arc::new(Inner {
+                config,
+                book,
+                jobs: Mutex::default(),
+                refreshing: tokio::sync::Mutex::new(()),
+                submitting: tokio::sync::Mutex::new(()),
+                addresses: Mutex::default(),
+                events,
+            }),
+        };
+        tokio::spawn(provider.clone().watch(shutdown));
+        Ok(provider)
+    }
+
+    fn state(&self) -> &Path {
+        &self.inner.config.state_dir
+    }
+
+    fn pod(&self, uid: &str) -> Result<PodDir> {
+        PodDir::new(self.state(), uid)
+    }
+
+    /// The jobs by Pod UID, asked of Slurm when the last answer is older than `max_age`.
+    async fn jobs(&self, max_age: Duration) -> Result<Arc<HashMap<String, JobRow>>> {
+        let fresh = |jobs: &Jobs| {
+            jobs.at
+                .filter(|at| at.elapsed() <= max_age)
+                .map(|_| Arc::clone(&jobs.rows))
+        };
+        if let Some(rows) = fresh(&lock(&self.inner.jobs)) {
+            return Ok(rows);
+        }
+        let asked = Instant::now();
+        let _turn = self.inner.refreshing.lock().await;
+        {
+            let jobs = lock(&self.inner.jobs);
+            if jobs.at.is_some_and(|at| at >= asked) {
+                return Ok(Arc::clone(&jobs.rows));
+            }
+        }
+        let rows = self.inner.config.slurm.jobs().await.map_err(slurm_error)?;
+        let mut by_uid: HashMap<String, JobRow> = HashMap::new();
+        for row in rows {
+            let Some(uid) = uid_of(&row.name) else {
+                continue;
+            };
+            // Of two jobs for one Pod (never made here), the live and newest one.
+            let better = by_uid
+                .get(uid)
+                .is_none_or(|old| (row.active(), row.id) > (old.active(), old.id));
+            if better {
+                by_uid.insert(uid.to_owned(), row);
+            }
+        }
+        let rows = Arc::new(by_uid);
+        *lock(&self.inner.jobs) = Jobs {
+            rows: Arc::clone(&rows),
+            at: Some(Instant::now()),
+        };
+        Ok(rows)
+    }
+
+    fn remember(&self, uid: &str, row: JobRow) {
+        let mut jobs = lock(&self.inner.jobs);
+        let mut rows = (*jobs.rows).clone();
+        rows.insert(uid.to_owned(), row);
+        jobs.rows = Arc::new(rows);
+    }
+
+    fn changed(&self, uid: &str) {
+        let _ = self.inner.events.send(InstanceEvent::Changed {
+            uid: uid.to_owned(),
+        });
+    }
+
+    /// Asks Slurm what changed every poll interval, and says which Pods did.
+    async fn watch(self, shutdown: CancellationToken) {
+        let mut seen: HashMap<String, String> = HashMap::new();
+        let mut tick = tokio::time::interval(self.inner.config.poll);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let Ok(rows) = self.jobs(self.inner.config.poll / 2).await else {
+                continue;
+            };
+            let mut now: HashMap<String, String> = HashMap::new();
+            for (uid, row) in rows.iter() {
+                now.insert(uid.clone(), format!("{}|{}|{}", row.state, row.reason, row.nodes));
+            }
+            if let Ok(dirs) = std::fs::read_dir(pods_root(self.state())) {
+                for entry in dirs.flatten() {
+                    let uid = entry.file_name().to_string_lossy().into_owned();
+                    let Ok(pod) = self.pod(&uid) else { continue };
+                    let stamp = pod
+                        .changed_at()
+                        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_nanos());
+                    now.entry(uid).or_default().push_str(&format!("|{stamp}"));
+                }
+            }
+            for (uid, print) in &now {
+                if seen.get(uid) != Some(print) {
+                    self.changed(uid);
+                }
+            }
+            for uid in seen.keys().filter(|u| !now.contains_key(*u)) {
+                self.changed(uid);
+            }
+            seen = now;
+        }
+    }
+
+    /// The instance of a Pod, or `None`; a deleted Pod whose job is over is
+    /// forgotten here (its directory removed).
+    async fn instance_of(&self, uid: &str, rows: &HashMap<String, JobRow>) -> Result<Option<Instance>> {
+        let pod = self.pod(uid)?;
+        let row = rows.get(uid);
+        if !pod.exists() {
+            return Ok(row.filter(|r| r.active()).and_then(|r| orphan(r, uid)));
+        }
+        let over = row.is_none_or(|r| !r.active());
+        let Some(job) = pod.job_id().or(row.map(|r| r.id)) else {
+            if pod.deleted().is_some() {
+                pod.remove()?;
+            }
+            return Ok(None);
+        };
+        if over && pod.deleted().is_some() {
+            pod.remove()?;
+            return Ok(None);
+        }
+        let spec = pod.read_spec()?;
+        let address = row.and_then(|r| lock(&self.inner.addresses).get(&r.nodes).cloned());
+        Ok(Some(instance(&spec, &pod, job, row, address.as_deref())))
+    }
+
+    /// What a submission asks of Slurm for `spec`.
+    fn submission(&self, spec: &InstanceSpec, pod: &PodDir, fence: Option<&Fence>) -> Submit {
+        let r = &spec.resources;
+        let mib = r.memory_bytes.div_ceil(1024 * 1024);
+        let mut export = String::new();
+        if let Ok(path) = std::env::var("PATH")
+            && !path.contains(',')
+        {
+            export.push_str(&format!("PATH={path}"));
+        }
+        if let Some(conf) = &self.inner.config.slurm.conf
+            && let Some(conf) = conf.to_str().filter(|c| !c.contains(','))
+        {
+            if !export.is_empty() {
+                export.push(',');
+            }
+            export.push_str(&format!("SLURM_CONF={conf}"));
+        }
+        if export.is_empty() {
+            export.push_str("NONE");
+        }
+        Submit {
+            name: job_name(&spec.pod.uid),
+            comment: fence.map(|f| comment(f, &spec.pod)).unwrap_or_default(),
+            script: pod.script(),
+            output: pod.output(),
+            workdir: pod.work(),
+            cpus: u32::try_from(r.cpu_millis.div_ceil(1000)).unwrap_or(u32::MAX),
+            memory_mib: if mib == 0 {
+                self.inner.config.default_memory_mib
+            } else {
+                mib
+            },
+            gpus: r.gpus,
+            nodelist: spec
+                .placement
+                .as_ref()
+                .map(|p| p.host.clone())
+                .filter(|h| !h.is_empty()),
+            export,
+        }
+    }
+
+    /// What the provider cannot run whatever Slurm has: a container without a command.
+    fn check_spec(spec: &InstanceSpec) -> Result<()> {
+        checked_uid(&spec.pod.uid)?;
+        for c in spec.init_containers.iter().chain(&spec.containers) {
+            checked_container(&c.name)?;
+            if c.command.is_empty() && c.args.is_empty() {
+                return Err(ProviderError::invalid(
+                    "CommandRequired",
+                    format!(
+                        "container {} has no command: a Slurm job runs commands on the node, \
+                         it has no image to take an entrypoint from",
+                        c.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn running_job(&self, uid: &str, container: &str) -> Result<(PodDir, u64)> {
+        let pod = self.pod(uid)?;
+        checked_container(container)?;
+        let rows = self.jobs(Duration::from_secs(1)).await?;
+        match (pod.exists(), rows.get(uid)) {
+            (true, Some(row)) if row.state == "RUNNING" => Ok((pod, row.id)),
+            (true, Some(row)) => Err(ProviderError::invalid(
+                "ContainerNotRunning",
+                format!("Slurm job {} is {}", row.id, row.state),
+            )),
+            _ => Err(ProviderError::NotFound {
+                uid: uid.to_owned(),
+            }),
+        }
+    }
+
+    /// `scancel` after the grace period, unless the job ended by then.
+    fn kill_after(&self, job: u64, uid: String, wait: Duration) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Ok(rows) = this.jobs(Duration::ZERO).await
+                && rows.get(&uid).is_some_and(|r| r.id == job && r.active())
+            {
+                let _ = this.inner.config.slurm.cancel(job, None).await;
+                this.changed(&uid);
+            }
+        });
+    }
+
+    /// The Lua job submit plugin that makes `slurmctld` refuse a stale epoch,
+    /// reading the epochs this provider records.
+    pub fn job_submit_lua(state_dir: &Path) -> String {
+        let dir = state_dir.join("epochs").display().to_string();
+        let quoted = dir.replace('\\', "\\\\").replace('"', "\\\"");
+        include_str!("job_submit.lua").replace("@EPOCHS@", &format!("{quoted}/"))
+    }
+}
+
+#[async_trait]
+impl Provider for SlurmProvider {
+    fn name(&self) -> &str {
+        "slurm"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            logs: Support::Supported,
+            exec: Support::Supported,
+            port_forward: Support::Supported,
+            backend_queue: Support::Supported,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn health(&self) -> Health {
+        match self.inner.config.slurm.ping().await {
+            Ok(_) => Health::Healthy,
+            Err(e) => Health::Unhealthy {
+                reason: "SlurmControllerUnreachable".into(),
+                message: e.to_string(),
+            },
+        }
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        let nodes = self.inner.config.slurm.nodes().await.map_err(slurm_error)?;
+        *lock(&self.inner.addresses) = nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.addr.clone()))
+            .collect();
+        let hosts = nodes
+            .iter()
+            .filter(|n| n.usable())
+            .map(|n| {
+                let free_gpus = n.gpu_count().saturating_sub(n.gpus_allocated);
+                let gpus = n
+                    .gpus
+                    .iter()
+                    .flat_map(|(kind, count)| (0..*count).map(move |_| kind.clone()))
+                    .enumerate()
+                    .map(|(i, kind)| Gpu {
+                        id: format!("{}-gpu{i}", n.name),
+                        model: if kind.is_empty() { "gpu".into() } else { kind },
+                        free: i < free_gpus as usize,
+                        ..Gpu::default()
+                    })
+                    .collect();
+                HostSlice {
+                    name: n.name.clone(),
+                    cpu_millis_total: u64::from(n.cpus) * 1000,
+                    cpu_millis_free: u64::from(n.cpus.saturating_sub(n.cpus_allocated)) * 1000,
+                    memory_bytes_total: n.memory_mib.saturating_mul(1 << 20),
+                    memory_bytes_free: n
+                        .memory_mib
+                        .saturating_sub(n.memory_allocated_mib)
+                        .saturating_mul(1 << 20),
+                    gpus,
+                    gpus_by_count: true,
+                    max_pods: n.cpus.max(1),
+                    labels: [("slurm.vkd.io/partitions".to_owned(), n.partitions.join("."))]
+                        .into_iter()
+                        .collect(),
+                    ..HostSlice::default()
+                }
+            })
+            .collect();
+        Ok(Capacity {
+            hosts,
+            kind: CapacityKind::Live,
+            observed_at: SystemTime::now(),
+            refresh_interval: Duration::from_secs(10),
+        })
+    }
+
+    async fn admit(&self, spec: &InstanceSpec) -> Result<Admission> {
+        Self::check_spec(spec)?;
+        let pod = self.pod(&spec.pod.uid)?;
+        let job = self.submission(spec, &pod, None);
+        match self.inner.config.slurm.test(&job).await.map_err(slurm_error)? {
+            Ok(()) => Ok(Admission::Fits(Placement {
+                host: job.nodelist.unwrap_or_default(),
+                gpu_ids: Vec::new(),
+            })),
+            Err(Refusal::Unrunnable(words)) => {
+                let nodes = self
+                    .inner
+                    .config
+                    .slurm
+                    .nodes()
+                    .await
+                    .map(|ns| {
+                        ns.iter()
+                            .map(|n| format!("{} {} cpu, {} gpu", n.name, n.cpus, n.gpu_count()))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    })
+                    .unwrap_or_default();
+                Ok(Admission::Rejected {
+                    reason: "SlurmRejected".into(),
+                    message: format!(
+                        "Slurm: {words} (asked {} cpu, {} MiB, {} gpu on one node; nodes: {nodes})",
+                        job.cpus.max(1),
+                        job.memory_mib,
+                        job.gpus
+                    ),
+                })
+            }
+            Err(Refusal::Fenced { .. } | Refusal::Transient(_)) => Err(ProviderError::transient(
+                "sbatch --test-only did not answer whether the job could run",
+            )),
+        }
+    }
+
+    async fn create(&self, fence: &Fence, spec: &InstanceSpec) -> Result<Instance> {
+        Self::check_spec(spec)?;
+        let uid = spec.pod.uid.as_str();
+        let _fence = self.inner.book.check_async(fence).await?;
+        let _turn = self.inner.submitting.lock().await;
+        let pod = self.pod(uid)?;
+        if pod.exists() {
+            // Made before: the job the first create submitted, found by its
+            // id or, when that create died after sbatch, by its name.
+            let rows = self.jobs(Duration::ZERO).await?;
+            if pod.job_id().is_none()
+                && let Some(row) = rows.get(uid)
+            {
+                pod.set_job_id(row.id)?;
+            }
+            if let Some(found) = self.instance_of(uid, &rows).await? {
+                return Ok(found);
+            }
+        } else {
+            pod.prepare(spec, &self.inner.config.runner)?;
+        }
+        let job = self.submission(spec, &pod, Some(fence));
+        let submitted = self.inner.config.slurm.submit(&job).await;
+        let id = match submitted {
+            Ok(Ok(id)) => id,
+            Ok(Err(refusal)) => {
+                pod.remove()?;
+                return Err(match refusal {
+                    Refusal::Fenced { node, current } => ProviderError::Fenced {
+                        node,
+                        current,
+                        got: fence.epoch,
+                    },
+                    Refusal::Unrunnable(words) => {
+                        ProviderError::invalid("SlurmRejected", format!("Slurm: {words}"))
+                    }
+                    Refusal::Transient(words) => ProviderError::transient(format!("sbatch: {words}")),
+                });
+            }
+            // No answer: the job may exist; the next create looks for it by name.
+            Err(e) => return Err(slurm_error(e)),
+        };
+        pod.set_job_id(id)?;
+        let row = JobRow {
+            id,
+            name: job.name,
+            state: "PENDING".into(),
+            reason: "None".into(),
+            nodes: String::new(),
+            comment: job.comment,
+            submitted: Some(SystemTime::now()),
+            started: None,
+        };
+        self.remember(uid, row.clone());
+        self.changed(uid);
+        Ok(instance(spec, &pod, id, Some(&row), None))
+    }
+
+    async fn get(&self, uid: &str) -> Result<Option<Instance>> {
+        let rows = self.jobs(Duration::from_secs(1)).await?;
+        self.instance_of(uid, &rows).await
+    }
+
+    async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
+        let _fence = self.inner.book.check_async(fence).await?;
+        let pod = self.pod(uid)?;
+        let rows = self.jobs(Duration::ZERO).await?;
+        let row = rows.get(uid).filter(|r| r.active());
+        if pod.exists() && pod.deleted().is_none() {
+            pod.set_deleted(SystemTime::now() + grace)?;
+            if let Some(row) = row.filter(|r| !r.pending() && !grace.is_zero()) {
+                let slurm = &self.inner.config.slurm;
+                slurm.cancel(row.id, Some("TERM")).await.map_err(slurm_error)?;
+                self.kill_after(row.id, uid.to_owned(), grace);
+                self.changed(uid);
+                return Ok(());
+            }
+        }
+        let past = pod.deleted().is_none_or(|d| SystemTime::now() >= d);
+        if let Some(row) = row.filter(|r| r.pending() || past || !pod.exists()) {
+            self.inner
+                .config
+                .slurm
+                .cancel(row.id, None)
+                .await
+                .map_err(slurm_error)?;
+        }
+        self.changed(uid);
+        Ok(())
+    }
+
+    async fn takeover(&self, fence: &Fence) -> Result<()> {
+        drop(self.inner.book.check_async(fence).await?);
+        self.jobs(Duration::ZERO).await.map(drop)
+    }
+
+    async fn delete_instance(&self, fence: &Fence, id: &str, _grace: Duration) -> Result<()> {
+        let _fence = self.inner.book.check_async(fence).await?;
+        let job = job_of_instance(id).ok_or_else(|| {
+            ProviderError::invalid("InvalidInstance", format!("{id:?} is not a Slurm job"))
+        })?;
+        self.inner
+            .config
+            .slurm
+            .cancel(job, None)
+            .await
+            .map_err(slurm_error)
+    }
+
+    async fn list(&self, node: &str) -> Result<Vec<Instance>> {
+        let rows = self.jobs(Duration::from_secs(1)).await?;
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let dirs = std::fs::read_dir(pods_root(self.state()))
+            .map_err(|e| ProviderError::transient(format!("{}: {e}", self.state().display())))?;
+        for entry in dirs.flatten() {
+            let uid = entry.file_name().to_string_lossy().into_owned();
+            let Ok(pod) = self.pod(&uid) else { continue };
+            if !pod.read_spec().is_ok_and(|s| s.node == node) {
+                continue;
+            }
+            seen.insert(uid.clone());
+            if let Some(i) = self.instance_of(&uid, &rows).await? {
+                out.push(i);
+            }
+        }
+        for (uid, row) in rows.iter() {
+            if !seen.contains(uid)
+                && row.active()
+                && let Some(i) = orphan(row, uid).filter(|i| i.node == node)
+            {
+                out.push(i);
+            }
+        }
+        Ok(out)
+    }
+
+    fn events(&self) -> BoxStream<'static, InstanceEvent> {
+        tokio_stream::wrappers::BroadcastStream::new(self.inner.events.subscribe())
+            .map(|e| e.unwrap_or(InstanceEvent::Resync))
+            .boxed()
+    }
+
+    async fn logs(&self, uid: &str, container: &str, request: LogRequest) -> Result<Logs> {
+        let pod = self.pod(uid)?;
+        checked_container(container)?;
+        if !pod.exists() {
+            return Err(ProviderError::NotFound {
+                uid: uid.to_owned(),
+            });
+        }
+        streams::logs(&pod, container, request)
+    }
+
+    async fn exec(
+        &self,
+        uid: &str,
+        container: &str,
+        command: Vec<String>,
+        io: StreamIo,
+    ) -> Result<i32> {
+        let (pod, job) = self.running_job(uid, container).await?;
+        if command.is_empty() {
+            return Err(ProviderError::invalid("NoCommand", "exec needs a command"));
+        }
+        let mut srun = streams::step(job, io.tty, &self.inner.config.runner);
+        srun.arg("enter").arg(&pod.path).arg(container).args(&command);
+        if let Some(conf) = &self.inner.config.slurm.conf {
+            srun.env("SLURM_CONF", conf);
+        }
+        streams::run_step(srun, io.stdin, io.stdout, io.stderr).await
+    }
+
+    async fn port_forward(&self, uid: &str, port: u16, stream: Box<dyn Duplex>) -> Result<()> {
+        let pod = self.pod(uid)?;
+        let spec = pod.read_spec().map_err(|_| ProviderError::NotFound {
+            uid: uid.to_owned(),
+        })?;
+        let first = spec.containers.first().map_or("main", |c| c.name.as_str());
+        let (_, job) = self.running_job(uid, first).await?;
+        let mut srun = streams::step(job, false, &self.inner.config.runner);
+        srun.arg("connect").arg(port.to_string());
+        if let Some(conf) = &self.inner.config.slurm.conf {
+            srun.env("SLURM_CONF", conf);
+        }
+        streams::forward(srun, stream).await
+    }
+
+    async fn describe(&self, uid: &str) -> Result<Vec<(String, String)>> {
+        let pod = self.pod(uid)?;
+        let rows = self.jobs(Duration::from_secs(1)).await?;
+        let mut out = Vec::new();
+        if let Some(row) = rows.get(uid) {
+            out.push(("slurm job".into(), row.id.to_string()));
+            out.push(("slurm state".into(), row.state.clone()));
+            if row.pending() {
+                out.push(("slurm pending reason".into(), row.reason.clone()));
+            }
+            if !row.nodes.is_empty() {
+                out.push(("slurm nodes".into(), row.nodes.clone()));
+            }
+        }
+        if pod.exists() {
+            out.push(("job output".into(), pod.output().display().to_string()));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,211 @@
+//! Logs, exec and port-forward into a Pod's Slurm job: logs are the CRI log
+//! files the job's steps write into the Pod's directory; exec and
+//! port-forward are job steps of their own (`srun --jobid=<job> --overlap`),
+//! so they run where the job runs, inside its allocation.
+
+use std::io::{BufRead, Seek};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use vkd_provider::{BoxRead, BoxWrite, Duplex, LogLine, LogRequest, Logs, ProviderError, Result};
+
+use crate::pod_dir::PodDir;
+
+/// How often a followed log is read for more.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// One CRI log line: `<RFC 3339> <stream> <F|P> <content>`.
+fn parse_line(line: &[u8]) -> Option<LogLine> {
+    let text = line.strip_suffix(b"\n").unwrap_or(line);
+    let mut parts = text.splitn(4, |b| *b == b' ');
+    let time: jiff::Timestamp = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    let _stream = parts.next()?;
+    let tag = parts.next()?;
+    let content = parts.next().unwrap_or_default();
+    let mut bytes = content.to_vec();
+    if tag == b"F" {
+        bytes.push(b'\n');
+    }
+    Some(LogLine {
+        time: SystemTime::try_from(time).ok()?,
+        bytes: bytes.into(),
+    })
+}
+
+/// The complete lines of a file from `offset`, and the offset after them.
+fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<LogLine>, u64)> {
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), offset)),
+        Err(e) => return Err(e),
+    };
+    f.seek(std::io::SeekFrom::Start(offset))?;
+    let mut reader = std::io::BufReader::new(f);
+    let (mut lines, mut at, mut buf) = (Vec::new(), offset, Vec::new());
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf)?;
+        if n == 0 || buf.last() != Some(&b'\n') {
+            return Ok((lines, at));
+        }
+        at += n as u64;
+        lines.extend(parse_line(&buf));
+    }
+}
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> ProviderError + '_ {
+    move |e| ProviderError::transient(format!("{}: {e}", path.display()))
+}
+
+/// A container's log: its history (the tail and since asked for; vkd bounds
+/// it again with the limit), then, when followed, what it writes until it
+/// stops running.
+pub(crate) fn logs(pod: &PodDir, container: &str, request: LogRequest) -> Result<Logs> {
+    let path = if request.previous {
+        pod.previous_log(container)
+    } else {
+        pod.log(container)
+    };
+    let (mut history, offset) = read_from(&path, 0).map_err(io_error(&path))?;
+    if let Some(since) = request.since {
+        history.retain(|l| l.time >= since);
+    }
+    if let Some(n) = request.tail_lines {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        history.drain(..history.len().saturating_sub(n));
+    }
+    let follow = (request.follow && !request.previous).then(|| {
+        let (pod, container) = (pod.clone(), container.to_owned());
+        futures::stream::unfold((offset, false), move |(mut offset, done)| {
+            let (pod, container, path) = (pod.clone(), container.clone(), path.clone());
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let running = pod.record(&container).running_since.is_some();
+                    let (lines, at) = read_from(&path, offset).ok()?;
+                    offset = at;
+                    if !lines.is_empty() {
+                        return Some((futures::stream::iter(lines), (offset, !running)));
+                    }
+                    if !running || !pod.exists() {
+                        return None;
+                    }
+                    tokio::time::sleep(FOLLOW_POLL).await;
+                }
+            }
+        })
+        .flatten()
+        .boxed()
+    });
+    Ok(Logs { history, follow })
+}
+
+/// The `srun` that runs one more step in a running job.
+pub(crate) fn step(job: u64, tty: bool, runner: &Path) -> tokio::process::Command {
+    let mut srun = tokio::process::Command::new("srun");
+    srun.args([
+        format!("--jobid={job}"),
+        "--overlap".into(),
+        "--nodes=1".into(),
+        "--ntasks=1".into(),
+        "--quiet".into(),
+    ]);
+    if tty {
+        srun.arg("--pty");
+    }
+    srun.arg(runner).kill_on_drop(true);
+    srun
+}
+
+async fn copy_in(from: Option<BoxRead>, to: Option<tokio::process::ChildStdin>) {
+    if let (Some(mut from), Some(mut to)) = (from, to) {
+        let _ = tokio::io::copy(&mut from, &mut to).await;
+        let _ = to.shutdown().await;
+    }
+}
+
+async fn copy_out(from: Option<impl tokio::io::AsyncRead + Unpin>, to: Option<BoxWrite>) {
+    match (from, to) {
+        (Some(mut from), Some(mut to)) => {
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+            let _ = to.flush().await;
+        }
+        (Some(mut from), None) => {
+            let _ = tokio::io::copy(&mut from, &mut tokio::io::sink()).await;
+        }
+        _ => {}
+    }
+}
+
+/// Runs `srun` with the caller's streams; its exit code (the command's).
+pub(crate) async fn run_step(
+    mut srun: tokio::process::Command,
+    stdin: Option<BoxRead>,
+    stdout: Option<BoxWrite>,
+    stderr: Option<BoxWrite>,
+) -> Result<i32> {
+    srun.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = srun
+        .spawn()
+        .map_err(|e| ProviderError::transient(format!("srun: {e}")))?;
+    let feed = tokio::spawn(copy_in(stdin, child.stdin.take()));
+    let out = copy_out(child.stdout.take(), stdout);
+    let err = copy_out(child.stderr.take(), stderr);
+    let (status, (), ()) = tokio::join!(child.wait(), out, err);
+    feed.abort();
+    let status = status.map_err(|e| ProviderError::transient(format!("srun: {e}")))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(128))
+}
+
+/// Carries one port-forward connection through a step that connects to
+/// `port` on the job's node.
+pub(crate) async fn forward(mut srun: tokio::process::Command, stream: Box<dyn Duplex>) -> Result<()> {
+    srun.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = srun
+        .spawn()
+        .map_err(|e| ProviderError::transient(format!("srun: {e}")))?;
+    let (mut read, mut write) = tokio::io::split(stream);
+    let (Some(mut to), Some(mut from)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(ProviderError::transient("srun: no pipes"));
+    };
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut read, &mut to).await;
+        let _ = to.shutdown().await;
+    });
+    let _ = tokio::io::copy(&mut from, &mut write).await;
+    let _ = write.shutdown().await;
+    up.abort();
+    let _ = child.kill().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cri_lines_keep_their_time_and_a_partial_line_stays_partial() {
+        let full = parse_line(b"2026-12-07T03:11:06.123456789Z stdout F hello world\n").unwrap();
+        assert_eq!(&full.bytes[..], b"hello world\n");
+        let part = parse_line(b"2026-12-07T03:11:06Z stderr P abc\n").unwrap();
+        assert_eq!(&part.bytes[..], b"abc");
+        assert!(parse_line(b"not a log line\n").is_none());
+    }
+}
