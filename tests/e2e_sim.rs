@@ -14,7 +14,9 @@ use serde_json::Value;
 use vkd_e2e::{Cluster, Suite, at, condition, repo_root, wait_for};
 
 mod common;
-use common::{VKD, Vkd, assert_one_instance_per_pod, items, running_and_ready, str_at};
+#[path = "plugins/slurm.rs"]
+mod slurm;
+use common::{Plugin, VKD, Vkd, assert_one_instance_per_pod, items, running_and_ready, str_at};
 
 const GRACE: &str = "16s";
 
@@ -50,6 +52,10 @@ fn main() -> ExitCode {
         (
             "a_provider_plugin_over_grpc_runs_pods_and_is_adopted_back",
             provider_plugin,
+        ),
+        (
+            "pods_run_as_slurm_jobs_through_the_slurm_plugin",
+            slurm::pods_run_as_slurm_jobs,
         ),
     ])
 }
@@ -805,76 +811,6 @@ fn unhealthy_provider(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// `vkd provider-serve`: the sim as a plugin on a Unix socket.
-struct Plugin {
-    args: Vec<String>,
-    log: std::path::PathBuf,
-    socket: std::path::PathBuf,
-    child: Option<std::process::Child>,
-}
-
-impl Plugin {
-    fn start(c: &Cluster, name: &str) -> Result<Self> {
-        let dir = c.dir().join(name);
-        std::fs::create_dir_all(&dir)?;
-        let socket = dir.join("provider.sock");
-        let fleet = repo_root().join("testdata/fleets/demo.yaml");
-        let mut plugin = Self {
-            args: [
-                "provider-serve",
-                "--provider",
-                "sim",
-                "--provider-config",
-                &path(&fleet),
-                "--state-dir",
-                &path(&dir),
-                "--listen",
-                &format!("unix://{}", path(&socket)),
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-            log: c.log_path(name),
-            socket,
-            child: None,
-        };
-        plugin.spawn()?;
-        Ok(plugin)
-    }
-
-    fn spawn(&mut self) -> Result<()> {
-        let _ = std::fs::remove_file(&self.socket);
-        self.child = Some(vkd_e2e::spawn_logged(
-            &common::daemon_binary(),
-            &self.args,
-            &self.log,
-            "info",
-        )?);
-        wait_for("the plugin's socket", Duration::from_secs(20), || {
-            Ok(self.socket.exists().then_some(()))
-        })
-    }
-
-    fn kill(&mut self) -> Result<()> {
-        if let Some(mut child) = self.child.take() {
-            child.kill()?;
-            child.wait()?;
-        }
-        Ok(())
-    }
-
-    /// What the plugin's sim runs for `node`, read from its state.
-    fn instances(&self, node: &str) -> Result<Vec<Value>> {
-        let state = self.socket.parent().context("the plugin's directory")?;
-        common::sim_instances(state, node)
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.kill();
-    }
-}
-
 fn ready_condition(c: &Cluster, node: &str, status: &str) -> Result<Value> {
     wait_for(
         &format!("{node} Ready={status}"),
@@ -896,7 +832,7 @@ fn ready_condition(c: &Cluster, node: &str, status: &str) -> Result<Value> {
 fn provider_plugin(c: &Cluster) -> Result<()> {
     const NODE: &str = "vk-plugin";
     const NS: &str = "e2e-plugin";
-    let mut plugin = Plugin::start(c, "plugin-sim")?;
+    let mut plugin = Plugin::sim(c, "plugin-sim")?;
     let endpoint = format!("unix://{}", path(&plugin.socket));
     let unused = repo_root().join("testdata/fleets/demo.yaml");
     let _vkd = Vkd::start_provider(

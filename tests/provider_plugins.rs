@@ -1,8 +1,9 @@
 //! The conformance program (`vkd provider-conformance`) against plugins over
 //! the provider protocol: the sim served by `vkd provider-serve`, and the
 //! Python example (examples/python-plugin, grpcio from PyPI, set up by
-//! `e2e/cluster build-python-plugin`). Each must pass every check; a plugin
-//! that is not there is a failure naming its endpoint.
+//! `e2e/cluster build-python-plugin`), and `vkd-slurm` on a real Slurm
+//! cluster (Debian's slurm-wlm, `e2e/cluster build-slurm`). Each must pass
+//! every check; a plugin that is not there is a failure naming its endpoint.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -109,6 +110,41 @@ fn the_python_example_plugin_passes_the_conformance_program() -> Result<()> {
         .arg(format!("unix://{}", socket.display()));
     let _plugin = start(cmd, &socket, &dir.join("plugin.log"))?;
     all_passed(&conformance(&socket)?, "the Python example")?;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+#[test]
+fn the_slurm_plugin_on_a_real_slurm_cluster_passes_the_conformance_program() -> Result<()> {
+    let dir = scratch("slurm")?;
+    let state = dir.join("state");
+    let bin = std::path::Path::new(VKD).with_file_name("vkd-slurm");
+    ensure!(
+        bin.exists(),
+        "{} is not built (cargo test --workspace builds it)",
+        bin.display()
+    );
+    let lua = Command::new(&bin)
+        .arg("job-submit-lua")
+        .arg(format!("--state-dir={}", state.display()))
+        .output()?;
+    ensure!(lua.status.success(), "vkd-slurm job-submit-lua: {lua:?}");
+    let slurm = vkd_e2e::slurm::SlurmCluster::start(
+        &dir.join("slurm"),
+        &[4, 2, 2],
+        Some(&String::from_utf8(lua.stdout)?),
+    )?;
+    let socket = dir.join("provider.sock");
+    let mut cmd = Command::new(&bin);
+    cmd.arg("serve")
+        .arg(format!("--listen=unix://{}", socket.display()))
+        .arg(format!("--state-dir={}", state.display()))
+        .arg(format!("--slurm-conf={}", slurm.conf().display()))
+        .arg("--poll=500ms");
+    let plugin = start(cmd, &socket, &dir.join("plugin.log"))?;
+    all_passed(&conformance(&socket)?, "the Slurm plugin")?;
+    drop(plugin);
+    drop(slurm);
     let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }

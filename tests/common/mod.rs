@@ -458,3 +458,113 @@ pub fn users_client_ca(c: &Cluster) -> Result<String> {
     }
     Ok(bundle.display().to_string())
 }
+
+/// A provider plugin in a process of its own, serving the provider protocol
+/// on a Unix socket; killed on drop.
+pub struct Plugin {
+    bin: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Plugin {
+    /// `vkd provider-serve`: the sim as a plugin, its state beside its socket.
+    pub fn sim(c: &Cluster, name: &str) -> Result<Self> {
+        let dir = c.dir().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("provider.sock");
+        let fleet = repo_root().join("testdata/fleets/demo.yaml");
+        let args = vec![
+            "provider-serve".into(),
+            "--provider".into(),
+            "sim".into(),
+            "--provider-config".into(),
+            fleet.display().to_string(),
+            "--state-dir".into(),
+            dir.display().to_string(),
+            "--listen".into(),
+            format!("unix://{}", socket.display()),
+        ];
+        Self::start(c, name, daemon_binary(), args, Vec::new(), socket)
+    }
+
+    /// `bin args...`, which is to listen on `socket`; waits until it does.
+    pub fn start(
+        c: &Cluster,
+        name: &str,
+        bin: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        socket: PathBuf,
+    ) -> Result<Self> {
+        let mut plugin = Self {
+            bin,
+            args,
+            env,
+            log: c.log_path(name),
+            socket,
+            child: None,
+        };
+        plugin.spawn()?;
+        Ok(plugin)
+    }
+
+    pub fn spawn(&mut self) -> Result<()> {
+        let _ = std::fs::remove_file(&self.socket);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        self.child = Some(child);
+        vkd_e2e::wait_for(
+            "the plugin's socket",
+            std::time::Duration::from_secs(20),
+            || Ok(self.socket.exists().then_some(())),
+        )
+    }
+
+    /// SIGKILL, as when the plugin crashes.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// What the plugin's sim runs for `node`, read from its state.
+    pub fn instances(&self, node: &str) -> Result<Vec<Value>> {
+        let state = self.socket.parent().context("the plugin's directory")?;
+        sim_instances(state, node)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// A binary built beside vkd's (`vkd-slurm`): `cargo test --workspace`
+/// builds every package's binaries before any test runs.
+pub fn sibling_binary(name: &str) -> Result<PathBuf> {
+    let bin = std::path::Path::new(VKD).with_file_name(name);
+    ensure!(
+        bin.exists(),
+        "{} is not built: cargo build -p {name} (cargo test --workspace builds it)",
+        bin.display()
+    );
+    Ok(bin)
+}

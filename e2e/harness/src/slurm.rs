@@ -125,15 +125,22 @@ impl SlurmCluster {
         let conf_arg = conf.display().to_string();
         cluster.spawn("slurmctld", &["-D", "-c", "-i", "-f", &conf_arg])?;
         for name in cluster.nodes.clone() {
-            cluster.spawn(&format!("slurmd-{name}"), &["-D", "-N", &name, "-f", &conf_arg])?;
+            cluster.spawn(
+                &format!("slurmd-{name}"),
+                &["-D", "-N", &name, "-f", &conf_arg],
+            )?;
         }
         let want = cluster.nodes.len();
-        wait_for("every slurmd to register idle", Duration::from_secs(60), || {
-            cluster.check_daemons()?;
-            let out = cluster.command("sinfo", &["--noheader", "--Node", "--format=%N %T"])?;
-            let idle = out.lines().filter(|l| l.ends_with(" idle")).count();
-            Ok((idle == want).then_some(()))
-        })?;
+        wait_for(
+            "every slurmd to register idle",
+            Duration::from_secs(60),
+            || {
+                cluster.check_daemons()?;
+                let out = cluster.command("sinfo", &["--noheader", "--Node", "--format=%N %T"])?;
+                let idle = out.lines().filter(|l| l.ends_with(" idle")).count();
+                Ok((idle == want).then_some(()))
+            },
+        )?;
         Ok(cluster)
     }
 

@@ -348,6 +348,7 @@ impl Provider for KubernetesProvider {
             } else {
                 Support::Unsupported
             },
+            backend_queue: Support::Unsupported,
         }
     }
 

@@ -214,6 +214,7 @@ impl Provider for ProcessProvider {
             },
             // It hands GPUs out (CUDA_VISIBLE_DEVICES) but does not read NVML.
             gpu_usage: Support::Unsupported,
+            backend_queue: Support::Unsupported,
         }
     }
 

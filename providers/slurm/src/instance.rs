@@ -68,7 +68,12 @@ fn terminated(e: &Exit) -> Terminated {
     }
 }
 
-fn status(c: &ContainerSpec, r: &ContainerRecord, job: u64, waiting: &ContainerState) -> ContainerStatus {
+fn status(
+    c: &ContainerSpec,
+    r: &ContainerRecord,
+    job: u64,
+    waiting: &ContainerState,
+) -> ContainerStatus {
     let state = match (&r.running_since, &r.exit) {
         (Some(since), _) => ContainerState::Running { started_at: *since },
         (None, Some(e)) => ContainerState::Terminated(terminated(e)),
@@ -101,10 +106,12 @@ pub fn instance(
         .map_or(0, |(_, e, _, _)| e);
     let pending = row.is_some_and(JobRow::pending);
     let waiting = match row {
-        Some(r) if pending && !matches!(r.reason.as_str(), "None" | "") => ContainerState::Waiting {
-            reason: "BackendQueued".into(),
-            message: Some(format!("Slurm job {job} is pending: {}", r.reason)),
-        },
+        Some(r) if pending && !matches!(r.reason.as_str(), "None" | "") => {
+            ContainerState::Waiting {
+                reason: "BackendQueued".into(),
+                message: Some(format!("Slurm job {job} is pending: {}", r.reason)),
+            }
+        }
         Some(r) if r.active() => ContainerState::Waiting {
             reason: "ContainerCreating".into(),
             message: None,
@@ -172,7 +179,9 @@ pub fn instance(
         ip: host.as_ref().and(host_ip.map(str::to_owned)),
         host_ip: host.as_ref().and(host_ip.map(str::to_owned)),
         host,
-        created_at: row.and_then(|r| r.submitted).unwrap_or_else(SystemTime::now),
+        created_at: row
+            .and_then(|r| r.submitted)
+            .unwrap_or_else(SystemTime::now),
         started_at: row.and_then(|r| r.started),
         message,
         events: Vec::new(),

@@ -296,12 +296,22 @@ pub async fn run_container(dir: &Path, name: &str) -> Result<i32, JobError> {
         Err(e) => {
             let line = format!("vkd-slurm: cannot run {:?}: {e}", c.command);
             write_line(&log, "stderr", line.as_bytes()).await;
-            return Ok(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
         }
     };
     let copies = [
-        child.stdout.take().map(|o| copy_lines(o, "stdout", Arc::clone(&log))),
-        child.stderr.take().map(|e| copy_lines(e, "stderr", Arc::clone(&log))),
+        child
+            .stdout
+            .take()
+            .map(|o| copy_lines(o, "stdout", Arc::clone(&log))),
+        child
+            .stderr
+            .take()
+            .map(|e| copy_lines(e, "stderr", Arc::clone(&log))),
     ];
     let stop = CancellationToken::new();
     tokio::spawn(stop_on_sigterm(stop.clone()));
@@ -359,7 +369,10 @@ pub fn enter(dir: &Path, name: &str, command: &[String]) -> JobError {
         Ok(s) => s,
         Err(e) => return e.into(),
     };
-    let c = match checked_container(name).map_err(JobError::from).and_then(|n| find(&spec, n)) {
+    let c = match checked_container(name)
+        .map_err(JobError::from)
+        .and_then(|n| find(&spec, n))
+    {
         Ok(c) => c,
         Err(e) => return e,
     };

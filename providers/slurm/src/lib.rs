@@ -184,7 +184,10 @@ impl SlurmProvider {
             };
             let mut now: HashMap<String, String> = HashMap::new();
             for (uid, row) in rows.iter() {
-                now.insert(uid.clone(), format!("{}|{}|{}", row.state, row.reason, row.nodes));
+                now.insert(
+                    uid.clone(),
+                    format!("{}|{}|{}", row.state, row.reason, row.nodes),
+                );
             }
             if let Ok(dirs) = std::fs::read_dir(pods_root(self.state())) {
                 for entry in dirs.flatten() {
@@ -211,7 +214,11 @@ impl SlurmProvider {
 
     /// The instance of a Pod, or `None`; a deleted Pod whose job is over is
     /// forgotten here (its directory removed).
-    async fn instance_of(&self, uid: &str, rows: &HashMap<String, JobRow>) -> Result<Option<Instance>> {
+    async fn instance_of(
+        &self,
+        uid: &str,
+        rows: &HashMap<String, JobRow>,
+    ) -> Result<Option<Instance>> {
         let pod = self.pod(uid)?;
         let row = rows.get(uid);
         if !pod.exists() {
@@ -414,7 +421,14 @@ impl Provider for SlurmProvider {
         Self::check_spec(spec)?;
         let pod = self.pod(&spec.pod.uid)?;
         let job = self.submission(spec, &pod, None);
-        match self.inner.config.slurm.test(&job).await.map_err(slurm_error)? {
+        match self
+            .inner
+            .config
+            .slurm
+            .test(&job)
+            .await
+            .map_err(slurm_error)?
+        {
             Ok(()) => Ok(Admission::Fits(Placement {
                 host: job.nodelist.unwrap_or_default(),
                 gpu_ids: Vec::new(),
@@ -485,7 +499,9 @@ impl Provider for SlurmProvider {
                     Refusal::Unrunnable(words) => {
                         ProviderError::invalid("SlurmRejected", format!("Slurm: {words}"))
                     }
-                    Refusal::Transient(words) => ProviderError::transient(format!("sbatch: {words}")),
+                    Refusal::Transient(words) => {
+                        ProviderError::transient(format!("sbatch: {words}"))
+                    }
                 });
             }
             // No answer: the job may exist; the next create looks for it by name.
@@ -521,7 +537,10 @@ impl Provider for SlurmProvider {
             pod.set_deleted(SystemTime::now() + grace)?;
             if let Some(row) = row.filter(|r| !r.pending() && !grace.is_zero()) {
                 let slurm = &self.inner.config.slurm;
-                slurm.cancel(row.id, Some("TERM")).await.map_err(slurm_error)?;
+                slurm
+                    .cancel(row.id, Some("TERM"))
+                    .await
+                    .map_err(slurm_error)?;
                 self.kill_after(row.id, uid.to_owned(), grace);
                 self.changed(uid);
                 return Ok(());
@@ -615,7 +634,10 @@ impl Provider for SlurmProvider {
             return Err(ProviderError::invalid("NoCommand", "exec needs a command"));
         }
         let mut srun = streams::step(job, io.tty, &self.inner.config.runner);
-        srun.arg("enter").arg(&pod.path).arg(container).args(&command);
+        srun.arg("enter")
+            .arg(&pod.path)
+            .arg(container)
+            .args(&command);
         if let Some(conf) = &self.inner.config.slurm.conf {
             srun.env("SLURM_CONF", conf);
         }

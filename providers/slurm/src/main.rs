@@ -122,7 +122,8 @@ async fn serve(config: Config, endpoint: vkd_grpc::Endpoint) -> anyhow::Result<(
         }
         stop.cancel();
     });
-    let served = vkd_grpc::server::serve(std::sync::Arc::new(provider), &endpoint, shutdown).await?;
+    let served =
+        vkd_grpc::server::serve(std::sync::Arc::new(provider), &endpoint, shutdown).await?;
     tracing::info!(%endpoint, "serving the provider protocol for Slurm");
     served.await??;
     Ok(())
@@ -190,7 +191,14 @@ fn main() -> ExitCode {
             drop(rt);
             let e = job::enter(&dir, &container, &command);
             eprintln!("vkd-slurm: {e}");
-            ExitCode::from(if matches!(&e, job::JobError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound) { 127 } else { 126 })
+            ExitCode::from(
+                if matches!(&e, job::JobError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+                {
+                    127
+                } else {
+                    126
+                },
+            )
         }
         Command::Connect { port } => code(rt.block_on(job::connect(port)).map(|()| 0)),
     }

@@ -47,9 +47,7 @@ pub struct ContainerRecord {
 pub fn checked_uid(uid: &str) -> Result<&str, ProviderError> {
     if !uid.is_empty()
         && uid.len() <= 64
-        && uid
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
         Ok(uid)
     } else {
@@ -111,10 +109,14 @@ impl PodDir {
         self.path.join("logs").join(format!("{container}.log"))
     }
     pub fn previous_log(&self, container: &str) -> PathBuf {
-        self.path.join("logs").join(format!("{container}.previous.log"))
+        self.path
+            .join("logs")
+            .join(format!("{container}.previous.log"))
     }
     fn record_file(&self, container: &str) -> PathBuf {
-        self.path.join("containers").join(format!("{container}.json"))
+        self.path
+            .join("containers")
+            .join(format!("{container}.json"))
     }
 
     pub fn exists(&self) -> bool {
@@ -147,9 +149,8 @@ impl PodDir {
     pub fn read_spec(&self) -> Result<InstanceSpec, ProviderError> {
         let path = self.spec();
         let bytes = std::fs::read(&path).map_err(io_error(&path))?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            ProviderError::transient(format!("{} is not a spec: {e}", path.display()))
-        })
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ProviderError::transient(format!("{} is not a spec: {e}", path.display())))
     }
 
     pub fn job_id(&self) -> Option<u64> {

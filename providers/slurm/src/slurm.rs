@@ -127,10 +127,7 @@ impl JobRow {
     /// Waiting in the queue: nothing of it runs yet (a `CONFIGURING` job has
     /// its nodes and is starting).
     pub fn pending(&self) -> bool {
-        matches!(
-            self.state.as_str(),
-            "PENDING" | "REQUEUED" | "REQUEUE_HOLD"
-        )
+        matches!(self.state.as_str(), "PENDING" | "REQUEUED" | "REQUEUE_HOLD")
     }
 }
 
@@ -170,7 +167,7 @@ pub fn parse_jobs(text: &str) -> Vec<JobRow> {
 pub fn slurm_time(text: &str) -> Option<SystemTime> {
     let civil: jiff::civil::DateTime = text.trim().parse().ok()?;
     let zoned = civil.to_zoned(jiff::tz::TimeZone::system()).ok()?;
-    SystemTime::try_from(zoned.timestamp()).ok()
+    Some(SystemTime::from(zoned.timestamp()))
 }
 
 /// One node as `scontrol show nodes -o` describes it.
@@ -193,10 +190,20 @@ pub struct NodeRow {
 impl NodeRow {
     /// Takes jobs: neither down, drained, draining nor failing.
     pub fn usable(&self) -> bool {
-        !["DOWN", "DRAIN", "FAIL", "INVAL", "NOT_RESPONDING", "UNKNOWN"]
-            .iter()
-            .any(|bad| self.state.split('+').any(|s| s.trim_end_matches('*') == *bad))
-            && !self.state.ends_with('*')
+        ![
+            "DOWN",
+            "DRAIN",
+            "FAIL",
+            "INVAL",
+            "NOT_RESPONDING",
+            "UNKNOWN",
+        ]
+        .iter()
+        .any(|bad| {
+            self.state
+                .split('+')
+                .any(|s| s.trim_end_matches('*') == *bad)
+        }) && !self.state.ends_with('*')
     }
 
     pub fn gpu_count(&self) -> u32 {
@@ -212,7 +219,9 @@ pub fn parse_nodes(text: &str) -> Vec<NodeRow> {
             let mut fields: Vec<(&str, String)> = Vec::new();
             for word in line.split_whitespace() {
                 match word.split_once('=') {
-                    Some((k, v)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                    Some((k, v))
+                        if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric()) =>
+                    {
                         fields.push((k, v.to_owned()));
                     }
                     _ => {
@@ -388,8 +397,14 @@ impl Slurm {
 
     /// Every job the controller still knows (finished ones for `MinJobAge`).
     pub async fn jobs(&self) -> Result<Vec<JobRow>, SlurmError> {
-        let args = ["--noheader", "--all", "--states=all", "--format", SQUEUE_FORMAT]
-            .map(str::to_owned);
+        let args = [
+            "--noheader",
+            "--all",
+            "--states=all",
+            "--format",
+            SQUEUE_FORMAT,
+        ]
+        .map(str::to_owned);
         Ok(parse_jobs(&self.run("squeue", &args).await?))
     }
 
@@ -414,12 +429,16 @@ impl Slurm {
             return Ok(Err(Refusal::of(&String::from_utf8_lossy(&out.stderr))));
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        let id = text.trim().split(';').next().unwrap_or("").parse().map_err(|_| {
-            SlurmError::Failed {
+        let id = text
+            .trim()
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .parse()
+            .map_err(|_| SlurmError::Failed {
                 command: "sbatch",
                 message: format!("--parsable printed {:?}, not a job id", text.trim()),
-            }
-        })?;
+            })?;
         Ok(Ok(id))
     }
 
@@ -449,7 +468,8 @@ impl Slurm {
         match self.run("scancel", &args).await {
             // Already gone is what a cancel wants.
             Err(SlurmError::Failed { message, .. })
-                if message.contains("Invalid job id") || message.contains("already completing or completed") =>
+                if message.contains("Invalid job id")
+                    || message.contains("already completing or completed") =>
             {
                 Ok(())
             }
@@ -570,7 +590,10 @@ mod tests {
             "--partition=gpu",
             "--no-requeue",
         ] {
-            assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+            assert!(
+                args.iter().any(|a| a == want),
+                "{want} missing from {args:?}"
+            );
         }
     }
 }

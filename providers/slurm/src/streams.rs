@@ -30,7 +30,7 @@ fn parse_line(line: &[u8]) -> Option<LogLine> {
         bytes.push(b'\n');
     }
     Some(LogLine {
-        time: SystemTime::try_from(time).ok()?,
+        time: SystemTime::from(time),
         bytes: bytes.into(),
     })
 }
@@ -174,7 +174,10 @@ pub(crate) async fn run_step(
 
 /// Carries one port-forward connection through a step that connects to
 /// `port` on the job's node.
-pub(crate) async fn forward(mut srun: tokio::process::Command, stream: Box<dyn Duplex>) -> Result<()> {
+pub(crate) async fn forward(
+    mut srun: tokio::process::Command,
+    stream: Box<dyn Duplex>,
+) -> Result<()> {
     srun.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

@@ -57,7 +57,8 @@ fn serve(cluster: &SlurmCluster, state: &Path, socket: &Path) -> Plugin {
 async fn connect(socket: &Path) -> GrpcProvider {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match GrpcProvider::connect(Endpoint::Unix(socket.to_owned()), Duration::from_secs(30)).await
+        match GrpcProvider::connect(Endpoint::Unix(socket.to_owned()), Duration::from_secs(30))
+            .await
         {
             Ok(p) => return p,
             Err(e) if Instant::now() > deadline => panic!("the plugin never answered: {e}"),
@@ -149,14 +150,21 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
 
     mark("Logs and exec.");
     // Logs and exec.
-    let hello = pod("hello", 0, "echo \"$GREETING\"; echo to-stderr >&2; sleep 600");
+    let hello = pod(
+        "hello",
+        0,
+        "echo \"$GREETING\"; echo to-stderr >&2; sleep 600",
+    );
     p.create(&f, &hello).await.unwrap();
     until("hello running", 30, async || {
         (phase(&p, "hello").await == Some(InstancePhase::Running)).then_some(())
     })
     .await;
     let text = until("hello's log", 20, async || {
-        let logs = p.logs("hello", "main", LogRequest::default()).await.unwrap();
+        let logs = p
+            .logs("hello", "main", LogRequest::default())
+            .await
+            .unwrap();
         let text: String = logs
             .history
             .iter()
@@ -249,7 +257,10 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
     );
     p.create(&f, &graceful).await.unwrap();
     until("graceful logging", 30, async || {
-        let logs = p.logs("graceful", "main", LogRequest::default()).await.ok()?;
+        let logs = p
+            .logs("graceful", "main", LogRequest::default())
+            .await
+            .ok()?;
         (!logs.history.is_empty()).then_some(())
     })
     .await;
@@ -264,7 +275,9 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
         )
         .await
         .unwrap();
-    p.delete(&f, "graceful", Duration::from_secs(20)).await.unwrap();
+    p.delete(&f, "graceful", Duration::from_secs(20))
+        .await
+        .unwrap();
     let mut followed = String::new();
     use futures::StreamExt;
     let mut follow = logs.follow.unwrap();
@@ -283,14 +296,20 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
 
     mark("A container that ignores TERM");
     // A container that ignores TERM is killed once the grace period is over.
-    let stubborn = pod("stubborn", 0, "trap '' TERM; echo up; while :; do sleep 0.2; done");
+    let stubborn = pod(
+        "stubborn",
+        0,
+        "trap '' TERM; echo up; while :; do sleep 0.2; done",
+    );
     p.create(&f, &stubborn).await.unwrap();
     until("stubborn running", 30, async || {
         (phase(&p, "stubborn").await == Some(InstancePhase::Running)).then_some(())
     })
     .await;
     let asked = Instant::now();
-    p.delete(&f, "stubborn", Duration::from_secs(3)).await.unwrap();
+    p.delete(&f, "stubborn", Duration::from_secs(3))
+        .await
+        .unwrap();
     gone(&p, "stubborn", 30).await;
     let took = asked.elapsed();
     assert!(
