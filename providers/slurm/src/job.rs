@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use vkd_provider::{ContainerSpec, InstanceSpec, RestartPolicy};
 
 use crate::pod_dir::{Exit, PodDir, checked_container};
+use crate::streams::status_code;
 
 /// The first restart waits this long, each next one twice as long, at most [`BACKOFF_MAX`].
 const BACKOFF_START: Duration = Duration::from_secs(10);
@@ -208,7 +209,7 @@ impl Step {
                         child.wait().await
                     }
                 };
-                status.map_or(128, |s| exit_code(&s))
+                status.map_or(128, status_code)
             }
             Err(e) => {
                 eprintln!("vkd-slurm: starting the step of container {name}: {e}");
@@ -226,14 +227,6 @@ impl Step {
         let _ = self.pod.set_record(name, &record);
         code
     }
-}
-
-fn exit_code(status: &std::process::ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(128)
 }
 
 /// The container's command line and environment as a process.
@@ -327,7 +320,7 @@ pub async fn run_container(dir: &Path, name: &str) -> Result<i32, JobError> {
     for c in copies.into_iter().flatten() {
         let _ = c.await;
     }
-    Ok(status.map_or(128, |s| exit_code(&s)))
+    Ok(status.map_or(128, status_code))
 }
 
 fn copy_lines(

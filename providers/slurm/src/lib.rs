@@ -641,7 +641,11 @@ impl Provider for SlurmProvider {
         if let Some(conf) = &self.inner.config.slurm.conf {
             srun.env("SLURM_CONF", conf);
         }
-        streams::run_step(srun, io.stdin, io.stdout, io.stderr).await
+        if io.tty {
+            streams::run_step_on_a_tty(srun, io).await
+        } else {
+            streams::run_step(srun, io.stdin, io.stdout, io.stderr).await
+        }
     }
 
     async fn port_forward(&self, uid: &str, port: u16, stream: Box<dyn Duplex>) -> Result<()> {

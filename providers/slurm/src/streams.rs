@@ -9,8 +9,10 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
-use vkd_provider::{BoxRead, BoxWrite, Duplex, LogLine, LogRequest, Logs, ProviderError, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vkd_provider::{
+    BoxRead, BoxWrite, Duplex, LogLine, LogRequest, Logs, ProviderError, Result, StreamIo, TermSize,
+};
 
 use crate::pod_dir::PodDir;
 
@@ -164,12 +166,97 @@ pub(crate) async fn run_step(
     let err = copy_out(child.stderr.take(), stderr);
     let (status, (), ()) = tokio::join!(child.wait(), out, err);
     feed.abort();
-    let status = status.map_err(|e| ProviderError::transient(format!("srun: {e}")))?;
+    status
+        .map(status_code)
+        .map_err(|e| ProviderError::transient(format!("srun: {e}")))
+}
+
+pub(crate) fn status_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    Ok(status
+    status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(128))
+        .unwrap_or(128)
+}
+
+/// Runs `srun --pty` on a terminal of its own here (srun gives the step a
+/// terminal only when it has one): the caller's stdin and resizes go in,
+/// the terminal's output comes back as stdout; the command's exit code.
+pub(crate) async fn run_step_on_a_tty(srun: tokio::process::Command, io: StreamIo) -> Result<i32> {
+    let fail = |e: pty_process::Error| ProviderError::transient(format!("exec with a tty: {e}"));
+    let std = srun.as_std();
+    let mut cmd = pty_process::Command::new(std.get_program()).args(std.get_args());
+    for (key, value) in std.get_envs() {
+        if let Some(value) = value {
+            cmd = cmd.env(key, value);
+        }
+    }
+    let (pty, pts) = pty_process::open().map_err(fail)?;
+    let mut resize = io.resize;
+    // kubectl sends the terminal's size first: the step starts with it.
+    if let Some(r) = resize.as_mut()
+        && let Ok(Some(size)) = tokio::time::timeout(Duration::from_millis(50), r.recv()).await
+    {
+        let _ = pty.resize(pty_process::Size::new(size.height, size.width));
+    }
+    let mut child = cmd.spawn(pts).map_err(fail)?;
+    let (mut from_tty, mut to_tty) = pty.into_split();
+    let mut stdin = io.stdin;
+    let input = tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let read = async {
+                match stdin.as_mut() {
+                    Some(s) => Some(s.read(&mut buf).await),
+                    None => std::future::pending().await,
+                }
+            };
+            let size = async {
+                match resize.as_mut() {
+                    Some(r) => r.recv().await,
+                    None => std::future::pending::<Option<TermSize>>().await,
+                }
+            };
+            tokio::select! {
+                Some(n) = read => match n {
+                    Ok(n) if n > 0 => {
+                        if to_tty.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ => stdin = None,
+                },
+                s = size => match s {
+                    Some(s) => {
+                        let _ = to_tty.resize(pty_process::Size::new(s.height, s.width));
+                    }
+                    None => resize = None,
+                },
+            }
+            if stdin.is_none() && resize.is_none() {
+                return;
+            }
+        }
+    });
+    let output = async {
+        let mut out = io.stdout;
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = from_tty.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if let Some(o) = out.as_mut()
+                && (o.write_all(&buf[..n]).await.is_err() || o.flush().await.is_err())
+            {
+                break;
+            }
+        }
+    };
+    let ((), status) = tokio::join!(output, child.wait());
+    input.abort();
+    status
+        .map(status_code)
+        .map_err(|e| ProviderError::transient(format!("srun: {e}")))
 }
 
 /// Carries one port-forward connection through a step that connects to

@@ -206,6 +206,46 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
     );
 
     mark("Eight GPUs");
+    // With a terminal: the command sees one, and what it prints comes back.
+    let (out_w, mut out_r) = tokio::io::duplex(4096);
+    let (stdin_r, mut stdin_w) = tokio::io::duplex(64);
+    let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(4);
+    resize_tx
+        .send(vkd_provider::TermSize {
+            width: 100,
+            height: 30,
+        })
+        .await
+        .unwrap();
+    let session = p.exec(
+        "hello",
+        "main",
+        vec![
+            "sh".into(),
+            "-c".into(),
+            "tty; stty size; read line; echo \"read $line\"".into(),
+        ],
+        StreamIo {
+            stdin: Some(Box::new(stdin_r)),
+            stdout: Some(Box::new(out_w)),
+            stderr: None,
+            tty: true,
+            resize: Some(resize_rx),
+        },
+    );
+    let typing = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        use tokio::io::AsyncWriteExt;
+        stdin_w.write_all(b"typed\n").await.unwrap();
+    };
+    let (code, ()) = tokio::join!(session, typing);
+    assert_eq!(code.unwrap(), 0);
+    let mut out = String::new();
+    out_r.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("/dev/pts/"), "tty said {out:?}");
+    assert!(out.contains("30 100"), "{out:?}");
+    assert!(out.contains("read typed"), "{out:?}");
+
     // Eight GPUs: no node has them; Slurm's own words say so.
     match p.admit(&pod("eight", 8, "true")).await.unwrap() {
         Admission::Rejected { reason, message } => {
