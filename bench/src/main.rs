@@ -16,6 +16,8 @@
 //! and prints one line of figures per target, with the limits in force and the
 //! CPU time each process spent (the profile: where the time went).
 //!
+//! `--plugin` runs the same phases with the sim as a provider plugin (`vkd
+//! provider-serve`, vkd on `--provider grpc`): the provider protocol's cost.
 //! `--chain` measures instead the kubernetes provider against the sim directly
 //! (`chain.rs`); `--dra-writes` the API writes of a GPU Pod with and without
 //! DRA (`dra.rs`).
@@ -129,6 +131,11 @@ struct Args {
     /// under scripts/bench.sh].
     #[arg(long)]
     vkd_binary: Option<PathBuf>,
+    /// The sim in a process of its own (`vkd provider-serve`) and vkd on
+    /// `--provider grpc`: the same phases through the provider protocol, to
+    /// set against a run without it (docs/provider-protocol.md).
+    #[arg(long, conflicts_with_all = ["chain", "peers", "dra_writes"])]
+    plugin: bool,
 }
 
 /// The daemon's resident memory in KiB (`/proc/PID/status`): the file-backed
@@ -270,11 +277,35 @@ async fn run(args: Args) -> Result<()> {
         std::thread::available_parallelism().map_or(0, usize::from),
     );
 
-    let mut vkd = Daemon::start(&cluster, &vkd_bin, &sa_kubeconfig, &args)?;
+    let plugin = if args.plugin {
+        Some(setup::Plugin::start(&cluster, &vkd_bin)?)
+    } else {
+        None
+    };
+    let mut vkd = match &plugin {
+        Some(p) => {
+            let endpoint = p.endpoint();
+            let extra = [
+                "--node-label",
+                "vkd.io/bench=true",
+                "--provider-endpoint",
+                &endpoint,
+            ];
+            let role = Role {
+                provider: "grpc",
+                extra: &extra,
+                ..Role::sim()
+            };
+            println!("provider: the sim as a plugin over the provider protocol ({endpoint})");
+            Daemon::start_as(&cluster, &vkd_bin, &sa_kubeconfig, &args, &role)?
+        }
+        None => Daemon::start(&cluster, &vkd_bin, &sa_kubeconfig, &args)?,
+    };
+    let plugin_pid = plugin.as_ref().map(setup::Plugin::pid);
     let nodes: Api<Node> = Api::all(client.clone());
     wait_until("the virtual node to be Ready", 60, || vkd.ready()).await?;
     let idle_heap = vkd.heap_bytes().unwrap_or(0);
-    let cpu_before = cpu_seconds(&cluster, &vkd);
+    let cpu_before = cpu_seconds(&cluster, &vkd, plugin_pid);
 
     let seen: Book = Arc::default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -488,7 +519,7 @@ async fn run(args: Args) -> Result<()> {
     print_writes("burst", names.len(), &writes, &api_before, &api_after);
 
     // Where the time went.
-    let cpu_after = cpu_seconds(&cluster, &vkd);
+    let cpu_after = cpu_seconds(&cluster, &vkd, plugin_pid);
     let wall = secs(SystemTime::now(), bench_started);
     let mut parts: Vec<String> = cpu_after
         .iter()
@@ -917,7 +948,7 @@ fn print_profile(path: &Path) {
 }
 
 /// CPU seconds (user + system) of each control-plane process and of vkd.
-fn cpu_seconds(cluster: &Cluster, vkd: &Daemon) -> HashMap<String, f64> {
+fn cpu_seconds(cluster: &Cluster, vkd: &Daemon, plugin: Option<u32>) -> HashMap<String, f64> {
     let mut out = HashMap::new();
     for c in [
         "etcd",
@@ -931,6 +962,9 @@ fn cpu_seconds(cluster: &Cluster, vkd: &Daemon) -> HashMap<String, f64> {
     }
     if let Some(s) = vkd.pid().and_then(proc_cpu) {
         out.insert("vkd".to_owned(), vkd.earlier_cpu + s);
+    }
+    if let Some(s) = plugin.and_then(proc_cpu) {
+        out.insert("plugin".to_owned(), s);
     }
     if let Some(s) = proc_cpu(std::process::id()) {
         out.insert("bench client".to_owned(), s);

@@ -68,3 +68,58 @@ impl Role<'_> {
         }
     }
 }
+
+/// The sim served over the provider protocol (`vkd provider-serve`), its
+/// state where the in-process sim's would be; killed on drop.
+#[derive(Debug)]
+pub(crate) struct Plugin {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl Plugin {
+    pub(crate) fn start(cluster: &Cluster, vkd: &std::path::Path) -> Result<Self> {
+        let state = cluster.dir().join("vkd-state");
+        std::fs::create_dir_all(&state)?;
+        let socket = cluster.dir().join("plugin.sock");
+        let args: Vec<String> = vec![
+            "provider-serve".into(),
+            "--provider".into(),
+            "sim".into(),
+            "--provider-config".into(),
+            repo_root()
+                .join("testdata/fleets/many.yaml")
+                .display()
+                .to_string(),
+            "--state-dir".into(),
+            state.display().to_string(),
+            "--listen".into(),
+            format!("unix://{}", socket.display()),
+        ];
+        let child = vkd_e2e::spawn_logged(vkd, &args, &cluster.log_path("plugin"), "info")?;
+        let plugin = Self { child, socket };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !plugin.socket.exists() {
+            if std::time::Instant::now() > deadline {
+                bail!("the plugin made no socket at {}", plugin.socket.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(plugin)
+    }
+
+    pub(crate) fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
