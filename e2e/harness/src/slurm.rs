@@ -38,6 +38,16 @@ impl SlurmCluster {
     /// `gpu`. `job_submit_lua`, when given, is installed as the job submit
     /// plugin (`JobSubmitPlugins=lua`).
     pub fn start(dir: &Path, gpus: &[u32], job_submit_lua: Option<&str>) -> Result<Self> {
+        Self::start_sized(dir, gpus, (8, 8000), job_submit_lua)
+    }
+
+    /// [`Self::start`] with `(cpus, memory_mib)` on every node.
+    pub fn start_sized(
+        dir: &Path,
+        gpus: &[u32],
+        (cpus, memory_mib): (u32, u64),
+        job_submit_lua: Option<&str>,
+    ) -> Result<Self> {
         crate::built("build-slurm")?;
         std::fs::create_dir_all(dir)?;
         let dir = dir.canonicalize()?;
@@ -59,7 +69,7 @@ impl SlurmCluster {
             let port = free_port()?;
             nodes.push_str(&format!(
                 "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} \
-                 CPUs=8 RealMemory=8000{}\n",
+                 CPUs={cpus} RealMemory={memory_mib}{}\n",
                 if *count > 0 {
                     format!(" Gres=gpu:h100:{count}")
                 } else {

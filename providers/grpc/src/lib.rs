@@ -8,7 +8,8 @@
 //!   --provider grpc --provider-endpoint ...`).
 //!
 //! HTTP/2 over a Unix socket (the socket file's permissions say who may
-//! speak) or TCP on loopback. docs/provider-protocol.md describes each call.
+//! speak), TCP on loopback, or TLS with mutual authentication across
+//! machines ([`tls`]). docs/provider-protocol.md describes each call.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -18,8 +19,10 @@ use std::time::Duration;
 pub mod client;
 pub mod convert;
 pub mod server;
+pub mod tls;
 
 pub use client::GrpcProvider;
+pub use tls::TlsFiles;
 
 /// The generated messages and service of `vkd.provider.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -71,14 +74,23 @@ pub enum GrpcError {
     Bind(String, #[source] std::io::Error),
     #[error("serving the provider protocol: {0}")]
     Serve(String),
+    #[error("provider protocol TLS: {0}")]
+    Tls(String),
 }
 
-/// Where a plugin listens: `unix:///path/to.sock` or `tcp://ip:port` on a
-/// loopback address (`http://ip:port` is read as the same).
+/// Where a plugin listens: `unix:///path/to.sock`, `tcp://ip:port` on a
+/// loopback address (`http://ip:port` is read as the same), or
+/// `tls://host:port?cert=<file>&key=<file>&ca=<file>` anywhere (this side's
+/// certificate and key, and the CA the other side's must come from).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Unix(PathBuf),
     Tcp(SocketAddr),
+    Tls {
+        host: String,
+        port: u16,
+        files: TlsFiles,
+    },
 }
 
 impl fmt::Display for Endpoint {
@@ -86,8 +98,53 @@ impl fmt::Display for Endpoint {
         match self {
             Self::Unix(p) => write!(f, "unix://{}", p.display()),
             Self::Tcp(a) => write!(f, "tcp://{a}"),
+            Self::Tls { host, port, .. } => write!(f, "tls://{host}:{port}"),
         }
     }
+}
+
+/// `tls://host:port?cert=..&key=..&ca=..`, each file given once and absolute.
+fn tls_endpoint(s: &str, rest: &str) -> Result<Endpoint, GrpcError> {
+    let bad = |why: String| GrpcError::Endpoint(s.to_owned(), why);
+    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (host, port) = authority
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .ok_or_else(|| bad("tls:// takes host:port".into()))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port: u16 = port
+        .parse()
+        .map_err(|_| bad(format!("{port:?} is not a port")))?;
+    if host.is_empty() {
+        return Err(bad("tls:// takes host:port".into()));
+    }
+    let (mut cert, mut key, mut ca) = (None, None, None);
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        let slot = match k.as_ref() {
+            "cert" => &mut cert,
+            "key" => &mut key,
+            "ca" => &mut ca,
+            other => return Err(bad(format!("unknown parameter {other:?}: cert, key, ca"))),
+        };
+        if !v.starts_with('/') {
+            return Err(bad(format!("{k}: {v:?} must be an absolute path")));
+        }
+        if slot.replace(PathBuf::from(v.as_ref())).is_some() {
+            return Err(bad(format!("{k} is given twice")));
+        }
+    }
+    let need = |p: Option<PathBuf>, what: &str| {
+        p.ok_or_else(|| bad(format!("mutual TLS needs {what}= (cert, key and ca)")))
+    };
+    Ok(Endpoint::Tls {
+        host: host.to_owned(),
+        port,
+        files: TlsFiles {
+            cert: need(cert, "cert")?,
+            key: need(key, "key")?,
+            ca: need(ca, "ca")?,
+        },
+    })
 }
 
 impl std::str::FromStr for Endpoint {
@@ -103,10 +160,13 @@ impl std::str::FromStr for Endpoint {
             }
             return Ok(Self::Unix(PathBuf::from(path)));
         }
+        if let Some(rest) = s.strip_prefix("tls://") {
+            return tls_endpoint(s, rest);
+        }
         let rest = s
             .strip_prefix("tcp://")
             .or_else(|| s.strip_prefix("http://"))
-            .ok_or_else(|| bad("give unix:///path or tcp://host:port"))?;
+            .ok_or_else(|| bad("give unix:///path, tcp://127.0.0.1:port or tls://host:port?cert=..&key=..&ca=.."))?;
         let addr: SocketAddr = rest
             .trim_end_matches('/')
             .parse()
@@ -115,7 +175,7 @@ impl std::str::FromStr for Endpoint {
         // TLS, only this machine may.
         if !addr.ip().is_loopback() {
             return Err(bad(
-                "tcp:// is for a loopback address only (no mutual TLS yet); use unix:// or 127.0.0.1",
+                "tcp:// is for a loopback address only (it has no authentication); use tls:// with mutual TLS, unix://, or 127.0.0.1",
             ));
         }
         Ok(Self::Tcp(addr))
@@ -133,6 +193,26 @@ impl Endpoint {
             .map_err(bad)?
             .connect_timeout(timeout)
             .connect_lazy()),
+            Self::Tls { host, port, files } => {
+                let connector = tokio_rustls::TlsConnector::from(files.client_config()?);
+                let name = rustls_pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| GrpcError::Endpoint(self.to_string(), e.to_string()))?;
+                let (host, port) = (host.clone(), *port);
+                Ok(
+                    tonic::transport::Endpoint::from_static("http://plugin.invalid")
+                        .connect_timeout(timeout)
+                        .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
+                            let (connector, name, host) =
+                                (connector.clone(), name.clone(), host.clone());
+                            async move {
+                                let tcp =
+                                    tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+                                let tls = connector.connect(name, tcp).await?;
+                                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+                            }
+                        })),
+                )
+            }
             Self::Unix(path) => {
                 let path = path.clone();
                 // The URI is not dialled: the connector below is.
@@ -171,12 +251,32 @@ mod tests {
             "tcp://127.0.0.1:7070"
         );
         assert!("http://127.0.0.1:7070/".parse::<Endpoint>().is_ok());
+        assert_eq!(
+            "tls://plugin.example:7070?cert=/c.pem&key=/k.pem&ca=/ca%20dir/ca.pem"
+                .parse::<Endpoint>()
+                .unwrap(),
+            Endpoint::Tls {
+                host: "plugin.example".into(),
+                port: 7070,
+                files: TlsFiles {
+                    cert: "/c.pem".into(),
+                    key: "/k.pem".into(),
+                    ca: "/ca dir/ca.pem".into(),
+                },
+            }
+        );
         for bad in [
             "unix://relative.sock",
             "grpc://x:1",
             "tcp://host-name:1",
             "tcp://0.0.0.0:7070",
             "tcp://10.0.0.5:7070",
+            "tls://plugin.example:7070",
+            "tls://plugin.example:7070?cert=/c&key=/k",
+            "tls://plugin.example:7070?cert=c&key=/k&ca=/a",
+            "tls://plugin.example:7070?cert=/c&key=/k&ca=/a&ca=/b",
+            "tls://plugin.example:7070?cert=/c&key=/k&ca=/a&pin=x",
+            "tls://:7070?cert=/c&key=/k&ca=/a",
             "",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");

@@ -51,6 +51,7 @@ pub async fn serve(
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);
     let router = tonic::transport::Server::builder().add_service(service);
+    let accepting = shutdown.clone();
     let signal = async move { shutdown.cancelled().await };
     Ok(match endpoint {
         Endpoint::Unix(path) => {
@@ -79,6 +80,19 @@ pub async fn serve(
                 .await
                 .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            tokio::spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, signal)
+                    .await
+                    .map_err(|e| GrpcError::Serve(e.to_string()))
+            })
+        }
+        Endpoint::Tls { host, port, files } => {
+            let config = files.server_config()?;
+            let listener = tokio::net::TcpListener::bind((host.as_str(), *port))
+                .await
+                .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
+            let incoming = crate::tls::accept(listener, config, accepting);
             tokio::spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, signal)

@@ -273,3 +273,97 @@ async fn another_version_or_no_plugin_is_refused_at_connect_naming_the_endpoint(
     handle.await.unwrap();
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A CA and, signed by it, one certificate for `name`: `(ca.pem, cert.pem, key.pem)` in `dir`.
+fn issue(dir: &Path, ca_name: &str, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, ca_name);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![name.to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let paths = (
+        dir.join(format!("{ca_name}.pem")),
+        dir.join(format!("{name}-{ca_name}.pem")),
+        dir.join(format!("{name}-{ca_name}.key")),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+fn tls(host: &str, port: u16, cert: &Path, key: &Path, ca: &Path) -> Endpoint {
+    format!(
+        "tls://{host}:{port}?cert={}&key={}&ca={}",
+        cert.display(),
+        key.display(),
+        ca.display()
+    )
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn across_machines_only_mutual_tls_gets_in() {
+    let dir = tempdir();
+    let (server_ca, server_cert, server_key) = issue(&dir, "plugin-ca", "localhost");
+    let (client_ca, client_cert, client_key) = issue(&dir, "vkd-ca", "vkd");
+    let (rogue_ca, rogue_cert, rogue_key) = issue(&dir, "rogue-ca", "vkd");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sim = SimProvider::open(Fleet::parse(FLEET, "test").unwrap(), &dir.join("state")).unwrap();
+    let stop = CancellationToken::new();
+    // The plugin: its certificate, and only clients of vkd's CA.
+    let listen = tls("127.0.0.1", port, &server_cert, &server_key, &client_ca);
+    let served = server::serve(Arc::new(sim), &listen, stop.clone())
+        .await
+        .unwrap();
+
+    let vkd = GrpcProvider::connect(
+        tls("localhost", port, &client_cert, &client_key, &server_ca),
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
+    vkd.create(&fence(1), &sample_spec("n", "over-tls"))
+        .await
+        .unwrap();
+    assert!(vkd.get("over-tls").await.unwrap().is_some());
+
+    // A client whose certificate another CA signed is refused in the handshake.
+    let rogue = GrpcProvider::connect(
+        tls("localhost", port, &rogue_cert, &rogue_key, &server_ca),
+        TIMEOUT,
+    )
+    .await;
+    assert!(rogue.is_err(), "a client of another CA got in");
+    // vkd refuses a plugin whose certificate its CA did not sign.
+    let impostor = GrpcProvider::connect(
+        tls("localhost", port, &client_cert, &client_key, &rogue_ca),
+        TIMEOUT,
+    )
+    .await;
+    assert!(impostor.is_err(), "vkd trusted a plugin of another CA");
+    // Nor one that is not the host it dialled.
+    let elsewhere = GrpcProvider::connect(
+        tls("127.0.0.1", port, &client_cert, &client_key, &server_ca),
+        TIMEOUT,
+    )
+    .await;
+    assert!(
+        elsewhere.is_err(),
+        "a certificate for localhost passed for 127.0.0.1"
+    );
+    drop(vkd);
+    stop.cancel();
+    served.await.unwrap().unwrap();
+}
