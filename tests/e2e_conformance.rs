@@ -8,7 +8,7 @@
 //! fails when the binary holds a selected spec neither list names. The table of
 //! spec, result and seconds is written to stderr whatever cargo test captures.
 //!
-//! `VKD_CONFORMANCE_PROCS` sets ginkgo's parallel processes (default 12), and
+//! `VKD_CONFORMANCE_PROCS` sets ginkgo's parallel processes (default 16), and
 //! `VKD_CONFORMANCE_TIMEOUT` its suite timeout (default 40m).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -348,7 +348,7 @@ fn run_on_node(
             .is_some_and(|c| c["status"] == "True")
             .then_some(()))
     })?;
-    let procs = std::env::var("VKD_CONFORMANCE_PROCS").unwrap_or_else(|_| "12".into());
+    let procs = std::env::var("VKD_CONFORMANCE_PROCS").unwrap_or_else(|_| "16".into());
     let timeout = std::env::var("VKD_CONFORMANCE_TIMEOUT").unwrap_or_else(|_| "40m".into());
     let out_dir = cluster.dir().join("conformance");
     std::fs::create_dir_all(&out_dir)?;

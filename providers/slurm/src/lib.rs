@@ -91,7 +91,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl SlurmProvider {
     /// Starts watching Slurm (in the current runtime) until `shutdown`.
     pub fn new(config: Config, shutdown: CancellationToken) -> std::io::Result<Self> {
-        std::fs::create_dir_all(pods_root(&config.state_dir))?;
+        // The Pods' specs hold their env (Secrets' values among them): only
+        // the account the jobs run as may read them. The epochs stay
+        // readable: slurmctld's job submit plugin reads them.
+        let pods = pods_root(&config.state_dir);
+        std::fs::create_dir_all(&pods)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&pods, std::fs::Permissions::from_mode(0o700))?;
+        }
         let book = FenceBook::new(&config.state_dir.join("epochs"))?;
         let (events, _) = broadcast::channel(4096);
         let provider = Self {

@@ -136,6 +136,13 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
         "{cap:?}"
     );
     assert!(p.capabilities().supported().contains(&"backend-queue"));
+    // The Pods' specs (their env) are the jobs' account's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state.join("pods"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the Pods' directory is {mode:o}");
 
     mark("The conformance kit");
     // The conformance kit, over the wire.
