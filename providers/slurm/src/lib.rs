@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -24,20 +24,23 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use vkd_provider::fence::FenceBook;
 use vkd_provider::{
-    Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Gpu, Health, HostSlice,
-    Instance, InstanceEvent, InstanceSpec, LogRequest, Logs, Placement, Provider, ProviderError,
-    Result, StreamIo, Support,
+    Admission, Capabilities, Capacity, CapacityKind, Duplex, Fence, Health, Instance,
+    InstanceEvent, InstanceSpec, LogRequest, Logs, Placement, Provider, ProviderError, Result,
+    StreamIo, Support,
 };
 
+mod capacity;
 pub mod instance;
 pub mod job;
 pub mod pod_dir;
 pub mod slurm;
 mod streams;
+mod watch;
 
-use instance::{comment, instance, job_name, job_of_instance, orphan, uid_of};
+use instance::{comment, instance, job_name, job_of_instance, orphan};
 use pod_dir::{PodDir, checked_container, checked_uid, pods_root};
 use slurm::{JobRow, Refusal, Slurm, SlurmError, Submit};
+use watch::Jobs;
 
 /// The provider's settings.
 #[derive(Clone, Debug)]
@@ -51,13 +54,6 @@ pub struct Config {
     pub poll: Duration,
     /// Memory a Pod that asks none is given (`--mem`), in MiB.
     pub default_memory_mib: u64,
-}
-
-/// What `squeue` said last, by Pod UID.
-#[derive(Debug, Default)]
-struct Jobs {
-    rows: Arc<HashMap<String, JobRow>>,
-    at: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -123,101 +119,6 @@ impl SlurmProvider {
 
     fn pod(&self, uid: &str) -> Result<PodDir> {
         PodDir::new(self.state(), uid)
-    }
-
-    /// The jobs by Pod UID, asked of Slurm when the last answer is older than `max_age`.
-    async fn jobs(&self, max_age: Duration) -> Result<Arc<HashMap<String, JobRow>>> {
-        let fresh = |jobs: &Jobs| {
-            jobs.at
-                .filter(|at| at.elapsed() <= max_age)
-                .map(|_| Arc::clone(&jobs.rows))
-        };
-        if let Some(rows) = fresh(&lock(&self.inner.jobs)) {
-            return Ok(rows);
-        }
-        let asked = Instant::now();
-        let _turn = self.inner.refreshing.lock().await;
-        {
-            let jobs = lock(&self.inner.jobs);
-            if jobs.at.is_some_and(|at| at >= asked) {
-                return Ok(Arc::clone(&jobs.rows));
-            }
-        }
-        let rows = self.inner.config.slurm.jobs().await.map_err(slurm_error)?;
-        let mut by_uid: HashMap<String, JobRow> = HashMap::new();
-        for row in rows {
-            let Some(uid) = uid_of(&row.name) else {
-                continue;
-            };
-            // Of two jobs for one Pod (never made here), the live and newest one.
-            let better = by_uid
-                .get(uid)
-                .is_none_or(|old| (row.active(), row.id) > (old.active(), old.id));
-            if better {
-                by_uid.insert(uid.to_owned(), row);
-            }
-        }
-        let rows = Arc::new(by_uid);
-        *lock(&self.inner.jobs) = Jobs {
-            rows: Arc::clone(&rows),
-            at: Some(Instant::now()),
-        };
-        Ok(rows)
-    }
-
-    fn remember(&self, uid: &str, row: JobRow) {
-        let mut jobs = lock(&self.inner.jobs);
-        let mut rows = (*jobs.rows).clone();
-        rows.insert(uid.to_owned(), row);
-        jobs.rows = Arc::new(rows);
-    }
-
-    fn changed(&self, uid: &str) {
-        let _ = self.inner.events.send(InstanceEvent::Changed {
-            uid: uid.to_owned(),
-        });
-    }
-
-    /// Asks Slurm what changed every poll interval, and says which Pods did.
-    async fn watch(self, shutdown: CancellationToken) {
-        let mut seen: HashMap<String, String> = HashMap::new();
-        let mut tick = tokio::time::interval(self.inner.config.poll);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            let Ok(rows) = self.jobs(self.inner.config.poll / 2).await else {
-                continue;
-            };
-            let mut now: HashMap<String, String> = HashMap::new();
-            for (uid, row) in rows.iter() {
-                now.insert(
-                    uid.clone(),
-                    format!("{}|{}|{}", row.state, row.reason, row.nodes),
-                );
-            }
-            if let Ok(dirs) = std::fs::read_dir(pods_root(self.state())) {
-                for entry in dirs.flatten() {
-                    let uid = entry.file_name().to_string_lossy().into_owned();
-                    let Ok(pod) = self.pod(&uid) else { continue };
-                    let stamp = pod
-                        .changed_at()
-                        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-                        .map_or(0, |d| d.as_nanos());
-                    now.entry(uid).or_default().push_str(&format!("|{stamp}"));
-                }
-            }
-            for (uid, print) in &now {
-                if seen.get(uid) != Some(print) {
-                    self.changed(uid);
-                }
-            }
-            for uid in seen.keys().filter(|u| !now.contains_key(*u)) {
-                self.changed(uid);
-            }
-            seen = now;
-        }
     }
 
     /// The instance of a Pod, or `None`; a deleted Pod whose job is over is
@@ -381,42 +282,7 @@ impl Provider for SlurmProvider {
             .iter()
             .map(|n| (n.name.clone(), n.addr.clone()))
             .collect();
-        let hosts = nodes
-            .iter()
-            .filter(|n| n.usable())
-            .map(|n| {
-                let free_gpus = n.gpu_count().saturating_sub(n.gpus_allocated);
-                let gpus = n
-                    .gpus
-                    .iter()
-                    .flat_map(|(kind, count)| (0..*count).map(move |_| kind.clone()))
-                    .enumerate()
-                    .map(|(i, kind)| Gpu {
-                        id: format!("{}-gpu{i}", n.name),
-                        model: if kind.is_empty() { "gpu".into() } else { kind },
-                        free: i < free_gpus as usize,
-                        ..Gpu::default()
-                    })
-                    .collect();
-                HostSlice {
-                    name: n.name.clone(),
-                    cpu_millis_total: u64::from(n.cpus) * 1000,
-                    cpu_millis_free: u64::from(n.cpus.saturating_sub(n.cpus_allocated)) * 1000,
-                    memory_bytes_total: n.memory_mib.saturating_mul(1 << 20),
-                    memory_bytes_free: n
-                        .memory_mib
-                        .saturating_sub(n.memory_allocated_mib)
-                        .saturating_mul(1 << 20),
-                    gpus,
-                    gpus_by_count: true,
-                    max_pods: n.cpus.max(1),
-                    labels: [("slurm.vkd.io/partitions".to_owned(), n.partitions.join("."))]
-                        .into_iter()
-                        .collect(),
-                    ..HostSlice::default()
-                }
-            })
-            .collect();
+        let hosts = capacity::host_slices(&nodes);
         Ok(Capacity {
             hosts,
             kind: CapacityKind::Live,
