@@ -65,6 +65,7 @@ async fn main() {
     let pods: usize = std::env::args()
         .nth(1)
         .map_or(100, |n| n.parse().expect("PODS is a number"));
+    assert!(pods > 0, "PODS must be at least 1");
     let dir = std::env::temp_dir().join(format!("vkd-slurm-bench-{}", std::process::id()));
     let state = dir.join("state");
     let lua = vkd_slurm::SlurmProvider::job_submit_lua(&state);

@@ -112,10 +112,6 @@ pub fn instance(
                 message: Some(format!("Slurm job {job} is pending: {}", r.reason)),
             }
         }
-        Some(r) if r.active() => ContainerState::Waiting {
-            reason: "ContainerCreating".into(),
-            message: None,
-        },
         _ => ContainerState::Waiting {
             reason: "ContainerCreating".into(),
             message: None,

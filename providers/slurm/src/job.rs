@@ -233,7 +233,8 @@ impl Step {
 fn container_command(pod: &PodDir, c: &ContainerSpec, extra: &[String]) -> tokio::process::Command {
     let (program, args): (&String, Vec<&String>) = if extra.is_empty() {
         let mut all = c.command.iter().chain(&c.args);
-        // Checked at admission: a container has a command.
+        // Checked at admission: a container has a command (its name, never
+        // found on PATH, would fail with 127 if one came without).
         match all.next() {
             Some(p) => (p, all.collect()),
             None => (&c.name, Vec::new()),

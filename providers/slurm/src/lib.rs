@@ -67,6 +67,8 @@ struct Inner {
     submitting: tokio::sync::Mutex<()>,
     /// Node name → its address (a Pod's IP is its node's).
     addresses: Mutex<HashMap<String, String>>,
+    /// `sbatch --export`: what the job's runner starts with (this PATH, the slurm.conf).
+    export: String,
     events: broadcast::Sender<InstanceEvent>,
 }
 
@@ -78,6 +80,25 @@ pub struct SlurmProvider {
 
 fn slurm_error(e: SlurmError) -> ProviderError {
     ProviderError::transient(e.to_string())
+}
+
+/// `sbatch --export`'s list (commas separate its entries: a value with
+/// one is left out); `NONE` when empty.
+fn job_export(path: Option<String>, conf: Option<&Path>) -> String {
+    let entries: Vec<String> = [
+        path.map(|p| format!("PATH={p}")),
+        conf.and_then(Path::to_str)
+            .map(|c| format!("SLURM_CONF={c}")),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|e| !e.contains(','))
+    .collect();
+    if entries.is_empty() {
+        "NONE".into()
+    } else {
+        entries.join(",")
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,6 +119,7 @@ impl SlurmProvider {
         }
         let book = FenceBook::new(&config.state_dir.join("epochs"))?;
         let (events, _) = broadcast::channel(4096);
+        let export = job_export(std::env::var("PATH").ok(), config.slurm.conf.as_deref());
         let provider = Self {
             inner: Arc::new(Inner {
                 config,
@@ -106,6 +128,7 @@ impl SlurmProvider {
                 refreshing: tokio::sync::Mutex::new(()),
                 submitting: tokio::sync::Mutex::new(()),
                 addresses: Mutex::default(),
+                export,
                 events,
             }),
         };
@@ -123,10 +146,11 @@ impl SlurmProvider {
 
     /// The instance of a Pod, or `None`; a deleted Pod whose job is over is
     /// forgotten here (its directory removed).
-    async fn instance_of(
+    fn instance_of(
         &self,
         uid: &str,
         rows: &HashMap<String, JobRow>,
+        spec: Option<InstanceSpec>,
     ) -> Result<Option<Instance>> {
         let pod = self.pod(uid)?;
         let row = rows.get(uid);
@@ -144,7 +168,10 @@ impl SlurmProvider {
             pod.remove()?;
             return Ok(None);
         }
-        let spec = pod.read_spec()?;
+        let spec = match spec {
+            Some(s) => s,
+            None => pod.read_spec()?,
+        };
         let address = row.and_then(|r| lock(&self.inner.addresses).get(&r.nodes).cloned());
         Ok(Some(instance(&spec, &pod, job, row, address.as_deref())))
     }
@@ -153,23 +180,6 @@ impl SlurmProvider {
     fn submission(&self, spec: &InstanceSpec, pod: &PodDir, fence: Option<&Fence>) -> Submit {
         let r = &spec.resources;
         let mib = r.memory_bytes.div_ceil(1024 * 1024);
-        let mut export = String::new();
-        if let Ok(path) = std::env::var("PATH")
-            && !path.contains(',')
-        {
-            export.push_str(&format!("PATH={path}"));
-        }
-        if let Some(conf) = &self.inner.config.slurm.conf
-            && let Some(conf) = conf.to_str().filter(|c| !c.contains(','))
-        {
-            if !export.is_empty() {
-                export.push(',');
-            }
-            export.push_str(&format!("SLURM_CONF={conf}"));
-        }
-        if export.is_empty() {
-            export.push_str("NONE");
-        }
         Submit {
             name: job_name(&spec.pod.uid),
             comment: fence.map(|f| comment(f, &spec.pod)).unwrap_or_default(),
@@ -188,7 +198,7 @@ impl SlurmProvider {
                 .as_ref()
                 .map(|p| p.host.clone())
                 .filter(|h| !h.is_empty()),
-            export,
+            export: self.inner.export.clone(),
         }
     }
 
@@ -197,12 +207,13 @@ impl SlurmProvider {
         checked_uid(&spec.pod.uid)?;
         for c in spec.init_containers.iter().chain(&spec.containers) {
             checked_container(&c.name)?;
-            if c.command.is_empty() && c.args.is_empty() {
+            if c.command.is_empty() {
                 return Err(ProviderError::invalid(
                     "CommandRequired",
                     format!(
                         "container {} has no command: a Slurm job runs commands on the node, \
-                         it has no image to take an entrypoint from",
+                         it has no image to take an entrypoint from (args alone are the \
+                         entrypoint's arguments)",
                         c.name
                     ),
                 ));
@@ -352,7 +363,7 @@ impl Provider for SlurmProvider {
             {
                 pod.set_job_id(row.id)?;
             }
-            if let Some(found) = self.instance_of(uid, &rows).await? {
+            if let Some(found) = self.instance_of(uid, &rows, None)? {
                 return Ok(found);
             }
         } else {
@@ -399,7 +410,7 @@ impl Provider for SlurmProvider {
 
     async fn get(&self, uid: &str) -> Result<Option<Instance>> {
         let rows = self.jobs(Duration::from_secs(1)).await?;
-        self.instance_of(uid, &rows).await
+        self.instance_of(uid, &rows, None)
     }
 
     async fn delete(&self, fence: &Fence, uid: &str, grace: Duration) -> Result<()> {
@@ -460,11 +471,11 @@ impl Provider for SlurmProvider {
         for entry in dirs.flatten() {
             let uid = entry.file_name().to_string_lossy().into_owned();
             let Ok(pod) = self.pod(&uid) else { continue };
-            if !pod.read_spec().is_ok_and(|s| s.node == node) {
+            let Some(spec) = pod.read_spec().ok().filter(|s| s.node == node) else {
                 continue;
-            }
+            };
             seen.insert(uid.clone());
-            if let Some(i) = self.instance_of(&uid, &rows).await? {
+            if let Some(i) = self.instance_of(&uid, &rows, Some(spec))? {
                 out.push(i);
             }
         }
@@ -555,5 +566,26 @@ impl Provider for SlurmProvider {
             out.push(("job output".into(), pod.output().display().to_string()));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jobs_export_leaves_out_what_a_comma_would_split() {
+        assert_eq!(
+            job_export(
+                Some("/usr/bin:/bin".into()),
+                Some(Path::new("/etc/slurm/slurm.conf"))
+            ),
+            "PATH=/usr/bin:/bin,SLURM_CONF=/etc/slurm/slurm.conf"
+        );
+        assert_eq!(
+            job_export(Some("/a,b:/bin".into()), Some(Path::new("/x.conf"))),
+            "SLURM_CONF=/x.conf"
+        );
+        assert_eq!(job_export(None, None), "NONE");
     }
 }

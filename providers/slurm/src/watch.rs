@@ -64,10 +64,8 @@ impl SlurmProvider {
     }
 
     pub(crate) fn remember(&self, uid: &str, row: JobRow) {
-        let mut jobs = lock(&self.inner.jobs);
-        let mut rows = (*jobs.rows).clone();
-        rows.insert(uid.to_owned(), row);
-        jobs.rows = Arc::new(rows);
+        // Copied only while a caller still holds the last answer.
+        Arc::make_mut(&mut lock(&self.inner.jobs).rows).insert(uid.to_owned(), row);
     }
 
     pub(crate) fn changed(&self, uid: &str) {
