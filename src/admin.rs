@@ -174,6 +174,7 @@ mod tests {
                 brake: crate::fencing::Brake::default(),
                 partition_fence_after: Duration::from_secs(30),
                 lifecycle_events: false,
+                status_merge_window: Duration::ZERO,
                 event_qps: 50,
                 event_burst: 100,
                 dra: None,

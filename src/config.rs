@@ -305,6 +305,13 @@ pub struct RunArgs {
     /// one. Default true.
     #[arg(long, env = "VKD_LIFECYCLE_EVENTS")]
     pub lifecycle_events: Option<bool>,
+    /// How long a new instance's ContainerCreating status is held back
+    /// (`1s` by default, at most `10s`; `0s` writes it at once): an instance
+    /// that starts within it gets one status write, Running, as the kubelet's
+    /// status manager merges what changes before its sync. One that takes
+    /// longer shows ContainerCreating when the window ends.
+    #[arg(long, env = "VKD_STATUS_MERGE_WINDOW")]
+    pub status_merge_window: Option<String>,
     /// One-off Pod Events per second to the API server, as the kubelet's
     /// --event-qps (default 50). Beyond it and its burst, the per-Pod
     /// `InstanceCreated` is dropped and counted rather than sent later; the
@@ -397,6 +404,7 @@ struct FileConfig {
     gc_allow_mass_delete: Option<bool>,
     partition_fence_after: Option<String>,
     lifecycle_events: Option<bool>,
+    status_merge_window: Option<String>,
     provider_timeout: Option<String>,
     dra: Option<bool>,
     dra_driver: Option<String>,
@@ -486,6 +494,8 @@ pub struct Config {
     pub brake: crate::fencing::Brake,
     pub partition_fence_after: Duration,
     pub lifecycle_events: bool,
+    /// `--status-merge-window`.
+    pub status_merge_window: Duration,
     pub event_qps: u32,
     pub event_burst: u32,
     /// The deadline of one provider call (`--provider-timeout`).
@@ -501,6 +511,28 @@ pub struct Config {
 }
 
 /// A DNS-1123 subdomain, as Node names must be.
+/// The longest `--status-merge-window`: the kubelet's status manager syncs
+/// every Pod's status at least this often.
+pub const MAX_STATUS_MERGE_WINDOW: Duration = Duration::from_secs(10);
+
+/// `--status-merge-window`: 1s unless given; `0s` turns merging off.
+fn status_merge_window(v: Option<String>) -> Result<Duration, ConfigError> {
+    let Some(t) = v else {
+        return Ok(Duration::from_secs(1));
+    };
+    match vkd_provider::parse_duration(&t) {
+        Some(d) if d <= MAX_STATUS_MERGE_WINDOW => Ok(d),
+        Some(_) => Err(bad(
+            "status-merge-window",
+            format!("{t:?} is longer than 10s: a state that lasts that long must be shown"),
+        )),
+        None => Err(bad(
+            "status-merge-window",
+            format!("{t:?} is not a duration like 1s or 500ms"),
+        )),
+    }
+}
+
 fn check_node_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= 253
@@ -821,6 +853,9 @@ impl Config {
                     .or(file.dra_binding_conditions)
                     .unwrap_or(true),
             });
+        let status_merge_window = status_merge_window(
+            args.status_merge_window.or(file.status_merge_window),
+        )?;
         let partition_fence_after = duration(
             "partition-fence-after",
             args.partition_fence_after.or(file.partition_fence_after),
@@ -942,6 +977,7 @@ impl Config {
                 .lifecycle_events
                 .or(file.lifecycle_events)
                 .unwrap_or(true),
+            status_merge_window,
             event_qps,
             event_burst,
             provider_timeout,
@@ -1000,6 +1036,27 @@ mod tests {
             c.policy.node_ports.keys().copied().collect::<Vec<_>>(),
             [10250, 10256]
         );
+    }
+
+    #[test]
+    fn the_status_merge_window_is_a_second_unless_set() {
+        let c = Config::from_args(args("vk")).unwrap();
+        assert_eq!(c.status_merge_window, Duration::from_secs(1));
+        let with = |t: &str| {
+            let mut a = args("vk");
+            a.status_merge_window = Some(t.into());
+            Config::from_args(a)
+        };
+        assert_eq!(with("0s").unwrap().status_merge_window, Duration::ZERO);
+        assert_eq!(
+            with("250ms").unwrap().status_merge_window,
+            Duration::from_millis(250)
+        );
+        for bad in ["11s", "1h", "soon", "-1s"] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.field, "status-merge-window", "{bad}");
+            assert!(e.to_string().contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -430,6 +430,7 @@ async fn act(
                 brake: cfg.brake,
                 partition_fence_after: cfg.partition_fence_after,
                 lifecycle_events: cfg.lifecycle_events,
+                status_merge_window: cfg.status_merge_window,
                 event_qps: cfg.event_qps,
                 event_burst: cfg.event_burst,
                 dra: cfg.dra.clone(),

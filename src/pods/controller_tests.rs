@@ -670,3 +670,102 @@ async fn backend_events_are_read_once_and_go_to_the_node_that_holds_the_pod() {
     stop.cancel();
     router.await.unwrap().unwrap();
 }
+
+/// An instance of the Scripted backend being created (its container waits
+/// with `reason`), made `created_ago` before now by vkd.
+fn creating(c: &PodController, provider: &Scripted, reason: &str, created_ago: Duration) {
+    let mut i = running_instance();
+    i.phase = vkd_provider::InstancePhase::Pending;
+    i.started_at = None;
+    i.containers[0].ready = false;
+    i.containers[0].state = vkd_provider::ContainerState::Waiting {
+        reason: reason.into(),
+        message: None,
+    };
+    *provider.instance.lock().unwrap() = Some(i);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]},
+    }))
+    .unwrap();
+    c.upsert(&pod);
+    let at = super::model::Stamp::from(SystemTime::now() - created_ago);
+    c.store.update("u1", |p| {
+        p.timeline.admitted = Some(at);
+        p.timeline.accepted = Some(at);
+    });
+}
+
+/// An instance that starts within the merge window gets one status write,
+/// Running, not ContainerCreating and then Running; its startTime is when
+/// the node admitted it, as the kubelet's, not when the write went out.
+#[tokio::test]
+async fn an_instance_that_starts_within_the_window_gets_one_status_write() {
+    let provider = Arc::new(Scripted::default());
+    let (c, log) = controller_with(Arc::clone(&provider), |s| {
+        s.status_merge_window = Duration::from_secs(1);
+    });
+    creating(&c, &provider, "ContainerCreating", Duration::from_millis(200));
+    let held = c.reconcile("u1", Lane::Any).await.unwrap();
+    let Action::After(left) = held else {
+        panic!("written at once: {held:?}");
+    };
+    assert!(
+        left > Duration::from_millis(500) && left <= Duration::from_millis(800),
+        "{left:?}"
+    );
+    assert!(patches(&log).is_empty(), "{:?}", patches(&log));
+
+    // The backend says it runs (its event queues the Pod at once).
+    *provider.instance.lock().unwrap() = Some(running_instance());
+    c.reconcile("u1", Lane::Any).await.unwrap();
+    let p = patches(&log);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0]["status"]["phase"], "Running");
+    assert!(p[0]["status"]["containerStatuses"][0]["state"]["running"].is_object());
+    let admitted = c.store.get("u1").unwrap().progress.timeline.admitted.unwrap();
+    assert_eq!(
+        p[0]["status"]["startTime"],
+        json!(super::status::time(admitted.time()))
+    );
+}
+
+/// An instance still being created when the window ends shows
+/// ContainerCreating, so a person sees what lasts; one whose container waits
+/// for anything else (an image it cannot pull) is written at once, and with
+/// the window off nothing is held.
+#[tokio::test]
+async fn what_lasts_or_needs_a_look_is_written_without_waiting() {
+    let provider = Arc::new(Scripted::default());
+    let (c, log) = controller_with(Arc::clone(&provider), |s| {
+        s.status_merge_window = Duration::from_secs(1);
+    });
+    creating(&c, &provider, "ContainerCreating", Duration::from_millis(1200));
+    c.reconcile("u1", Lane::Any).await.unwrap();
+    let p = patches(&log);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0]["status"]["phase"], "Pending");
+    assert_eq!(
+        p[0]["status"]["containerStatuses"][0]["state"]["waiting"]["reason"],
+        "ContainerCreating"
+    );
+
+    let provider = Arc::new(Scripted::default());
+    let (c, log) = controller_with(Arc::clone(&provider), |s| {
+        s.status_merge_window = Duration::from_secs(1);
+    });
+    creating(&c, &provider, "ErrImagePull", Duration::ZERO);
+    c.reconcile("u1", Lane::Any).await.unwrap();
+    let p = patches(&log);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(
+        p[0]["status"]["containerStatuses"][0]["state"]["waiting"]["reason"],
+        "ErrImagePull"
+    );
+
+    let provider = Arc::new(Scripted::default());
+    let (c, log) = controller(Arc::clone(&provider));
+    creating(&c, &provider, "ContainerCreating", Duration::ZERO);
+    c.reconcile("u1", Lane::Any).await.unwrap();
+    assert_eq!(patches(&log).len(), 1, "window 0s: written at once");
+}

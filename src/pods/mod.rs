@@ -150,6 +150,9 @@ pub struct Settings {
     /// Publish Normal Events for each step (admitted, created, deleted), not only
     /// for queueing and failures.
     pub lifecycle_events: bool,
+    /// How long a new instance's ContainerCreating status is held back, so
+    /// that one that starts at once gets a single status write (zero: none).
+    pub status_merge_window: Duration,
     /// Pod Events per second and their burst (the kubelet's --event-qps, --event-burst).
     pub event_qps: u32,
     pub event_burst: u32,

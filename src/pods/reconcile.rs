@@ -240,6 +240,10 @@ impl PodController {
         // New entries of spec.ephemeralContainers (kubectl debug) start now.
         let mut rec = rec;
         cx.start_ephemeral(&mut rec, &instance).await?;
+        if let Some(left) = cx.first_status_held(&rec, &instance) {
+            // Written when the backend says it started, or when the window ends.
+            return Ok(cx.deadline_action(uid, Some(left)));
+        }
         cx.write_status(&rec, Some(&instance), &Waiting::Creating)
             .await?;
         let refresh_in = if instance.phase == vkd_provider::InstancePhase::Running {

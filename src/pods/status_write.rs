@@ -71,9 +71,12 @@ impl Cx<'_> {
                 .collect();
             self.shared.metrics.started(&stages);
         }
-        // The first status written starts the Pod's clock (the patch says
-        // `now` where the record has no start time).
-        let start = rec.start_time.unwrap_or_else(|| now.into());
+        // The first status written starts the Pod's clock at its admission,
+        // or now (as the patch says).
+        let start = rec
+            .start_time
+            .or(timeline.admitted)
+            .unwrap_or_else(|| now.into());
         let body =
             status::patch_body_at(rec, &timeline, &view, instance, &self.settings.host_ip, now);
         self.patch_status(rec, body).await?;
@@ -84,6 +87,27 @@ impl Cx<'_> {
             r.observe_start(start);
         });
         Ok(())
+    }
+
+    /// How much longer a new instance's first status is held back: while it is
+    /// only being created, for `--status-merge-window` after the create, so
+    /// that an instance that starts at once costs one status write, not a
+    /// ContainerCreating one and then a Running one. The kubelet's status
+    /// manager merges the same way what changes before its next sync. `None`:
+    /// write now (a status of this instance was written, it is past the
+    /// window, or something a person must see has happened).
+    pub(super) fn first_status_held(&self, rec: &PodRecord, instance: &Instance) -> Option<Duration> {
+        let window = self.settings.status_merge_window;
+        if window.is_zero()
+            || rec.instance_id.is_some()
+            || instance.phase != vkd_provider::InstancePhase::Pending
+            || !only_being_created(instance)
+        {
+            return None;
+        }
+        let accepted = rec.progress.timeline.accepted?.time();
+        let held = SystemTime::now().duration_since(accepted).unwrap_or_default();
+        window.checked_sub(held).filter(|left| !left.is_zero())
     }
 
     /// Patches the status of `rec`'s Pod, and only of that Pod: the patch
@@ -125,4 +149,17 @@ impl Cx<'_> {
 /// 409 where a server checks it as a precondition).
 fn replaced(code: u16, message: &str) -> bool {
     code == 409 || (code == 422 && message.contains("metadata.uid"))
+}
+
+/// Every container of the instance waits only for its creation (or for the
+/// init containers before it): nothing has run, failed or been refused.
+fn only_being_created(instance: &Instance) -> bool {
+    instance
+        .init_containers
+        .iter()
+        .chain(&instance.containers)
+        .all(|c| {
+            matches!(&c.state, vkd_provider::ContainerState::Waiting { reason, .. }
+                if reason == "ContainerCreating" || reason == "PodInitializing")
+        })
 }

@@ -152,6 +152,7 @@ pub(super) fn controller_answering(
         brake: crate::fencing::Brake::default(),
         partition_fence_after: Duration::from_secs(30),
         lifecycle_events: false,
+        status_merge_window: Duration::ZERO,
         event_qps: 1000,
         event_burst: 1000,
         dra: None,
