@@ -95,12 +95,30 @@ impl Drop for Running {
     }
 }
 
-/// CPU seconds of the API server, etcd and the agent at one moment.
+/// CPU seconds of the API server, etcd, the agent and the whole machine at
+/// one moment.
 #[derive(Clone, Copy, Debug, Default)]
 struct Cpu {
     apiserver: f64,
     etcd: f64,
     agent: f64,
+    machine: f64,
+}
+
+/// CPU seconds every core of the machine spent busy since boot (`/proc/stat`).
+fn machine_cpu() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<f64> = cpu
+        .split_whitespace()
+        .map(|t| t.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let busy: f64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum();
+    Some(busy / rustix::param::clock_ticks_per_second() as f64)
 }
 
 impl Cpu {
@@ -114,6 +132,7 @@ impl Cpu {
             apiserver: component("kube-apiserver"),
             etcd: component("etcd"),
             agent: agent.pid().and_then(proc_cpu).unwrap_or(0.0),
+            machine: machine_cpu().unwrap_or(0.0),
         }
     }
 
@@ -122,6 +141,7 @@ impl Cpu {
             apiserver: self.apiserver - o.apiserver,
             etcd: self.etcd - o.etcd,
             agent: self.agent - o.agent,
+            machine: self.machine - o.machine,
         }
     }
 }
@@ -142,7 +162,9 @@ struct Figures {
     /// First create to all Ready, and first delete to all gone.
     create_phase: Cpu,
     delete_phase: Cpu,
-    /// Write requests per Pod by "VERB resource", less the client's own.
+    /// Write requests per Pod by "VERB resource", less the client's own: in
+    /// the create phase, and in both.
+    create_writes: Tally,
     writes: Tally,
     /// Request body bytes per Pod of the writes above (Pod creates and
     /// deletes left out: the client's, and the agents' small delete bodies).
@@ -383,6 +405,9 @@ async fn measure(
     .await?;
     let all_ready = wait_all(&seen, &names, wait, |s| s.ready.is_some()).await;
     let cpu_ready = Cpu::read(cluster, running);
+    let api_ready = ApiScrape::read(client).await?;
+    // The delete phase's CPU is counted from here: the scrape is neither's.
+    let cpu_delete_base = Cpu::read(cluster, running);
     let rss_ready = Rss::of(running.pid()).now;
     let ready_at = all_ready
         .then(|| last_seen(&seen, &names, |s| s.ready))
@@ -419,6 +444,12 @@ async fn measure(
 
     let client_writes = [("POST pods", n as f64), ("DELETE pods", n as f64)];
     let writes = tally(&api_before.requests, &api_after.requests, &client_writes, n);
+    let create_writes = tally(
+        &api_before.requests,
+        &api_ready.requests,
+        &[("POST pods", n as f64)],
+        n,
+    );
     let body_bytes: f64 = api_after
         .body_bytes
         .iter()
@@ -444,7 +475,8 @@ async fn measure(
         accepted_to_ready,
         delete_to_gone: gone_at.map(|t| secs(t, delete_started)),
         create_phase: cpu_ready.minus(cpu_before),
-        delete_phase: cpu_gone.minus(cpu_ready),
+        delete_phase: cpu_gone.minus(cpu_delete_base),
+        create_writes,
         writes,
         body_bytes_per_pod: body_bytes / n.max(1) as f64,
         watch_bytes_per_pod: (api_after.watch_bytes - api_before.watch_bytes) / n.max(1) as f64,
@@ -620,6 +652,31 @@ fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
             Some(v),
         )
     });
+    // What the API server alone needs: its CPU of the create phase with every
+    // core to itself. Nothing finishes sooner on this machine.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    row("API-server bound: its create-phase CPU / cores", &|f| {
+        secs_cell(Some(f.create_phase.apiserver / cores))
+    });
+    row("first create → all Ready, over that bound", &|f| {
+        let v = f
+            .first_create_to_ready
+            .map(|t| t / (f.create_phase.apiserver / cores).max(0.001));
+        (v.map_or("—".into(), |v| format!("{v:.2}")), v)
+    });
+    row("machine CPU busy, create phase (of the cores' time)", &|f| {
+        let share = f
+            .first_create_to_ready
+            .map(|t| f.create_phase.machine / (t * cores).max(0.001));
+        (
+            format!(
+                "{:.1}s{}",
+                f.create_phase.machine,
+                share.map_or(String::new(), |s| format!(" ({:.0}%)", s * 100.0))
+            ),
+            Some(f.create_phase.machine),
+        )
+    });
     row("kube-apiserver CPU, delete phase (ms per Pod)", &|f| {
         let v = per_pod_ms(f.delete_phase.apiserver, f);
         (
@@ -646,7 +703,16 @@ fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
             .sum();
         (format!("{total:.2}"), Some(total))
     });
-    row("  by verb and resource", &|f| {
+    row("  in the create phase, by verb and resource", &|f| {
+        let parts: Vec<String> = f
+            .create_writes
+            .iter()
+            .filter(|(_, v)| v.abs() >= 0.005)
+            .map(|(k, v)| format!("{k} {v:.2}"))
+            .collect();
+        (parts.join(", "), None)
+    });
+    row("  both phases, by verb and resource", &|f| {
         let parts: Vec<String> = f
             .writes
             .iter()

@@ -129,11 +129,20 @@ impl Cx<'_> {
             }
         }
         self.throttle("status").await;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &rec.namespace);
-        match api
-            .patch_status(&rec.name, &PatchParams::default(), &Patch::Strategic(body))
-            .await
-        {
+        // The answer (the whole Pod) is not read: the watch brings it anyway,
+        // and decoding it for nothing costs CPU on every write of a storm.
+        let request = kube::core::Request::new(<Pod as kube::Resource>::url_path(
+            &(),
+            Some(&rec.namespace),
+        ))
+        .patch_subresource(
+            "status",
+            &rec.name,
+            &PatchParams::default(),
+            &Patch::Strategic(body),
+        )
+        .map_err(kube::Error::BuildRequest)?;
+        match self.client.request_text(request).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 || replaced(s.code, &s.message) => {
                 debug!("the Pod is gone or was replaced; its status is not written");
