@@ -66,6 +66,20 @@ impl Reservation {
     fn uncounted_by(&self, asked: u64) -> bool {
         self.created.is_none_or(|t| t >= asked)
     }
+
+    /// Takes what it holds from `free`, the slices of `snapshot`: its GPUs,
+    /// and its CPU, memory and Pod while the snapshot does not count them.
+    fn take_from(&self, free: &mut [HostSlice], snapshot: &Snapshot) {
+        let Some(h) = snapshot.index.get(&self.host).and_then(|&i| free.get_mut(i)) else {
+            return;
+        };
+        h.hold(&self.gpu_ids);
+        if self.uncounted_by(snapshot.asked) {
+            h.cpu_millis_free = h.cpu_millis_free.saturating_sub(self.cpu_millis);
+            h.memory_bytes_free = h.memory_bytes_free.saturating_sub(self.memory_bytes);
+            h.pods_running = h.pods_running.saturating_add(1);
+        }
+    }
 }
 
 /// The provider's slices as asked for at one tick.
@@ -91,6 +105,11 @@ struct Book {
     asked: u64,
     reserved: HashMap<String, Reservation>,
     snapshot: Option<Arc<Snapshot>>,
+    /// The slices of snapshot `.0` less every reservation: what the next Pod
+    /// without one of its own may use. Kept up to date as Pods are placed, so
+    /// a storm's decisions do not each walk thousands of reservations; dropped
+    /// when one is removed (made again at the next decision).
+    free: Option<(u64, Vec<HostSlice>)>,
 }
 
 #[derive(Debug)]
@@ -156,6 +175,7 @@ impl Admitter {
             book.snapshot = Some(Arc::clone(&snapshot));
             // Ghosts released before this snapshot was asked for are in its figures.
             book.reserved.retain(|_, r| r.unseen_by(asked));
+            book.free = None;
         }
         Ok((snapshot, true))
     }
@@ -206,17 +226,24 @@ impl Admitter {
                 other => other,
             };
             if let Admission::Fits(p) = &answer {
-                self.book().reserved.insert(
-                    uid.to_owned(),
-                    Reservation {
-                        host: p.host.clone(),
-                        gpu_ids: p.gpu_ids.clone(),
-                        cpu_millis: spec.resources.cpu_millis,
-                        memory_bytes: spec.resources.memory_bytes,
-                        created: None,
-                        released: None,
-                    },
-                );
+                let r = Reservation {
+                    host: p.host.clone(),
+                    gpu_ids: p.gpu_ids.clone(),
+                    cpu_millis: spec.resources.cpu_millis,
+                    memory_bytes: spec.resources.memory_bytes,
+                    created: None,
+                    released: None,
+                };
+                let mut book = self.book();
+                if let Some((asked, free)) = book.free.as_mut()
+                    && *asked == snapshot.asked
+                {
+                    r.take_from(free, &snapshot);
+                }
+                if book.reserved.insert(uid.to_owned(), r).is_some() {
+                    // It replaced one the kept slices had taken.
+                    book.free = None;
+                }
                 return Ok((answer, seen));
             }
             if fresh {
@@ -260,21 +287,22 @@ impl Admitter {
 
     /// The snapshot's hosts less what other Pods hold that it cannot show.
     fn free(&self, snapshot: &Snapshot, uid: &str) -> Vec<HostSlice> {
+        let mut book = self.book();
+        let own = book.reserved.contains_key(uid);
+        if !own
+            && let Some((asked, free)) = &book.free
+            && *asked == snapshot.asked
+        {
+            return free.clone();
+        }
         let mut free = snapshot.free.clone();
-        let book = self.book();
         for (owner, r) in &book.reserved {
-            if owner == uid || !r.unseen_by(snapshot.asked) {
-                continue;
+            if r.unseen_by(snapshot.asked) && owner != uid {
+                r.take_from(&mut free, snapshot);
             }
-            let Some(h) = snapshot.index.get(&r.host).and_then(|&i| free.get_mut(i)) else {
-                continue;
-            };
-            h.hold(&r.gpu_ids);
-            if r.uncounted_by(snapshot.asked) {
-                h.cpu_millis_free = h.cpu_millis_free.saturating_sub(r.cpu_millis);
-                h.memory_bytes_free = h.memory_bytes_free.saturating_sub(r.memory_bytes);
-                h.pods_running = h.pods_running.saturating_add(1);
-            }
+        }
+        if !own {
+            book.free = Some((snapshot.asked, free.clone()));
         }
         free
     }
@@ -320,10 +348,13 @@ impl Admitter {
             // Never made, or already in the snapshot's figures and holding no GPUs.
             None => {
                 book.reserved.remove(uid);
+                book.free = None;
             }
             Some(t) if t < seen_by && r.gpu_ids.is_empty() => {
                 book.reserved.remove(uid);
+                book.free = None;
             }
+            // Still unseen by every snapshot up to now: it holds as it did.
             Some(_) => r.released = Some(now),
         }
     }
@@ -666,6 +697,42 @@ mod tests {
             Admission::Fits(_)
         ));
         assert_eq!(a.held(), 1);
+    }
+
+    /// The slices kept less every reservation are, after any mix of
+    /// placements, creates and releases, what a walk over the reservations
+    /// gives.
+    #[tokio::test]
+    async fn the_kept_free_slices_match_a_walk_over_every_reservation() {
+        let a = Admitter::new(Backend::fixed(), None);
+        let walked = |a: &Admitter| {
+            let book = a.book();
+            let snapshot = Arc::clone(book.snapshot.as_ref().unwrap());
+            let mut free = snapshot.free.clone();
+            for r in book.reserved.values() {
+                if r.unseen_by(snapshot.asked) {
+                    r.take_from(&mut free, &snapshot);
+                }
+            }
+            (snapshot, free)
+        };
+        for i in 0..12u32 {
+            let uid = format!("p{i}");
+            let mut spec = pod(&uid, 500 + u64::from(i) * 100, i % 3);
+            spec.resources.memory_bytes = 1 << 30;
+            assert!(matches!(a.admit(&spec).await.unwrap(), Admission::Fits(_)));
+            match i % 4 {
+                0 => a.release(&uid),
+                1 => a.created(&uid),
+                2 => {
+                    a.created(&uid);
+                    a.release(&uid);
+                }
+                _ => {}
+            }
+            let (snapshot, expected) = walked(&a);
+            assert_eq!(a.free(&snapshot, "nobody"), expected, "after {uid}");
+        }
     }
 
     #[tokio::test]

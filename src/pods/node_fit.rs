@@ -54,10 +54,13 @@ impl Cx<'_> {
         if rec.progress.admitted {
             return Ok(());
         }
+        // The Pod itself holds nothing yet (not admitted, its spec pending), so
+        // the others need no telling apart from it: no UID compared per Pod.
+        let counts_itself = rec.holds_node();
         let mut in_use = InUse::default();
         for other in records
             .values()
-            .filter(|r| *r.uid != *uid && r.holds_node())
+            .filter(|r| r.holds_node() && (!counts_itself || *r.uid != *uid))
         {
             in_use.pods += 1;
             let held = other.node_claim.as_deref().map(|c| &*c.host_ports);
