@@ -853,9 +853,8 @@ impl Config {
                     .or(file.dra_binding_conditions)
                     .unwrap_or(true),
             });
-        let status_merge_window = status_merge_window(
-            args.status_merge_window.or(file.status_merge_window),
-        )?;
+        let status_merge_window =
+            status_merge_window(args.status_merge_window.or(file.status_merge_window))?;
         let partition_fence_after = duration(
             "partition-fence-after",
             args.partition_fence_after.or(file.partition_fence_after),

@@ -70,7 +70,11 @@ impl Reservation {
     /// Takes what it holds from `free`, the slices of `snapshot`: its GPUs,
     /// and its CPU, memory and Pod while the snapshot does not count them.
     fn take_from(&self, free: &mut [HostSlice], snapshot: &Snapshot) {
-        let Some(h) = snapshot.index.get(&self.host).and_then(|&i| free.get_mut(i)) else {
+        let Some(h) = snapshot
+            .index
+            .get(&self.host)
+            .and_then(|&i| free.get_mut(i))
+        else {
             return;
         };
         h.hold(&self.gpu_ids);

@@ -664,19 +664,22 @@ fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
             .map(|t| t / (f.create_phase.apiserver / cores).max(0.001));
         (v.map_or("—".into(), |v| format!("{v:.2}")), v)
     });
-    row("machine CPU busy, create phase (of the cores' time)", &|f| {
-        let share = f
-            .first_create_to_ready
-            .map(|t| f.create_phase.machine / (t * cores).max(0.001));
-        (
-            format!(
-                "{:.1}s{}",
-                f.create_phase.machine,
-                share.map_or(String::new(), |s| format!(" ({:.0}%)", s * 100.0))
-            ),
-            Some(f.create_phase.machine),
-        )
-    });
+    row(
+        "machine CPU busy, create phase (of the cores' time)",
+        &|f| {
+            let share = f
+                .first_create_to_ready
+                .map(|t| f.create_phase.machine / (t * cores).max(0.001));
+            (
+                format!(
+                    "{:.1}s{}",
+                    f.create_phase.machine,
+                    share.map_or(String::new(), |s| format!(" ({:.0}%)", s * 100.0))
+                ),
+                Some(f.create_phase.machine),
+            )
+        },
+    );
     row("kube-apiserver CPU, delete phase (ms per Pod)", &|f| {
         let v = per_pod_ms(f.delete_phase.apiserver, f);
         (

@@ -705,7 +705,12 @@ async fn an_instance_that_starts_within_the_window_gets_one_status_write() {
     let (c, log) = controller_with(Arc::clone(&provider), |s| {
         s.status_merge_window = Duration::from_secs(1);
     });
-    creating(&c, &provider, "ContainerCreating", Duration::from_millis(200));
+    creating(
+        &c,
+        &provider,
+        "ContainerCreating",
+        Duration::from_millis(200),
+    );
     let held = c.reconcile("u1", Lane::Any).await.unwrap();
     let Action::After(left) = held else {
         panic!("written at once: {held:?}");
@@ -723,7 +728,14 @@ async fn an_instance_that_starts_within_the_window_gets_one_status_write() {
     assert_eq!(p.len(), 1, "{p:?}");
     assert_eq!(p[0]["status"]["phase"], "Running");
     assert!(p[0]["status"]["containerStatuses"][0]["state"]["running"].is_object());
-    let admitted = c.store.get("u1").unwrap().progress.timeline.admitted.unwrap();
+    let admitted = c
+        .store
+        .get("u1")
+        .unwrap()
+        .progress
+        .timeline
+        .admitted
+        .unwrap();
     assert_eq!(
         p[0]["status"]["startTime"],
         json!(super::status::time(admitted.time()))
@@ -740,7 +752,12 @@ async fn what_lasts_or_needs_a_look_is_written_without_waiting() {
     let (c, log) = controller_with(Arc::clone(&provider), |s| {
         s.status_merge_window = Duration::from_secs(1);
     });
-    creating(&c, &provider, "ContainerCreating", Duration::from_millis(1200));
+    creating(
+        &c,
+        &provider,
+        "ContainerCreating",
+        Duration::from_millis(1200),
+    );
     c.reconcile("u1", Lane::Any).await.unwrap();
     let p = patches(&log);
     assert_eq!(p.len(), 1, "{p:?}");

@@ -96,7 +96,11 @@ impl Cx<'_> {
     /// manager merges the same way what changes before its next sync. `None`:
     /// write now (a status of this instance was written, it is past the
     /// window, or something a person must see has happened).
-    pub(super) fn first_status_held(&self, rec: &PodRecord, instance: &Instance) -> Option<Duration> {
+    pub(super) fn first_status_held(
+        &self,
+        rec: &PodRecord,
+        instance: &Instance,
+    ) -> Option<Duration> {
         let window = self.settings.status_merge_window;
         if window.is_zero()
             || rec.instance_id.is_some()
@@ -106,7 +110,9 @@ impl Cx<'_> {
             return None;
         }
         let accepted = rec.progress.timeline.accepted?.time();
-        let held = SystemTime::now().duration_since(accepted).unwrap_or_default();
+        let held = SystemTime::now()
+            .duration_since(accepted)
+            .unwrap_or_default();
         window.checked_sub(held).filter(|left| !left.is_zero())
     }
 
@@ -131,17 +137,15 @@ impl Cx<'_> {
         self.throttle("status").await;
         // The answer (the whole Pod) is not read: the watch brings it anyway,
         // and decoding it for nothing costs CPU on every write of a storm.
-        let request = kube::core::Request::new(<Pod as kube::Resource>::url_path(
-            &(),
-            Some(&rec.namespace),
-        ))
-        .patch_subresource(
-            "status",
-            &rec.name,
-            &PatchParams::default(),
-            &Patch::Strategic(body),
-        )
-        .map_err(kube::Error::BuildRequest)?;
+        let request =
+            kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(&rec.namespace)))
+                .patch_subresource(
+                    "status",
+                    &rec.name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(body),
+                )
+                .map_err(kube::Error::BuildRequest)?;
         match self.client.request_text(request).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 || replaced(s.code, &s.message) => {

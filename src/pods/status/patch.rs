@@ -58,7 +58,10 @@ pub fn patch_body_at(
     );
     // The kubelet starts a Pod's clock when it admits it, not when its first
     // status reaches the server (which a merged write may hold back).
-    let start = rec.start_time.or(timeline.admitted).map_or(now, Stamp::time);
+    let start = rec
+        .start_time
+        .or(timeline.admitted)
+        .map_or(now, Stamp::time);
     status.insert("startTime".into(), json!(time(start)));
     if let Some(ip) = &view.pod_ip {
         status.insert("podIP".into(), json!(ip));
