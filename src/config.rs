@@ -510,7 +510,6 @@ pub struct Config {
     pub status_report_interval: Duration,
 }
 
-/// A DNS-1123 subdomain, as Node names must be.
 /// The longest `--status-merge-window`: the kubelet's status manager syncs
 /// every Pod's status at least this often.
 pub const MAX_STATUS_MERGE_WINDOW: Duration = Duration::from_secs(10);
@@ -533,6 +532,7 @@ fn status_merge_window(v: Option<String>) -> Result<Duration, ConfigError> {
     }
 }
 
+/// A DNS-1123 subdomain, as Node names must be.
 fn check_node_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= 253
