@@ -512,7 +512,7 @@ pub struct Config {
 
 /// The longest `--status-merge-window`: the kubelet's status manager syncs
 /// every Pod's status at least this often.
-pub const MAX_STATUS_MERGE_WINDOW: Duration = Duration::from_secs(10);
+const MAX_STATUS_MERGE_WINDOW: Duration = Duration::from_secs(10);
 
 /// `--status-merge-window`: 1s unless given; `0s` turns merging off.
 fn status_merge_window(v: Option<String>) -> Result<Duration, ConfigError> {
@@ -523,7 +523,10 @@ fn status_merge_window(v: Option<String>) -> Result<Duration, ConfigError> {
         Some(d) if d <= MAX_STATUS_MERGE_WINDOW => Ok(d),
         Some(_) => Err(bad(
             "status-merge-window",
-            format!("{t:?} is longer than 10s: a state that lasts that long must be shown"),
+            format!(
+                "{t:?} is longer than {}s: a state that lasts that long must be shown",
+                MAX_STATUS_MERGE_WINDOW.as_secs()
+            ),
         )),
         None => Err(bad(
             "status-merge-window",

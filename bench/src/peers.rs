@@ -506,14 +506,18 @@ async fn wait_node_ready(nodes: &Api<Node>, name: &str, seconds: u64) -> Result<
     }
 }
 
-/// One agent's figures as a line, printed as soon as its storm ends.
-fn print_one(f: &Figures) {
-    let writes: Vec<String> = f
-        .writes
-        .iter()
+/// Writes per Pod by verb and resource, as `PATCH pods/status 1.00, ...`
+/// (those that round to nothing left out).
+fn by_verb(t: &Tally) -> String {
+    t.iter()
         .filter(|(_, v)| v.abs() >= 0.005)
         .map(|(k, v)| format!("{k} {v:.2}"))
-        .collect();
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One agent's figures as a line, printed as soon as its storm ends.
+fn print_one(f: &Figures) {
     println!(
         "{} with {} Pods: {} Ready, {} gone; creates accepted {:.0}/s; first create to all Ready {}; \
          last create to all Ready {}; accepted to Ready p50 {} p99 {}; delete to all gone {}; \
@@ -535,7 +539,7 @@ fn print_one(f: &Figures) {
         f.delete_phase.etcd,
         f.create_phase.agent,
         f.delete_phase.agent,
-        writes.join(", "),
+        by_verb(&f.writes),
         f.body_bytes_per_pod,
         f.watch_bytes_per_pod,
         f.rss_ready as f64 / 1024.0,
@@ -707,22 +711,10 @@ fn print_table(n: usize, agents: &[Agent], figures: &[&Figures]) {
         (format!("{total:.2}"), Some(total))
     });
     row("  in the create phase, by verb and resource", &|f| {
-        let parts: Vec<String> = f
-            .create_writes
-            .iter()
-            .filter(|(_, v)| v.abs() >= 0.005)
-            .map(|(k, v)| format!("{k} {v:.2}"))
-            .collect();
-        (parts.join(", "), None)
+        (by_verb(&f.create_writes), None)
     });
     row("  both phases, by verb and resource", &|f| {
-        let parts: Vec<String> = f
-            .writes
-            .iter()
-            .filter(|(_, v)| v.abs() >= 0.005)
-            .map(|(k, v)| format!("{k} {v:.2}"))
-            .collect();
-        (parts.join(", "), None)
+        (by_verb(&f.writes), None)
     });
     row("bytes written per Pod", &|f| {
         (

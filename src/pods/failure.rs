@@ -73,7 +73,7 @@ impl Cx<'_> {
                         "reason": failure.reason,
                         "message": failure.message,
                         "hostIP": self.settings.host_ip,
-                        "startTime": status::time(rec.start_time.map_or(now, Stamp::time)),
+                        "startTime": status::time(status::start_time(rec, &rec.progress.timeline, now)),
                     }
                 });
                 (view, body)
@@ -144,7 +144,7 @@ impl Cx<'_> {
                     "reason": reason,
                     "message": message,
                     "hostIP": self.settings.host_ip,
-                    "startTime": status::time(rec.start_time.map_or_else(SystemTime::now, Stamp::time)),
+                    "startTime": status::time(status::start_time(rec, &rec.progress.timeline, SystemTime::now())),
                 }
             });
             self.patch_status(rec, body).await?;

@@ -71,12 +71,8 @@ impl Cx<'_> {
                 .collect();
             self.shared.metrics.started(&stages);
         }
-        // The first status written starts the Pod's clock at its admission,
-        // or now (as the patch says).
-        let start = rec
-            .start_time
-            .or(timeline.admitted)
-            .unwrap_or_else(|| now.into());
+        // What the patch says the Pod's clock started at.
+        let start = Stamp::from(status::start_time(rec, &timeline, now));
         let body =
             status::patch_body_at(rec, &timeline, &view, instance, &self.settings.host_ip, now);
         self.patch_status(rec, body).await?;

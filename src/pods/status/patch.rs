@@ -14,6 +14,15 @@ pub fn time(t: SystemTime) -> String {
     crate::pods::model::stamp::rfc3339(t)
 }
 
+/// The Pod's `status.startTime`: what the API server holds, else when the
+/// node admitted it (the kubelet starts the clock there, not when the first
+/// status reaches the server, which a merged write may hold back), else `now`.
+pub fn start_time(rec: &PodRecord, timeline: &Timeline, now: SystemTime) -> SystemTime {
+    rec.start_time
+        .or(timeline.admitted)
+        .map_or(now, Stamp::time)
+}
+
 /// The strategic-merge patch for pods/status that turns the API's status into `view`.
 ///
 /// Conditions keep their lastTransitionTime unless their status changes; the
@@ -56,13 +65,10 @@ pub fn patch_body_at(
         "hostIPs".into(),
         json!([{ "ip": host_ip }, { "$patch": "replace" }]),
     );
-    // The kubelet starts a Pod's clock when it admits it, not when its first
-    // status reaches the server (which a merged write may hold back).
-    let start = rec
-        .start_time
-        .or(timeline.admitted)
-        .map_or(now, Stamp::time);
-    status.insert("startTime".into(), json!(time(start)));
+    status.insert(
+        "startTime".into(),
+        json!(time(start_time(rec, timeline, now))),
+    );
     if let Some(ip) = &view.pod_ip {
         status.insert("podIP".into(), json!(ip));
         status.insert("podIPs".into(), json!([{ "ip": ip }]));
