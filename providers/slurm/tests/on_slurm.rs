@@ -109,6 +109,16 @@ async fn gone(p: &GrpcProvider, uid: &str, secs: u64) {
     .await;
 }
 
+/// Waits for the container `main` to have written its first log line: its
+/// script has begun, and any `trap` before that line is set.
+async fn logging(p: &GrpcProvider, uid: &str) {
+    until(&format!("{uid} logging"), 30, async || {
+        let logs = p.logs(uid, "main", LogRequest::default()).await.ok()?;
+        (!logs.history.is_empty()).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_as_slurm_jobs_on_a_real_cluster() {
     let t0 = Instant::now();
@@ -303,14 +313,7 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
         "trap 'echo got TERM; exit 0' TERM; echo up; while :; do sleep 0.2; done",
     );
     p.create(&f, &graceful).await.unwrap();
-    until("graceful logging", 30, async || {
-        let logs = p
-            .logs("graceful", "main", LogRequest::default())
-            .await
-            .ok()?;
-        (!logs.history.is_empty()).then_some(())
-    })
-    .await;
+    logging(&p, "graceful").await;
     let logs = p
         .logs(
             "graceful",
@@ -349,10 +352,10 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
         "trap '' TERM; echo up; while :; do sleep 0.2; done",
     );
     p.create(&f, &stubborn).await.unwrap();
-    until("stubborn running", 30, async || {
-        (phase(&p, "stubborn").await == Some(InstancePhase::Running)).then_some(())
-    })
-    .await;
+    // Deleted only once its shell has said "up": a TERM that came before the
+    // `trap` ran would end it at once, as it would on a kubelet.
+    logging(&p, "stubborn").await;
+    assert_eq!(phase(&p, "stubborn").await, Some(InstancePhase::Running));
     let asked = Instant::now();
     p.delete(&f, "stubborn", Duration::from_secs(3))
         .await
