@@ -189,6 +189,17 @@ pub enum Handler {
     Sleep {
         seconds: u64,
     },
+    /// A probe's `grpc.health.v1.Health/Check` call to the Pod's IP (never a
+    /// hook's: the API allows it only in probes).
+    Grpc {
+        port: u16,
+        /// The service the check names; empty for the server as a whole.
+        #[serde(default)]
+        service: String,
+        /// `mode: TLS`: over TLS, the server's certificate not verified.
+        #[serde(default)]
+        tls: bool,
+    },
 }
 
 /// A probe, with the kubelet's defaults already applied.
@@ -610,17 +621,21 @@ impl Gpu {
     /// Whether partition `p` of this GPU can be given now: not in use, the
     /// GPU not held whole, and room beside the partitions in use.
     pub fn partition_free(&self, p: &GpuPartition) -> bool {
-        let (compute, memory) = self
-            .partitions
-            .iter()
-            .filter(|q| q.in_use)
-            .fold((0u64, 0u64), |(c, m), q| {
-                (c + u64::from(q.compute_slices), m + q.memory_mib)
-            });
+        let (compute, memory) =
+            self.partitions
+                .iter()
+                .filter(|q| q.in_use)
+                .fold((0u64, 0u64), |(c, m), q| {
+                    (
+                        c.saturating_add(u64::from(q.compute_slices)),
+                        m.saturating_add(q.memory_mib),
+                    )
+                });
+        // A backend's figures: sums that do not fit are too big, not wrapped.
         !p.in_use
             && !self.held_whole()
-            && compute + u64::from(p.compute_slices) <= u64::from(self.compute_slices)
-            && memory + p.memory_mib <= self.memory_mib
+            && compute.saturating_add(u64::from(p.compute_slices)) <= u64::from(self.compute_slices)
+            && memory.saturating_add(p.memory_mib) <= self.memory_mib
     }
 }
 

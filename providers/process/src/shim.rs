@@ -28,6 +28,7 @@ use crate::sandbox::{ContainerRun, Launch, Sandbox, ShimSpec, StatusFile, write_
 mod children;
 mod container;
 mod ephemeral;
+mod grpc;
 mod handler;
 mod http;
 mod probes;

@@ -213,18 +213,13 @@ pub(super) fn probe(
     p: &k8s_openapi::api::core::v1::Probe,
     ports: &BTreeMap<&str, u16>,
 ) -> Result<Probe, SpecError> {
-    if p.grpc.is_some() {
-        return Err(spec_error(
-            "InvalidProbe",
-            format!("container {container}: {what} grpc probes are not supported on this node"),
-        ));
-    }
     let secs = |v: Option<i32>, default: u64| {
         Duration::from_secs(v.map_or(default, |v| u64::from(v.max(0).unsigned_abs())))
     };
     let count = |v: Option<i32>, default: u32| v.map_or(default, |v| v.max(1).unsigned_abs());
-    Ok(Probe {
-        handler: handler(
+    let handler = match &p.grpc {
+        Some(g) => grpc(container, what, g)?,
+        None => handler(
             container,
             what,
             p.exec.as_ref().and_then(|e| e.command.clone()),
@@ -233,6 +228,9 @@ pub(super) fn probe(
             None,
             ports,
         )?,
+    };
+    Ok(Probe {
+        handler,
         initial_delay: secs(p.initial_delay_seconds, 0),
         period: secs(p.period_seconds, 10).max(Duration::from_secs(1)),
         timeout: secs(p.timeout_seconds, 1).max(Duration::from_secs(1)),
@@ -241,5 +239,34 @@ pub(super) fn probe(
         termination_grace: p
             .termination_grace_period_seconds
             .map(|g| Duration::from_secs(g.max(0).unsigned_abs())),
+    })
+}
+
+/// A gRPC probe's check: a port number (never a name, as the API has it),
+/// the service, and `mode` (plaintext unless `TLS`).
+fn grpc(
+    container: &str,
+    what: &str,
+    g: &k8s_openapi::api::core::v1::GRPCAction,
+) -> Result<Handler, SpecError> {
+    let tls = match g.mode.as_deref() {
+        None | Some("Plaintext") => false,
+        Some("TLS") => true,
+        Some(other) => {
+            return Err(spec_error(
+                "InvalidProbe",
+                format!("container {container}: {what} grpc mode {other:?}"),
+            ));
+        }
+    };
+    Ok(Handler::Grpc {
+        port: port_of(
+            container,
+            &format!("{what} grpc"),
+            &IntOrString::Int(g.port),
+            &BTreeMap::new(),
+        )?,
+        service: g.service.clone().unwrap_or_default(),
+        tls,
     })
 }

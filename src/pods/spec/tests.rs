@@ -237,6 +237,59 @@ fn probes_get_kubelet_defaults_and_named_ports() {
 }
 
 #[test]
+fn grpc_probes_carry_their_port_service_and_mode() {
+    let p = pod(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"containers": [{"name": "web", "image": "x",
+            "livenessProbe": {"grpc": {"port": 5000}, "timeoutSeconds": 5},
+            "readinessProbe": {"grpc": {"port": 5001, "service": "db", "mode": "TLS"}},
+            "startupProbe": {"grpc": {"port": 5002, "mode": "Plaintext"}}}]}
+    }));
+    let c = &pending(&p, "vk").unwrap().spec.containers[0];
+    let l = c.liveness_probe.as_ref().unwrap();
+    assert_eq!(l.timeout, Duration::from_secs(5));
+    assert_eq!(
+        l.handler,
+        Handler::Grpc {
+            port: 5000,
+            service: String::new(),
+            tls: false
+        }
+    );
+    assert_eq!(
+        c.readiness_probe.as_ref().unwrap().handler,
+        Handler::Grpc {
+            port: 5001,
+            service: "db".into(),
+            tls: true
+        }
+    );
+    assert_eq!(
+        c.startup_probe.as_ref().unwrap().handler,
+        Handler::Grpc {
+            port: 5002,
+            service: String::new(),
+            tls: false
+        }
+    );
+    for (grpc, says) in [
+        (json!({"port": 0}), "grpc port 0 is not a port number"),
+        (json!({"port": 70000}), "port 70000 is not a port number"),
+        (json!({"port": -1}), "port -1 is not a port number"),
+        (json!({"port": 5000, "mode": "QUIC"}), "grpc mode \"QUIC\""),
+    ] {
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "web", "image": "x",
+                "livenessProbe": {"grpc": grpc}}]}
+        }));
+        let e = pending(&p, "vk").unwrap_err();
+        assert_eq!(e.reason, "InvalidProbe", "{e}");
+        assert!(e.message.contains(says), "{e}");
+    }
+}
+
+#[test]
 fn malformed_probes_and_volumes_fail_clearly() {
     let p = pod(json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},

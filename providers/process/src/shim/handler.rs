@@ -1,6 +1,6 @@
-//! Hook and probe actions (exec, httpGet, tcpSocket, sleep) as the shim runs
-//! them: an exec in the container's cgroup and, with namespaces, in its
-//! namespaces. Each gives the kubelet's verdict and the output its Events
+//! Hook and probe actions (exec, httpGet, tcpSocket, sleep, grpc) as the
+//! shim runs them: an exec in the container's cgroup and, with namespaces, in
+//! its namespaces. Each gives the kubelet's verdict and the output its Events
 //! carry (`Liveness probe failed: …`).
 
 use std::time::Duration;
@@ -102,6 +102,18 @@ impl Shim {
             Handler::Sleep { seconds } => {
                 tokio::time::sleep(Duration::from_secs(*seconds).min(timeout)).await;
                 Verdict::Success
+            }
+            Handler::Grpc { port, service, tls } => {
+                let target = super::grpc::Target {
+                    host: self.spec.pod_ip.as_deref().unwrap_or("127.0.0.1"),
+                    port: *port,
+                    service,
+                    tls: *tls,
+                };
+                match super::grpc::check(&target, timeout).await {
+                    Ok(()) => Verdict::Success,
+                    Err(why) => Verdict::Failure(why),
+                }
             }
             other => Verdict::Failure(format!("this provider does not run {other:?}")),
         }
@@ -234,7 +246,7 @@ fn keep(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// `host:port`, with an IPv6 address in brackets.
-fn authority(host: &str, port: u16) -> String {
+pub(super) fn authority(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {

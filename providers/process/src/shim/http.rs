@@ -5,6 +5,9 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// The user agent of every probe, as the kubelet's (`kube-probe/<major>.<minor>`).
+pub(super) const USER_AGENT: &str = "kube-probe/1.37";
+
 /// What an HTTP GET of a probe or hook came to.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum HttpOutcome {
@@ -110,7 +113,7 @@ async fn exchange(
     headers: &[(String, String)],
 ) -> std::io::Result<Reply> {
     let mut req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n"
     );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
