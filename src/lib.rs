@@ -264,12 +264,41 @@ async fn nodes(
                                 ),
                             })
                         })?;
-                    let name = format!("{}-{}", cfg.node_name, topology::node_suffix(&h.name));
-                    Ok((name, Some(h.name.clone()), port))
+                    let suffix = topology::node_suffix(&h.name);
+                    if suffix.is_empty() {
+                        return Err(Error::Provider {
+                            provider: "per-host",
+                            message: format!("host {:?} gives no Node name", h.name),
+                        });
+                    }
+                    Ok((
+                        format!("{}-{suffix}", cfg.node_name),
+                        Some(h.name.clone()),
+                        port,
+                    ))
                 })
-                .collect()
+                .collect::<Result<Vec<_>, Error>>()
+                .and_then(distinct_nodes)
         }
     }
+}
+
+/// Refuses two hosts that would be one Node (`gpu_1` and `gpu.1`, or the
+/// same name twice): two agents would run the same Pods.
+fn distinct_nodes(
+    nodes: Vec<(String, Option<String>, u16)>,
+) -> Result<Vec<(String, Option<String>, u16)>, Error> {
+    let mut seen: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for (name, host, _) in &nodes {
+        let host = host.as_deref().unwrap_or_default();
+        if let Some(first) = seen.insert(name, host) {
+            return Err(Error::Provider {
+                provider: "per-host",
+                message: format!("hosts {first:?} and {host:?} would both be Node {name}"),
+            });
+        }
+    }
+    Ok(nodes)
 }
 
 /// Runs the daemon until `shutdown` is cancelled. With leader election, it waits
@@ -757,5 +786,23 @@ pub(crate) mod testing {
             self.called("start_ephemeral");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_that_would_be_one_node_are_refused() {
+        let node = |name: &str, host: &str| (name.to_owned(), Some(host.to_owned()), 10250);
+        let fine = vec![node("vk-gpu-1", "gpu_1"), node("vk-gpu-2", "gpu_2")];
+        assert_eq!(distinct_nodes(fine.clone()).expect("distinct"), fine);
+        let twice = vec![node("vk-gpu-1", "gpu_1"), node("vk-gpu-1", "gpu.1")];
+        let why = distinct_nodes(twice).expect_err("one Node").to_string();
+        assert!(
+            why.contains("\"gpu_1\" and \"gpu.1\" would both be Node vk-gpu-1"),
+            "{why}"
+        );
     }
 }

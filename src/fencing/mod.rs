@@ -81,9 +81,12 @@ pub fn plan(
     has_pod: impl Fn(&str) -> bool,
     brake: Brake,
 ) -> Plan {
-    let total = instances.len();
+    // Only this node's instances count toward the brake's fraction: a
+    // backend that lists other nodes' too must not dilute it.
+    let ours: Vec<Instance> = instances.into_iter().filter(|i| i.node == node).collect();
+    let total = ours.len();
     let mut by_owner: HashMap<String, Vec<Instance>> = HashMap::new();
-    for i in instances.into_iter().filter(|i| i.node == node) {
+    for i in ours {
         by_owner.entry(i.owner.uid.clone()).or_default().push(i);
     }
     let mut out = Plan::default();
@@ -196,6 +199,26 @@ mod tests {
         // One force-deleted Pod of one is not a mass deletion.
         let p = plan("vk", many[..1].to_vec(), |_| false, Brake::default());
         assert!(p.braked.is_none());
+    }
+
+    #[test]
+    fn other_nodes_instances_do_not_dilute_the_brake() {
+        // A shared backend lists three nodes' instances; this node's Pod list
+        // looks empty. Its 10 instances are all it may judge by.
+        let mut all: Vec<Instance> = (0..10)
+            .map(|i| inst(&format!("u{i}"), &format!("i{i}"), 1, 1))
+            .collect();
+        for (n, node) in ["vk-2", "vk-3"].iter().enumerate() {
+            all.extend((0..10).map(|i| {
+                let mut o = inst(&format!("o{n}-{i}"), &format!("o{n}-{i}"), 1, 1);
+                o.node = (*node).into();
+                o
+            }));
+        }
+        let p = plan("vk", all, |_| false, Brake::default());
+        assert_eq!(p.orphans.len(), 10);
+        let why = p.braked.expect("braked");
+        assert!(why.contains("10 of 10 instances on node vk"), "{why}");
     }
 
     #[test]

@@ -640,6 +640,20 @@ mod tests {
     }
 
     #[test]
+    fn a_backends_huge_partition_figures_are_too_big_not_wrapped() {
+        let mut host = partitioned_host();
+        let gpu = &mut host.gpus[0];
+        for p in &mut gpu.partitions {
+            p.in_use = false;
+        }
+        gpu.partitions[0].in_use = true;
+        gpu.partitions[0].memory_mib = u64::MAX;
+        gpu.partitions[0].compute_slices = u32::MAX;
+        let other = gpu.partitions[1].clone();
+        assert!(!gpu.partition_free(&other));
+    }
+
+    #[test]
     fn a_backend_that_counts_gpus_holds_any_free_one_for_a_named_one() {
         let mut free = vec![host("host-m", &[("nvl", 4)])];
         free[0].gpus_by_count = true;

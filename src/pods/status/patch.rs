@@ -57,6 +57,7 @@ pub fn patch_body_at(
     // The backend's machine where it says (a downstream Node), else this node.
     let host_ip = instance
         .and_then(|i| i.host_ip.as_deref())
+        .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
         .unwrap_or(host_ip);
     status.insert("hostIP".into(), json!(host_ip));
     // Replaced, not merged by `ip`: a host IP that changes (the downstream
@@ -259,7 +260,8 @@ pub(in crate::pods) fn container_json(
         "containerID": c.container_id,
         "ready": c.ready,
         "started": c.started,
-        "restartCount": c.restart_count,
+        // The API's int32; a backend's larger count is held at its top.
+        "restartCount": c.restart_count.min(i32::MAX.unsigned_abs()),
         "state": state,
         "lastState": last,
     })

@@ -117,6 +117,24 @@ fn ready_only_when_every_container_is() {
 }
 
 #[test]
+fn a_backends_numbers_and_addresses_the_api_would_refuse_are_not_written() {
+    let rec = record();
+    let mut inst = instance(
+        InstancePhase::Running,
+        [(running(), true), (running(), true)],
+    );
+    inst.ip = Some("10.100.0.2; rm".into());
+    inst.host_ip = Some("gpu-host-7".into());
+    inst.containers[0].restart_count = u32::MAX;
+    let v = desired_view(&rec, Some(&inst), &Waiting::Creating);
+    let body = patch_body(&rec, &v, Some(&inst), "192.0.2.1", SystemTime::now());
+    let s = &body["status"];
+    assert!(s.get("podIP").is_none(), "{s}");
+    assert_eq!(s["hostIP"], "192.0.2.1");
+    assert_eq!(s["containerStatuses"][0]["restartCount"], i32::MAX);
+}
+
+#[test]
 fn patch_is_kubelet_shaped() {
     let rec = record();
     let inst = instance(

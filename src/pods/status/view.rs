@@ -337,7 +337,12 @@ pub fn desired_view(rec: &PodRecord, instance: Option<&Instance>, waiting: &Wait
         containers,
         init_containers,
         ephemeral: super::ephemeral::views(rec, Some(inst)),
-        pod_ip: inst.ip.clone(),
+        // The backend's word: an address the API would refuse is left out,
+        // or every status write would fail.
+        pod_ip: inst
+            .ip
+            .clone()
+            .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok()),
         instance_id: (!inst.id.is_empty()).then(|| inst.id.clone()),
         observed_generation: None,
     }

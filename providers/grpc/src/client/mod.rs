@@ -9,6 +9,7 @@
 //! event stream starts with a resync, so vkd lists every instance and adopts
 //! what the plugin kept.
 
+mod history;
 mod streams;
 
 use streams::feed;
@@ -187,10 +188,11 @@ async fn hello(client: &ProviderClient<Channel>, timeout: Duration) -> Result<Sa
         versions: vec![VERSION],
     });
     request.set_timeout(timeout);
-    let reply = client
-        .clone()
-        .hello(request)
+    // The whole answer within the deadline: a plugin that sends its headers
+    // and then stalls must not hold vkd's start.
+    let reply = tokio::time::timeout(timeout, client.clone().hello(request))
         .await
+        .map_err(|_| format!("no answer to Hello within {timeout:?}"))?
         .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
         .into_inner();
     if reply.version != VERSION {
@@ -377,12 +379,14 @@ impl Provider for GrpcProvider {
             .map_err(|_| ProviderError::transient("provider plugin: no log within the deadline"))?
             .map_err(|s| error_of(&s))?
             .into_inner();
-        let mut history = Vec::new();
+        let mut history = history::History::new(&request);
         loop {
             match stream.message().await.map_err(|s| error_of(&s))? {
                 Some(pb::LogChunk {
                     item: Some(pb::log_chunk::Item::Line(l)),
-                }) => history.push(convert::log_line_of(l)),
+                }) => history
+                    .push(convert::log_line_of(l))
+                    .map_err(|why| ProviderError::invalid("LogTooLarge", why))?,
                 Some(pb::LogChunk {
                     item: Some(pb::log_chunk::Item::HistoryEnd(_)),
                 }) => break,
@@ -407,7 +411,10 @@ impl Provider for GrpcProvider {
                 })
                 .boxed()
         });
-        Ok(Logs { history, follow })
+        Ok(Logs {
+            history: history.into_lines(),
+            follow,
+        })
     }
 
     async fn exec(
@@ -517,7 +524,15 @@ impl Provider for GrpcProvider {
             .await
             .map_err(|s| error_of(&s))?
             .into_inner();
-        convert::read_document(Some(&doc), "PodStats").map_err(bad_answer)
+        let stats: PodStats = convert::read_document(Some(&doc), "PodStats").map_err(bad_answer)?;
+        // Another Pod's figures would be held against this Pod's limits.
+        if stats.pod.uid != uid {
+            return Err(bad_answer(format!(
+                "stats of Pod {uid} answered with those of Pod {}",
+                stats.pod.uid
+            )));
+        }
+        Ok(stats)
     }
 
     async fn describe(&self, uid: &str) -> Result<Vec<(String, String)>> {
