@@ -71,6 +71,8 @@ pub(crate) fn pods_run_as_slurm_jobs(c: &Cluster) -> Result<()> {
             format!("--state-dir={}", state.display()),
             format!("--slurm-conf={}", slurm.conf().display()),
             "--poll=500ms".into(),
+            // The test cluster runs its jobs as the test's user, root here.
+            "--jobs-as-root".into(),
         ],
         Vec::new(),
         socket.clone(),

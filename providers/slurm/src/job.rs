@@ -18,7 +18,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use vkd_provider::{ContainerSpec, InstanceSpec, RestartPolicy};
@@ -32,6 +32,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// A container that ran this long without exiting starts its back-off afresh.
 const BACKOFF_RESET: Duration = Duration::from_secs(600);
 
+/// The most content a log line holds, as the kubelet's CRI log lines.
+const LOG_LINE_MAX: u64 = 16 << 10;
 /// The PATH a container gets when its env does not set one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -289,7 +291,7 @@ pub async fn run_container(dir: &Path, name: &str) -> Result<i32, JobError> {
         Ok(child) => child,
         Err(e) => {
             let line = format!("vkd-slurm: cannot run {:?}: {e}", c.command);
-            write_line(&log, "stderr", line.as_bytes()).await;
+            write_line(&log, "stderr", "F", line.as_bytes()).await;
             return Ok(if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -334,19 +336,29 @@ fn copy_lines(
         let mut line = Vec::new();
         loop {
             line.clear();
-            match lines.read_until(b'\n', &mut line).await {
+            // At most LOG_LINE_MAX of content a line; a longer one is written
+            // as partial lines, as the kubelet's CRI logs are.
+            match (&mut lines)
+                .take(LOG_LINE_MAX)
+                .read_until(b'\n', &mut line)
+                .await
+            {
                 Ok(0) | Err(_) => return,
-                Ok(_) => {
-                    let text = line.strip_suffix(b"\n").unwrap_or(&line);
-                    write_line(&log, stream, text).await;
+                Ok(n) => {
+                    let (text, tag) = match line.strip_suffix(b"\n") {
+                        Some(text) => (text, "F"),
+                        None if n as u64 >= LOG_LINE_MAX => (&line[..], "P"),
+                        None => (&line[..], "F"),
+                    };
+                    write_line(&log, stream, tag, text).await;
                 }
             }
         }
     })
 }
 
-async fn write_line(log: &Mutex<tokio::fs::File>, stream: &str, text: &[u8]) {
-    let mut out = format!("{} {stream} F ", jiff::Timestamp::now()).into_bytes();
+async fn write_line(log: &Mutex<tokio::fs::File>, stream: &str, tag: &str, text: &[u8]) {
+    let mut out = format!("{} {stream} {tag} ", jiff::Timestamp::now()).into_bytes();
     out.extend_from_slice(text);
     out.push(b'\n');
     let _ = log.lock().await.write_all(&out).await;

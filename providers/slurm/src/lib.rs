@@ -42,6 +42,9 @@ use pod_dir::{PodDir, checked_container, checked_uid, pods_root};
 use slurm::{JobRow, Refusal, Slurm, SlurmError, Submit};
 use watch::Jobs;
 
+/// Slurm's `--cpus-per-task` is a 16-bit field.
+const MAX_CPUS_PER_TASK: u64 = 65_535;
+
 /// The provider's settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -98,6 +101,14 @@ fn job_export(path: Option<String>, conf: Option<&Path>) -> String {
         "NONE".into()
     } else {
         entries.join(",")
+    }
+}
+
+/// Removes the directory of a Pod whose job is over; when that fails (a
+/// file the job left that cannot be removed), the next pass tries again.
+fn forget(pod: &PodDir) {
+    if let Err(e) = pod.remove() {
+        tracing::warn!(path = %pod.path.display(), error = %e, "a deleted Pod's directory stays");
     }
 }
 
@@ -158,14 +169,16 @@ impl SlurmProvider {
             return Ok(row.filter(|r| r.active()).and_then(|r| orphan(r, uid)));
         }
         let over = row.is_none_or(|r| !r.active());
-        let Some(job) = pod.job_id().or(row.map(|r| r.id)) else {
+        // Slurm's own job of this name first: the directory's files are
+        // written where the job runs too, so its job-id alone is not proof.
+        let Some(job) = row.map(|r| r.id).or_else(|| pod.job_id()) else {
             if pod.deleted().is_some() {
-                pod.remove()?;
+                forget(&pod);
             }
             return Ok(None);
         };
         if over && pod.deleted().is_some() {
-            pod.remove()?;
+            forget(&pod);
             return Ok(None);
         }
         let spec = match spec {
@@ -205,6 +218,22 @@ impl SlurmProvider {
     /// What the provider cannot run whatever Slurm has: a container without a command.
     fn check_spec(spec: &InstanceSpec) -> Result<()> {
         checked_uid(&spec.pod.uid)?;
+        if spec.user_namespace {
+            return Err(ProviderError::invalid(
+                "UserNamespacesUnsupported",
+                "the Pod asks for a user namespace (hostUsers: false): a Slurm job runs \
+                 as the provider's account on the node, with no user namespace of its own",
+            ));
+        }
+        let cpus = spec.resources.cpu_millis.div_ceil(1000);
+        if cpus > MAX_CPUS_PER_TASK {
+            return Err(ProviderError::invalid(
+                "Unrunnable",
+                format!(
+                    "the Pod asks for {cpus} CPUs; a Slurm task has at most {MAX_CPUS_PER_TASK}"
+                ),
+            ));
+        }
         for c in spec.init_containers.iter().chain(&spec.containers) {
             checked_container(&c.name)?;
             if c.command.is_empty() {
@@ -454,6 +483,19 @@ impl Provider for SlurmProvider {
         let job = job_of_instance(id).ok_or_else(|| {
             ProviderError::invalid("InvalidInstance", format!("{id:?} is not a Slurm job"))
         })?;
+        // Only a live job of this provider's, for a Pod of this node: an id
+        // Slurm no longer shows is gone already, and any other job is not
+        // an instance to delete.
+        let rows = self.jobs(Duration::ZERO).await?;
+        let Some(row) = rows.values().find(|r| r.id == job && r.active()) else {
+            return Ok(());
+        };
+        if instance::read_comment(&row.comment).is_some_and(|(node, ..)| node != fence.node) {
+            return Err(ProviderError::invalid(
+                "InvalidInstance",
+                format!("Slurm job {job} belongs to another node"),
+            ));
+        }
         self.inner
             .config
             .slurm
@@ -471,12 +513,24 @@ impl Provider for SlurmProvider {
         for entry in dirs.flatten() {
             let uid = entry.file_name().to_string_lossy().into_owned();
             let Ok(pod) = self.pod(&uid) else { continue };
-            let Some(spec) = pod.read_spec().ok().filter(|s| s.node == node) else {
+            // A spec that names another Pod than its directory is not one
+            // this provider wrote.
+            let Some(spec) = pod
+                .read_spec()
+                .ok()
+                .filter(|s| s.node == node && s.pod.uid == uid)
+            else {
                 continue;
             };
             seen.insert(uid.clone());
-            if let Some(i) = self.instance_of(&uid, &rows, Some(spec))? {
-                out.push(i);
+            match self.instance_of(&uid, &rows, Some(spec)) {
+                Ok(Some(i)) => out.push(i),
+                Ok(None) => {}
+                // Left out of this list (never taken as gone: a list only
+                // finds orphans); the next pass tries it again.
+                Err(e) => {
+                    tracing::warn!(pod_uid = %uid, error = %e, "a Pod's instance could not be read")
+                }
             }
         }
         for (uid, row) in rows.iter() {
@@ -518,7 +572,7 @@ impl Provider for SlurmProvider {
         if command.is_empty() {
             return Err(ProviderError::invalid("NoCommand", "exec needs a command"));
         }
-        let mut srun = streams::step(job, io.tty, &self.inner.config.runner);
+        let mut srun = streams::step(job, io.tty, &self.inner.config.runner, &self.inner.export);
         srun.arg("enter")
             .arg(&pod.path)
             .arg(container)
@@ -540,7 +594,7 @@ impl Provider for SlurmProvider {
         })?;
         let first = spec.containers.first().map_or("main", |c| c.name.as_str());
         let (_, job) = self.running_job(uid, first).await?;
-        let mut srun = streams::step(job, false, &self.inner.config.runner);
+        let mut srun = streams::step(job, false, &self.inner.config.runner, &self.inner.export);
         srun.arg("connect").arg(port.to_string());
         if let Some(conf) = &self.inner.config.slurm.conf {
             srun.env("SLURM_CONF", conf);

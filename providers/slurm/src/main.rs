@@ -69,6 +69,10 @@ struct ServeArgs {
     /// This binary as the compute nodes reach it (default: this one's path).
     #[arg(long, env = "VKD_SLURM_RUNNER")]
     runner: Option<PathBuf>,
+    /// Serve as root, so that every Pod's job runs as root on its node: only
+    /// for a throwaway cluster (a test's). Without it, root is refused.
+    #[arg(long, env = "VKD_SLURM_JOBS_AS_ROOT")]
+    jobs_as_root: bool,
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, String> {
@@ -86,6 +90,16 @@ fn config(args: &ServeArgs) -> Result<(Config, vkd_grpc::Endpoint), String> {
         Some(r) => r.clone(),
         None => std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?,
     };
+    // The jobs run as this process's user: as root, every Pod's code would
+    // be root on its node.
+    if rustix::process::geteuid().is_root() && !args.jobs_as_root {
+        return Err(
+            "refusing to serve as root: every Pod's job would run as root on its \
+                    node. Run vkd-slurm as a dedicated unprivileged account \
+                    (docs/slurm-provider.md), or pass --jobs-as-root on a throwaway cluster"
+                .into(),
+        );
+    }
     if !args.state_dir.is_absolute() {
         return Err("--state-dir: must be an absolute path (the compute nodes read it)".into());
     }

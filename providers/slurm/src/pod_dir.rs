@@ -70,6 +70,55 @@ pub fn checked_container(name: &str) -> Result<&str, ProviderError> {
     }
 }
 
+/// The most of a spec read back: what one protocol message may carry.
+const SPEC_MAX: u64 = 64 << 20;
+/// The most of a container record read back.
+const RECORD_MAX: u64 = 64 << 10;
+/// The most of a one-number file (job id, deadline) read back.
+const NUMBER_MAX: u64 = 64;
+
+/// Opens a file the job may have written: never through a link, never a
+/// FIFO or device (a job runs the tenant's code where these files are).
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if f.metadata()?.is_file() {
+        Ok(f)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a regular file",
+        ))
+    }
+}
+
+/// A file's bytes, refused when it is longer than `max`.
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_regular(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+fn read_number(path: &Path) -> Option<u64> {
+    std::str::from_utf8(&read_bounded(path, NUMBER_MAX).ok()?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> ProviderError + '_ {
     move |e| ProviderError::transient(format!("{}: {e}", path.display()))
 }
@@ -148,17 +197,13 @@ impl PodDir {
 
     pub fn read_spec(&self) -> Result<InstanceSpec, ProviderError> {
         let path = self.spec();
-        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+        let bytes = read_bounded(&path, SPEC_MAX).map_err(io_error(&path))?;
         serde_json::from_slice(&bytes)
             .map_err(|e| ProviderError::transient(format!("{} is not a spec: {e}", path.display())))
     }
 
     pub fn job_id(&self) -> Option<u64> {
-        std::fs::read_to_string(self.job_id_file())
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        read_number(&self.job_id_file())
     }
 
     pub fn set_job_id(&self, id: u64) -> Result<(), ProviderError> {
@@ -167,11 +212,7 @@ impl PodDir {
 
     /// The deletion's deadline, once a deletion was asked for.
     pub fn deleted(&self) -> Option<SystemTime> {
-        let ms: u64 = std::fs::read_to_string(self.deleted_file())
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
+        let ms = read_number(&self.deleted_file())?;
         Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms))
     }
 
@@ -183,7 +224,7 @@ impl PodDir {
     }
 
     pub fn record(&self, container: &str) -> ContainerRecord {
-        std::fs::read(self.record_file(container))
+        read_bounded(&self.record_file(container), RECORD_MAX)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
@@ -216,10 +257,22 @@ pub fn pods_root(state: &Path) -> PathBuf {
     state.join("pods")
 }
 
-/// Replaces a file whole: a reader sees the old bytes or the new.
+/// Replaces a file whole: a reader sees the old bytes or the new. The
+/// temporary file is made anew (a link or file left in its place is
+/// removed, never written through).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ProviderError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io_error(&tmp))?;
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(&tmp)(e)),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(io_error(&tmp))?;
     f.write_all(bytes).map_err(io_error(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io_error(path))
 }
@@ -231,6 +284,33 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_the_job_can_replace_are_never_followed_or_read_past_their_bound() {
+        let state = std::env::temp_dir().join(format!("vkd-slurm-poddir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        let pod = PodDir::new(&state, "0f3c9a2e").expect("a uid");
+        std::fs::create_dir_all(&pod.path).expect("dir");
+        // A job id that is a link to another file: not read.
+        let elsewhere = state.join("elsewhere");
+        std::fs::write(&elsewhere, "42").expect("file");
+        std::os::unix::fs::symlink(&elsewhere, pod.job_id_file()).expect("link");
+        assert_eq!(pod.job_id(), None);
+        // A temporary file planted as a link: removed, not written through.
+        std::os::unix::fs::symlink(&elsewhere, pod.path.join("deleted.tmp")).expect("link");
+        pod.set_deleted(SystemTime::UNIX_EPOCH).expect("written");
+        assert_eq!(std::fs::read_to_string(&elsewhere).expect("kept"), "42");
+        assert_eq!(pod.deleted(), Some(SystemTime::UNIX_EPOCH));
+        // A spec too large to be one is refused, not read whole.
+        std::fs::write(
+            pod.spec(),
+            vec![b' '; usize::try_from(SPEC_MAX).expect("fits") + 1],
+        )
+        .expect("spec");
+        let e = pod.read_spec().expect_err("too long");
+        assert!(e.to_string().contains("longer than"), "{e}");
+        std::fs::remove_dir_all(&state).expect("cleanup");
+    }
 
     #[test]
     fn only_a_uid_or_a_container_name_becomes_a_path() {

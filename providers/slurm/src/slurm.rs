@@ -400,6 +400,9 @@ impl Slurm {
         let args = [
             "--noheader",
             "--all",
+            // This account's jobs only: another user's job named vkd-<uid> is
+            // never taken for a Pod's.
+            "--me",
             "--states=all",
             "--format",
             SQUEUE_FORMAT,

@@ -3,7 +3,7 @@
 //! port-forward are job steps of their own (`srun --jobid=<job> --overlap`),
 //! so they run where the job runs, inside its allocation.
 
-use std::io::{BufRead, Seek};
+use std::io::{BufRead, Read, Seek};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
@@ -37,25 +37,48 @@ fn parse_line(line: &[u8]) -> Option<LogLine> {
     })
 }
 
-/// The complete lines of a file from `offset`, and the offset after them.
+/// The most of a log read at once: the history shows the lines of its last
+/// 64 MiB (as a kubelet shows what its rotation kept), and a follow reads
+/// on from there.
+const READ_MAX: u64 = 64 << 20;
+/// The longest log line read: the runner writes at most 16 KiB of content a
+/// line (longer output is split into partial lines, as the kubelet's CRI
+/// logs are); anything longer was not written by it and is skipped.
+const LINE_MAX: u64 = 64 << 10;
+
+/// The complete lines of a file from `offset` (or from its last
+/// [`READ_MAX`] bytes, when that is later), and the offset after them.
 fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<LogLine>, u64)> {
-    let mut f = match std::fs::File::open(path) {
+    let f = match crate::pod_dir::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), offset)),
         Err(e) => return Err(e),
     };
-    f.seek(std::io::SeekFrom::Start(offset))?;
+    let len = f.metadata()?.len();
+    let start = offset.max(len.saturating_sub(READ_MAX));
     let mut reader = std::io::BufReader::new(f);
-    let (mut lines, mut at, mut buf) = (Vec::new(), offset, Vec::new());
-    loop {
+    reader.seek(std::io::SeekFrom::Start(start))?;
+    let (mut lines, mut at, mut buf) = (Vec::new(), start, Vec::new());
+    // Started inside a line: the rest of it is not a line.
+    let mut inside = start > offset;
+    // A file that grows while it is read is read on next time.
+    let end = start.saturating_add(READ_MAX);
+    while at < end {
         buf.clear();
-        let n = reader.read_until(b'\n', &mut buf)?;
-        if n == 0 || buf.last() != Some(&b'\n') {
+        let n = (&mut reader).take(LINE_MAX).read_until(b'\n', &mut buf)?;
+        let whole = buf.last() == Some(&b'\n');
+        if n == 0 || (!whole && (n as u64) < LINE_MAX) {
+            // The end of what was written so far: a line still being written
+            // is read whole next time.
             return Ok((lines, at));
         }
         at += n as u64;
-        lines.extend(parse_line(&buf));
+        if whole && !inside {
+            lines.extend(parse_line(&buf));
+        }
+        inside = !whole;
     }
+    Ok((lines, at))
 }
 
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> ProviderError + '_ {
@@ -107,11 +130,14 @@ pub(crate) fn logs(pod: &PodDir, container: &str, request: LogRequest) -> Result
     Ok(Logs { history, follow })
 }
 
-/// The `srun` that runs one more step in a running job.
-pub(crate) fn step(job: u64, tty: bool, runner: &Path) -> tokio::process::Command {
+/// The `srun` that runs one more step in a running job; `export` is what
+/// the step's environment starts with (the batch script's), never the
+/// provider's own environment.
+pub(crate) fn step(job: u64, tty: bool, runner: &Path, export: &str) -> tokio::process::Command {
     let mut srun = tokio::process::Command::new("srun");
     srun.args([
         format!("--jobid={job}"),
+        format!("--export={export}"),
         "--overlap".into(),
         "--nodes=1".into(),
         "--ntasks=1".into(),
@@ -297,5 +323,52 @@ mod tests {
         let part = parse_line(b"2026-12-07T03:11:06Z stderr P abc\n").unwrap();
         assert_eq!(&part.bytes[..], b"abc");
         assert!(parse_line(b"not a log line\n").is_none());
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("vkd-slurm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    fn line(text: &str) -> String {
+        format!("2026-12-07T03:11:06Z stdout F {text}\n")
+    }
+
+    #[test]
+    fn a_log_is_read_in_whole_lines_and_overlong_ones_are_skipped() {
+        let dir = scratch("read");
+        let log = dir.join("main.log");
+        let long = "x".repeat(usize::try_from(LINE_MAX).expect("small") * 2);
+        let text = format!("{}{}{}2026-12-07T03", line("one"), line(&long), line("two"));
+        std::fs::write(&log, &text).expect("log");
+        let (lines, at) = read_from(&log, 0).expect("read");
+        let got: Vec<&[u8]> = lines.iter().map(|l| &l.bytes[..]).collect();
+        assert_eq!(got, [&b"one\n"[..], b"two\n"]);
+        // The line still being written is left for the next read.
+        assert_eq!(at, text.len() as u64 - "2026-12-07T03".len() as u64);
+        let (more, _) = read_from(&log, at).expect("read on");
+        assert!(more.is_empty());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_log_that_is_a_link_or_a_fifo_is_not_read() {
+        let dir = scratch("links");
+        let secret = dir.join("secret");
+        std::fs::write(&secret, line("secret")).expect("secret");
+        let link = dir.join("main.log");
+        std::os::unix::fs::symlink(&secret, &link).expect("link");
+        assert!(read_from(&link, 0).is_err());
+        let fifo = dir.join("fifo.log");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        // Refused at once: never a read that waits for a writer.
+        assert!(read_from(&fifo, 0).is_err());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -46,6 +46,8 @@ fn serve(cluster: &SlurmCluster, state: &Path, socket: &Path) -> Plugin {
         .arg(format!("--state-dir={}", state.display()))
         .arg(format!("--slurm-conf={}", cluster.conf().display()))
         .arg("--poll=500ms")
+        // The test cluster runs its jobs as the test's user, root here.
+        .arg("--jobs-as-root")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
