@@ -55,8 +55,22 @@ pub async fn serve(
     let signal = async move { shutdown.cancelled().await };
     Ok(match endpoint {
         Endpoint::Unix(path) => {
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
+            // A socket left by an earlier run is replaced; any other file
+            // at the path (a mistyped --listen) is never removed.
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                    std::fs::remove_file(path)
+                        .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
+                }
+                Ok(_) => {
+                    return Err(GrpcError::Bind(
+                        endpoint.to_string(),
+                        std::io::Error::new(
+                            std::io::ErrorKind::AlreadyExists,
+                            "a file that is not a socket is there; it is left as it is",
+                        ),
+                    ));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(GrpcError::Bind(endpoint.to_string(), e)),
             }

@@ -274,6 +274,33 @@ async fn another_version_or_no_plugin_is_refused_at_connect_naming_the_endpoint(
     std::fs::remove_dir_all(dir).ok();
 }
 
+#[tokio::test]
+async fn a_file_that_is_not_a_socket_is_never_replaced_by_one() {
+    let dir = tempdir();
+    let kept = dir.join("config.yaml");
+    std::fs::write(&kept, "precious").unwrap();
+    let e = server::serve(
+        Arc::new(
+            SimProvider::open(Fleet::parse(FLEET, "test").unwrap(), &dir.join("state")).unwrap(),
+        ),
+        &Endpoint::Unix(kept.clone()),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "precious");
+    // A socket an earlier run left is replaced.
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    stop.cancel();
+    handle.await.unwrap();
+    let (_, stop, handle) = plugin(&dir).await;
+    stop.cancel();
+    handle.await.unwrap();
+    drop(endpoint);
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// A CA and, signed by it, one certificate for `name`: `(ca.pem, cert.pem, key.pem)` in `dir`.
 fn issue(dir: &Path, ca_name: &str, name: &str) -> (PathBuf, PathBuf, PathBuf) {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};

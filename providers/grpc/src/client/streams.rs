@@ -5,7 +5,7 @@
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use vkd_provider::{ProviderError, Result, StreamIo};
+use vkd_provider::{BoxWrite, ProviderError, Result, StreamIo};
 
 use super::{GrpcProvider, bad_answer};
 use crate::convert::error_of;
@@ -107,30 +107,29 @@ impl GrpcProvider {
             }));
         }
         drop(tx);
+        // Output goes to the caller while the caller reads it; once every
+        // stream it asked for is gone (it hung up), the call ends, and with
+        // it the session in the plugin.
+        let asked_output = stdout.is_some() || stderr.is_some();
         let result = loop {
             match answers.message().await {
                 Ok(Some(pb::StreamOut { msg: Some(m) })) => match m {
-                    pb::stream_out::Msg::Stdout(b) => {
-                        if let Some(out) = stdout.as_mut() {
-                            let _ = out.write_all(&b).await;
-                        }
-                    }
-                    pb::stream_out::Msg::Stderr(b) => {
-                        // With a tty, stderr is stdout.
-                        let to = if stderr.is_some() {
-                            stderr.as_mut()
-                        } else {
-                            stdout.as_mut()
-                        };
-                        if let Some(out) = to {
-                            let _ = out.write_all(&b).await;
-                        }
-                    }
                     pb::stream_out::Msg::Exit(code) => break Ok(code),
+                    pb::stream_out::Msg::Stdout(b) => write_or_drop(&mut stdout, &b).await,
+                    // With a tty, stderr is stdout.
+                    pb::stream_out::Msg::Stderr(b) if stderr.is_some() => {
+                        write_or_drop(&mut stderr, &b).await;
+                    }
+                    pb::stream_out::Msg::Stderr(b) => write_or_drop(&mut stdout, &b).await,
                 },
                 Ok(Some(_)) => {}
                 Ok(None) => break Err(bad_answer("the stream ended without an exit code".into())),
                 Err(s) => break Err(error_of(&s)),
+            }
+            if asked_output && stdout.is_none() && stderr.is_none() {
+                break Err(ProviderError::transient(
+                    "the caller stopped reading the session's output",
+                ));
             }
         };
         for w in [stdout.as_mut(), stderr.as_mut()].into_iter().flatten() {
@@ -141,5 +140,15 @@ impl GrpcProvider {
             f.abort();
         }
         result
+    }
+}
+
+/// Writes `bytes` to the caller's stream; a stream that fails is dropped
+/// (the caller went away), never written again.
+async fn write_or_drop(to: &mut Option<BoxWrite>, bytes: &[u8]) {
+    if let Some(out) = to.as_mut()
+        && out.write_all(bytes).await.is_err()
+    {
+        *to = None;
     }
 }
