@@ -369,6 +369,49 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
         "gone after {took:?}, before its grace"
     );
 
+    mark("What a job can write");
+    // A job can write the state dir (it runs as the plugin's account): a
+    // directory that copies hello's spec and job id is not a second
+    // instance of hello, and a job that is not a Pod's is never cancelled.
+    let forged = state.join("pods/0f3c9a2e-forged");
+    std::fs::create_dir_all(&forged).unwrap();
+    let hello_dir = state.join("pods/hello");
+    std::fs::copy(hello_dir.join("spec.json"), forged.join("spec.json")).unwrap();
+    std::fs::copy(hello_dir.join("job-id"), forged.join("job-id")).unwrap();
+    let listed = p.list(NODE).await.unwrap();
+    let owners: Vec<&str> = listed.iter().map(|i| i.owner.uid.as_str()).collect();
+    assert_eq!(
+        owners.iter().filter(|u| **u == "hello").count(),
+        1,
+        "{owners:?}"
+    );
+    std::fs::remove_dir_all(&forged).unwrap();
+    let other: u64 = cluster
+        .command(
+            "sbatch",
+            &["--parsable", "--job-name=not-a-pod", "--wrap=sleep 120"],
+        )
+        .unwrap()
+        .trim()
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    p.delete_instance(&f, &format!("slurm-{other}"), Duration::ZERO)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let jobs = cluster.jobs().unwrap();
+    assert!(
+        jobs.iter()
+            .any(|(id, _, state, _)| *id == other && state != "CANCELLED"),
+        "a job that is no Pod's was cancelled: {jobs:?}"
+    );
+    cluster
+        .command("scancel", &[other.to_string().as_str()])
+        .unwrap();
+
     mark("A deposed leader");
     // A deposed leader: the plugin refuses it, and so does slurmctld.
     p.takeover(&fence(21)).await.unwrap();
