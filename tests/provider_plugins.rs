@@ -140,7 +140,9 @@ fn the_slurm_plugin_on_a_real_slurm_cluster_passes_the_conformance_program() -> 
         .arg(format!("--listen=unix://{}", socket.display()))
         .arg(format!("--state-dir={}", state.display()))
         .arg(format!("--slurm-conf={}", slurm.conf().display()))
-        .arg("--poll=500ms");
+        .arg("--poll=500ms")
+        // The test cluster runs its jobs as the test's user, root here.
+        .arg("--jobs-as-root");
     let plugin = start(cmd, &socket, &dir.join("plugin.log"))?;
     all_passed(&conformance(&socket)?, "the Slurm plugin")?;
     drop(plugin);

@@ -357,7 +357,11 @@ async fn pods_as_slurm_jobs_on_a_real_cluster() {
     // Deleted only once its shell has said "up": a TERM that came before the
     // `trap` ran would end it at once, as it would on a kubelet.
     logging(&p, "stubborn").await;
-    assert_eq!(phase(&p, "stubborn").await, Some(InstancePhase::Running));
+    // (squeue's answer is kept for a second: the job may still read Pending.)
+    until("stubborn running", 30, async || {
+        (phase(&p, "stubborn").await == Some(InstancePhase::Running)).then_some(())
+    })
+    .await;
     let asked = Instant::now();
     p.delete(&f, "stubborn", Duration::from_secs(3))
         .await

@@ -341,8 +341,11 @@ mod tests {
         Silence,
     }
 
-    async fn serve(tcp: tokio::net::TcpStream, answer: fn(&str) -> Answer) {
-        let Ok(mut connection) = h2::server::handshake(tcp).await else {
+    async fn serve<T>(io: T, answer: fn(&str) -> Answer)
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let Ok(mut connection) = h2::server::handshake(io).await else {
             return;
         };
         while let Some(Ok((request, mut respond))) = connection.accept().await {
@@ -480,6 +483,67 @@ mod tests {
         assert_eq!(
             check(&at(port, ""), Duration::from_secs(1)).await,
             Err("error: health rpc probe failed: rpc error: code = Internal desc = a reply of more than 16384 bytes".into())
+        );
+    }
+
+    /// [`server`] over TLS with a self-signed certificate (no node trusts
+    /// it), serving only a client that offers HTTP/2 by ALPN, as grpc-go does.
+    async fn tls_server(answer: fn(&str) -> Answer) -> u16 {
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+        let ck = rcgen::generate_simple_self_signed(vec!["pod.example".to_owned()])
+            .expect("a certificate");
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+        let mut config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![ck.cert.der().clone()], key)
+        .expect("config");
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        serve(tls, answer).await;
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn mode_tls_speaks_http2_over_tls_to_a_certificate_nobody_trusts() {
+        let port = tls_server(|_| Answer::Status(SERVING)).await;
+        let tls = Target {
+            tls: true,
+            ..at(port, "")
+        };
+        assert_eq!(check(&tls, Duration::from_secs(2)).await, Ok(()));
+        // Plaintext against it fails, as the kubelet's does.
+        let plain = check(&at(port, ""), Duration::from_secs(2)).await;
+        assert!(plain.is_err(), "{plain:?}");
+        // TLS against a plaintext server never connects.
+        let port = server(|_| Answer::Status(SERVING)).await;
+        let tls = Target {
+            tls: true,
+            ..at(port, "")
+        };
+        let refused = check(&tls, Duration::from_secs(1)).await;
+        assert!(
+            matches!(&refused, Err(m) if m.starts_with("timeout: failed to connect service")),
+            "{refused:?}"
         );
     }
 
