@@ -77,16 +77,18 @@ const RECORD_MAX: u64 = 64 << 10;
 /// The most of a one-number file (job id, deadline) read back.
 const NUMBER_MAX: u64 = 64;
 
-/// Opens a file the job may have written: never through a link, never a
-/// FIFO or device (a job runs the tenant's code where these files are).
-pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+/// Opens a file the job may have written, with its length: never through a
+/// link, never a FIFO or device (a job runs the tenant's code where these
+/// files are).
+pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
-    if f.metadata()?.is_file() {
-        Ok(f)
+    let meta = f.metadata()?;
+    if meta.is_file() {
+        Ok((f, meta.len()))
     } else {
         Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -98,15 +100,21 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
 /// A file's bytes, refused when it is longer than `max`.
 pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut bytes = Vec::new();
-    open_regular(path)?
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(std::io::Error::new(
+    let too_long = || {
+        std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("longer than {max} bytes"),
-        ));
+        )
+    };
+    let (f, len) = open_regular(path)?;
+    if len > max {
+        return Err(too_long());
+    }
+    // Bounded again: the file may grow while it is read.
+    let mut bytes = Vec::new();
+    f.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_long());
     }
     Ok(bytes)
 }

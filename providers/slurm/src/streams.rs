@@ -49,18 +49,23 @@ const LINE_MAX: u64 = 64 << 10;
 /// The complete lines of a file from `offset` (or from its last
 /// [`READ_MAX`] bytes, when that is later), and the offset after them.
 fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<LogLine>, u64)> {
-    let f = match crate::pod_dir::open_regular(path) {
+    let (f, len) = match crate::pod_dir::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), offset)),
         Err(e) => return Err(e),
     };
-    let len = f.metadata()?.len();
-    let start = offset.max(len.saturating_sub(READ_MAX));
+    // Past the last READ_MAX bytes: read from the byte before them, and skip
+    // what ends at the first newline (the rest of a line, or that newline
+    // alone when the window starts a line).
+    let window = len.saturating_sub(READ_MAX);
+    let (start, mut inside) = if window > offset {
+        (window - 1, true)
+    } else {
+        (offset, false)
+    };
     let mut reader = std::io::BufReader::new(f);
     reader.seek(std::io::SeekFrom::Start(start))?;
     let (mut lines, mut at, mut buf) = (Vec::new(), start, Vec::new());
-    // Started inside a line: the rest of it is not a line.
-    let mut inside = start > offset;
     // A file that grows while it is read is read on next time.
     let end = start.saturating_add(READ_MAX);
     while at < end {

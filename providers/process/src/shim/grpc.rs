@@ -316,13 +316,19 @@ fn serving_status_name(status: i32) -> String {
 mod tests {
     use super::*;
 
-    /// A health server on loopback: each connection's one call gets `answer`
-    /// for the service it names.
-    async fn server(answer: fn(&str) -> Answer) -> u16 {
+    /// A listener on a free loopback port.
+    async fn listen() -> (tokio::net::TcpListener, u16) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let port = listener.local_addr().expect("addr").port();
+        (listener, port)
+    }
+
+    /// A health server on loopback: each connection's one call gets `answer`
+    /// for the service it names.
+    async fn server(answer: fn(&str) -> Answer) -> u16 {
+        let (listener, port) = listen().await;
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 tokio::spawn(serve(tcp, answer));
@@ -503,10 +509,7 @@ mod tests {
         .expect("config");
         config.alpn_protocols = vec![b"h2".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
+        let (listener, port) = listen().await;
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();

@@ -51,10 +51,7 @@ impl Shim {
                 headers,
                 https,
             } => {
-                let host = host
-                    .as_deref()
-                    .or(self.spec.pod_ip.as_deref())
-                    .unwrap_or("127.0.0.1");
+                let host = self.action_host(host.as_deref());
                 let scheme = if *https { "https" } else { "http" };
                 let url = format!(
                     "{scheme}://{}/{}",
@@ -81,10 +78,7 @@ impl Shim {
                 }
             }
             Handler::TcpSocket { host, port } => {
-                let host = host
-                    .as_deref()
-                    .or(self.spec.pod_ip.as_deref())
-                    .unwrap_or("127.0.0.1");
+                let host = self.action_host(host.as_deref());
                 let connect = tokio::net::TcpStream::connect((host, *port));
                 match tokio::time::timeout(timeout, connect).await {
                     Ok(Ok(_)) => Verdict::Success,
@@ -105,7 +99,7 @@ impl Shim {
             }
             Handler::Grpc { port, service, tls } => {
                 let target = super::grpc::Target {
-                    host: self.spec.pod_ip.as_deref().unwrap_or("127.0.0.1"),
+                    host: self.action_host(None),
                     port: *port,
                     service,
                     tls: *tls,
@@ -117,6 +111,12 @@ impl Shim {
             }
             other => Verdict::Failure(format!("this provider does not run {other:?}")),
         }
+    }
+
+    /// Where a network action goes: the host it names, else the Pod's IP
+    /// (127.0.0.1 without a Pod network).
+    fn action_host<'a>(&'a self, named: Option<&'a str>) -> &'a str {
+        named.or(self.spec.pod_ip.as_deref()).unwrap_or("127.0.0.1")
     }
 
     /// An exec action: through the launcher as the container's processes
