@@ -35,6 +35,10 @@ fn main() -> ExitCode {
         ),
         ("bad_input_fails_clearly_and_leaks_nothing", bad_input),
         (
+            "a_link_in_place_of_a_volume_is_never_followed_and_api_volumes_are_read_only",
+            links_in_volumes,
+        ),
+        (
             "service_env_config_errors_and_active_deadline_as_the_kubelet",
             kubelet_semantics,
         ),
@@ -771,6 +775,128 @@ stringData: {{password: s3cr3t-value}}
 }
 
 /// `kubectl get`'s READY and STATUS columns for a Pod.
+/// Issue 51, finding 1: an init container that puts a link where its
+/// emptyDir was (in the sandbox on the host) or inside it (for a subPath)
+/// never gets the next container a view of the host; and finding 9: the
+/// volumes the kubelet writes from the API are read-only in the container.
+fn links_in_volumes(c: &Cluster) -> Result<()> {
+    let state = std::fs::canonicalize(vkd(c)?)?;
+    let pods = state.join("process/pods");
+    c.apply(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: link-config, namespace: {NS}}}\ndata: {{key: from-the-api}}\n"
+    ))?;
+    // The sandbox's path on the host, as the tenant can work it out, and
+    // the one `$VKD_POD_ROOT` led to before.
+    let plant = format!(
+        "for v in {pods}/$POD_UID/volumes/data \"$VKD_POD_ROOT/../volumes/data\"; do \
+           rm -rf \"$v\" 2>/dev/null; ln -s / \"$v\" 2>/dev/null && echo \"planted $v\"; done; \
+         mkdir -p /data/sub/deep && echo deep > /data/sub/deep/marker; \
+         ln -s / /data/escape; ln -s ../../../../../.. /data/up; ln -s sub/deep /data/inside; \
+         echo done",
+        pods = pods.display()
+    );
+    let look = "ls -a /data | tr '\\n' ' '; echo; cat /inside/marker; \
+                (echo changed > /etc/app/key) 2>/dev/null && echo config-written || echo config-read-only; \
+                (mkdir /etc/app/new) 2>/dev/null && echo config-dir-made || echo config-dir-refused; \
+                cat /etc/app/key; echo; echo looked; exec sleep 3600";
+    c.apply(&pod(
+        "linker",
+        NS,
+        "proc",
+        &format!(
+            r#"  restartPolicy: Never
+  initContainers:
+  - name: plant
+    image: busybox
+    command: [sh, -c, {plant}]
+    env: [{{name: POD_UID, valueFrom: {{fieldRef: {{fieldPath: metadata.uid}}}}}}]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, {look}]
+    volumeMounts:
+    - {{name: data, mountPath: /data}}
+    - {{name: data, mountPath: /inside, subPath: inside}}
+    - {{name: config, mountPath: /etc/app}}
+  - name: escape
+    image: busybox
+    command: [sh, -c, "ls /esc; exec sleep 3600"]
+    volumeMounts: [{{name: data, mountPath: /esc, subPath: escape}}]
+  - name: up
+    image: busybox
+    command: [sh, -c, "ls /up; exec sleep 3600"]
+    volumeMounts: [{{name: data, mountPath: /up, subPath: up}}]
+  volumes:
+  - {{name: data, emptyDir: {{}}}}
+  - {{name: config, configMap: {{name: link-config}}}}"#,
+            plant = serde_json::to_string(&plant)?,
+            look = serde_json::to_string(look)?,
+        ),
+    ))?;
+    let log = wait_for("the main container's look", Duration::from_secs(90), || {
+        let l = c
+            .kubectl(&["logs", "-n", NS, "linker", "-c", "main"])
+            .unwrap_or_default();
+        Ok(l.contains("looked").then_some(l))
+    })?;
+    let planted = c.kubectl(&["logs", "-n", NS, "linker", "-c", "plant"])?;
+    let listing = log.lines().next().unwrap_or_default();
+    for host in ["etc", "proc", "usr"] {
+        ensure!(
+            !listing.split_whitespace().any(|e| e == host),
+            "the Pod's emptyDir shows the host's /: {listing} (the init container said {planted:?})"
+        );
+    }
+    ensure!(
+        listing.split_whitespace().any(|e| e == "escape"),
+        "the emptyDir lost what the init container wrote: {listing}"
+    );
+    ensure!(
+        !planted.contains("planted"),
+        "the sandbox's volume directory is writable from a container: {planted}"
+    );
+    ensure!(
+        log.lines().nth(1) == Some("deep"),
+        "a link inside the volume: {log}"
+    );
+    ensure!(
+        log.contains("config-read-only") && log.contains("config-dir-refused"),
+        "a configMap volume is writable: {log}"
+    );
+    ensure!(log.contains("from-the-api"), "{log}");
+    // A subPath through a link out of the volume never starts, and says why.
+    for name in ["escape", "up"] {
+        let why = wait_for(
+            &format!("container {name} to fail"),
+            Duration::from_secs(60),
+            || {
+                let p = get(c, "linker")?;
+                let st = at(&p, "status.containerStatuses")
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|s| str_at(s, "name") == name)
+                    .cloned();
+                Ok(st.and_then(|s| {
+                    let t = at(&s, "state.terminated");
+                    (!t.is_null())
+                        .then(|| format!("{} {}", str_at(t, "reason"), str_at(t, "message")))
+                }))
+            },
+        )?;
+        let seen = c
+            .kubectl(&["logs", "-n", NS, "linker", "-c", name])
+            .unwrap_or_default();
+        ensure!(
+            seen.contains("leads out of its volume"),
+            "{name} ({why}) said: {seen}"
+        );
+        ensure!(!seen.contains("etc"), "{name} listed the host: {seen}");
+    }
+    delete_now(c, "linker")
+}
+
 fn ready_and_status(c: &Cluster, name: &str) -> Result<(String, String)> {
     let line = c.kubectl(&["get", "pod", name, "-n", NS, "--no-headers"])?;
     let cols: Vec<&str> = line.split_whitespace().collect();

@@ -474,6 +474,10 @@ pub fn device_status(
     })
 }
 
+/// [`ClaimRef::entry`] of the claim the scheduler makes for a Pod's
+/// extended resources that DRA serves.
+pub const EXTENDED_RESOURCES_ENTRY: &str = "extended resources";
+
 /// A ResourceClaim a Pod uses, as the kubelet finds it
 /// (`resourceclaim.Name` in Kubernetes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -528,7 +532,7 @@ pub fn claim_refs(pod: &Pod) -> Vec<ClaimRef> {
     }
     if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref()) {
         refs.push(ClaimRef {
-            entry: "extended resources".into(),
+            entry: EXTENDED_RESOURCES_ENTRY.into(),
             claim: Some(ext.resource_claim_name.clone()),
             generated: false,
         });

@@ -262,6 +262,33 @@ pub fn admit(
     Ok(())
 }
 
+/// On a node that serves its GPUs through DRA, which lists no
+/// `nvidia.com/gpu` in its allocatable, a Pod asking for `nvidia.com/gpu`
+/// gets GPUs only through the claim the scheduler makes for it
+/// (`status.extendedResourceClaimStatus`). One bound here past the scheduler
+/// has none: refused as a kubelet refuses a resource the node has none of
+/// (the kubelet itself drops such a request and runs the Pod without the
+/// device, which its own code calls a caveat to fix; a GPU Pod run without
+/// its GPUs, or queued for ones it can never be given, helps nobody).
+pub fn gpus_behind_claims(
+    spec: &vkd_provider::InstanceSpec,
+    claims: &[crate::dra::devices::ClaimRef],
+) -> Result<(), Rejection> {
+    let requested = spec.resources.gpus;
+    let claimed = claims
+        .iter()
+        .any(|c| c.entry == crate::dra::devices::EXTENDED_RESOURCES_ENTRY);
+    if requested == 0 || claimed {
+        return Ok(());
+    }
+    Err(Rejection {
+        reason: "OutOfnvidia.com/gpu".into(),
+        message: format!(
+            "Node didn't have enough resource: nvidia.com/gpu, requested: {requested}, used: 0, capacity: 0"
+        ),
+    })
+}
+
 /// `nodeSelector` and the required node affinity, as the scheduler matches them.
 fn matches_affinity(req: &Requirements, node: &NodeView) -> bool {
     let selector_ok = req
@@ -340,6 +367,35 @@ pub fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn gpus_without_the_schedulers_claim_are_refused_on_a_dra_node() {
+        use crate::dra::devices::{ClaimRef, EXTENDED_RESOURCES_ENTRY};
+        let mut pinned = vkd_provider::conformance::sample_spec("vk-1", "u");
+        pinned.resources.gpus = 2;
+        let got = gpus_behind_claims(&pinned, &[]).unwrap_err();
+        assert_eq!(got.reason, "OutOfnvidia.com/gpu");
+        assert_eq!(
+            got.message,
+            "Node didn't have enough resource: nvidia.com/gpu, requested: 2, used: 0, capacity: 0"
+        );
+        // A claim of the Pod's own does not stand for the extended resource.
+        let own = ClaimRef {
+            entry: "gpu".into(),
+            claim: Some("c".into()),
+            generated: false,
+        };
+        assert!(gpus_behind_claims(&pinned, std::slice::from_ref(&own)).is_err());
+        // The scheduler's claim behind `nvidia.com/gpu` carries them.
+        let scheduled = ClaimRef {
+            entry: EXTENDED_RESOURCES_ENTRY.into(),
+            claim: Some("p-extended-resources-x".into()),
+            generated: false,
+        };
+        assert_eq!(gpus_behind_claims(&pinned, &[own, scheduled]), Ok(()));
+        pinned.resources.gpus = 0;
+        assert_eq!(gpus_behind_claims(&pinned, &[]), Ok(()));
+    }
 
     fn spec(v: serde_json::Value) -> PodSpec {
         serde_json::from_value(v).unwrap()

@@ -72,6 +72,11 @@ impl Cx<'_> {
             .and_then(|c| c.requirements.as_ref())
             .unwrap_or(&asks_nothing);
         admission::admit(wanted, claim.map(|c| &*c.host_ports), node, &in_use)?;
+        if self.settings.dra.is_some()
+            && let Some(pending) = rec.pending.as_deref()
+        {
+            admission::gpus_behind_claims(&pending.spec, &pending.claims)?;
+        }
         if let Some(rec) = records.get_mut(uid) {
             rec.admit();
         }

@@ -206,8 +206,8 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
             Err(e) => return Err(err("volume", &b.source)(e)),
             Ok(_) => {}
         }
-        // Held open from the check to the mount, so a link swapped in
-        // between cannot redirect it.
+        // Bound through the handle opened beneath the volume, so a link
+        // swapped in after the open cannot redirect it.
         let held = match &b.within {
             Some(volume) => Some(open_within(&b.source, volume)?),
             None => None,
@@ -272,11 +272,15 @@ pub fn new_pid_namespace() -> Result<()> {
     unshare(rustix::thread::UnshareFlags::NEWPID)
 }
 
-/// Opens `source` (O_PATH) only if what it resolves to lies in `volume`, as
-/// resolved too; checked again on the open handle itself.
+/// Opens `source` (O_PATH), which lies in `volume`, without ever leaving it.
+/// The volume itself is vkd's (made by it, in a directory no Pod reaches):
+/// its own name is never followed as a link. What lies beneath it (a
+/// subPath) the Pod may have written: it is resolved by the kernel beneath
+/// the volume's handle (`openat2` with `RESOLVE_BENEATH`), so a link there
+/// may lead within the volume, as the kubelet allows, but never out of it,
+/// not even for an instant between a check and the open.
 fn open_within(source: &Path, volume: &Path) -> Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    let root = std::fs::canonicalize(volume).map_err(err("resolving", volume))?;
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
     let leaves = || {
         IsolationError::Invalid(format!(
             "{} leads out of its volume {}",
@@ -284,22 +288,49 @@ fn open_within(source: &Path, volume: &Path) -> Result<std::os::fd::OwnedFd> {
             volume.display()
         ))
     };
-    let real = std::fs::canonicalize(source).map_err(err("resolving", source))?;
-    if !real.starts_with(&root) {
+    let rel = source.strip_prefix(volume).map_err(|_| leaves())?;
+    let flags = OFlags::PATH | OFlags::CLOEXEC;
+    let is_link = |fd: &std::os::fd::OwnedFd| {
+        rustix::fs::fstat(fd)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink())
+    };
+    // With O_PATH and O_NOFOLLOW a link opens as itself: refused, not bound.
+    let base = rustix::fs::open(volume, flags | OFlags::NOFOLLOW, Mode::empty())
+        .map_err(errno("opening", volume))?;
+    if is_link(&base) {
+        return Err(IsolationError::Invalid(format!(
+            "volume {} is a link, not what vkd made",
+            volume.display()
+        )));
+    }
+    if rel.as_os_str().is_empty() {
+        return Ok(base);
+    }
+    if rel
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
         return Err(leaves());
     }
-    let fd = rustix::fs::open(
-        &real,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(errno("opening", &real))?;
-    let now = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(err("resolving", &real))?;
-    if !now.starts_with(&root) {
-        return Err(leaves());
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(&base, rel, flags, Mode::empty(), resolve) {
+        Ok(fd) => Ok(fd),
+        Err(rustix::io::Errno::XDEV | rustix::io::Errno::LOOP) => Err(leaves()),
+        // A kernel before openat2 (5.6): every name in turn, none a link.
+        Err(rustix::io::Errno::NOSYS) => {
+            let mut dir = base;
+            for part in rel.components() {
+                let name = part.as_os_str();
+                dir = rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty())
+                    .map_err(errno("opening", source))?;
+                if is_link(&dir) {
+                    return Err(leaves());
+                }
+            }
+            Ok(dir)
+        }
+        Err(e) => Err(errno("opening", source)(e)),
     }
-    Ok(fd)
 }
 
 fn ns_path(pid: i32, ns: &str) -> PathBuf {
@@ -492,6 +523,44 @@ mod tests {
         assert_eq!(unescape(br"/tab\011x\134"), "/tab\tx\\");
         assert_eq!(unescape(br"/odd\09"), r"/odd\09");
         assert_eq!(unescape(br"/end\"), r"/end\");
+    }
+
+    #[test]
+    fn a_bind_source_never_leaves_its_volume_through_a_link() {
+        let dir = std::env::temp_dir().join(format!("vkd-open-within-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let volume = dir.join("volumes/data");
+        std::fs::create_dir_all(volume.join("sub/deep")).unwrap();
+        std::os::unix::fs::symlink("/", volume.join("root")).unwrap();
+        std::os::unix::fs::symlink("../../..", volume.join("up")).unwrap();
+        std::os::unix::fs::symlink("sub/deep", volume.join("inside")).unwrap();
+        let within = |rel: &str| open_within(&volume.join(rel), &volume);
+        let real = |fd: std::os::fd::OwnedFd| {
+            std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap()
+        };
+        // The volume itself, a directory beneath it, and a link that stays inside.
+        assert_eq!(real(open_within(&volume, &volume).unwrap()), volume);
+        assert_eq!(real(within("sub/deep").unwrap()), volume.join("sub/deep"));
+        assert_eq!(real(within("inside").unwrap()), volume.join("sub/deep"));
+        // Links that lead out, by an absolute name or by `..`, are refused.
+        for out in ["root", "up", "root/etc", "up/volumes"] {
+            let e = within(out).unwrap_err().to_string();
+            assert!(e.contains("leads out of its volume"), "{out}: {e}");
+        }
+        // A source not under the volume it names is refused unopened.
+        assert!(open_within(Path::new("/etc"), &volume).is_err());
+        // A link put where the volume was is never followed, even to a
+        // directory inside the sandbox.
+        std::fs::rename(&volume, dir.join("moved")).unwrap();
+        std::os::unix::fs::symlink("/", &volume).unwrap();
+        for rel in ["", "etc"] {
+            let e = within(rel).unwrap_err().to_string();
+            assert!(
+                e.contains("is a link") || e.contains("Not a directory"),
+                "{rel:?}: {e}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

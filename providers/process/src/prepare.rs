@@ -82,9 +82,16 @@ impl ProcessProvider {
                 None if isolated => PathBuf::from("/"),
                 None => root.to_owned(),
             };
+            // With namespaces the Pod's root is the container's own `/`:
+            // nothing of the sandbox on the host is shown in a container.
+            let own_root = if isolated {
+                "/".to_owned()
+            } else {
+                root.display().to_string()
+            };
             let mut env: Vec<(String, String)> = vec![
                 ("PATH".into(), image.search_path().to_owned()),
-                ("HOME".into(), root.display().to_string()),
+                ("HOME".into(), own_root.clone()),
                 ("HOSTNAME".into(), spec.pod.name.clone()),
             ];
             for (k, v) in &c.env {
@@ -110,8 +117,8 @@ impl ProcessProvider {
                 ));
                 env.push((CUDA_VISIBLE.into(), ids));
             }
-            env.push(("VKD_POD_ROOT".into(), root.display().to_string()));
-            let own = [("VKD_POD_ROOT".to_owned(), root.display().to_string())];
+            env.push(("VKD_POD_ROOT".into(), own_root.clone()));
+            let own = [("VKD_POD_ROOT".to_owned(), own_root)];
             let argv: Vec<String> = argv.iter().map(|a| expand_own(a, &own)).collect();
             let program = &argv[0];
             let path = env
@@ -404,7 +411,14 @@ impl ProcessProvider {
                 group.map(|g| (run_as_user, g))
             }
         };
-        self.hand_over(&sb.volumes(), &owner).map_err(e)?;
+        // Each volume's, never `volumes/` itself: it stays root's, so no
+        // Pod's user can put a link where a volume was.
+        for v in &spec.volumes {
+            if !matches!(v.source, VolumeSource::HostPath { .. }) {
+                self.hand_over(&sb.volumes().join(&v.name), &owner)
+                    .map_err(e)?;
+            }
+        }
         if self.inner.isolated {
             self.write_mount_plans(sb, spec, launches, pod_ip)
                 .map_err(e)?;

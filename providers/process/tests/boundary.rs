@@ -308,10 +308,7 @@ async fn a_pods_path_chooses_no_mount() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap();
     assert!(procs <= 4, "the host's processes are in view: {log}");
-    assert!(
-        log.contains("pods=1"),
-        "other Pods' sandboxes are in view: {log}"
-    );
+    assert!(log.contains("pods=0"), "Pods' sandboxes are in view: {log}");
     assert!(log.contains("no-secret"), "{log}");
     assert!(!log.contains("victim-secret"), "{log}");
     remove(&p, uid).await;
@@ -455,6 +452,91 @@ async fn two_containers_may_mount_different_volumes_at_one_path() {
     running(&p, uid).await;
     assert!(logged(&p, uid, "main", "one").await.starts_with("one"));
     assert!(logged(&p, uid, "second", "two").await.starts_with("two"));
+    remove(&p, uid).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 51, finding 1: an init container removed its emptyDir's directory
+/// in the sandbox (bound into every container) and put a link to `/` there;
+/// the next container's bind followed it, giving the host's `/` read-write.
+/// Now no container sees the sandbox, the directory of volumes is root's,
+/// and a volume's own name is never followed: the emptyDir stays the
+/// emptyDir. Finding 9: a configMap, secret, downwardAPI or projected
+/// volume is read-only, whatever the spec says.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_link_where_a_volume_was_is_never_followed_and_api_volumes_are_read_only() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-boundary-volume-link";
+    let sandbox = std::fs::canonicalize(&dir).unwrap().join("pods").join(uid);
+    let plant = format!(
+        "for v in {sb}/volumes/data \"$VKD_POD_ROOT/../volumes/data\"; do \
+           rm -rf \"$v\" 2>/dev/null; ln -s / \"$v\" 2>/dev/null && echo \"planted $v\"; done; \
+         echo sandbox=$(ls {sb} 2>/dev/null | wc -l); echo mine > /data/mine; echo planting-done",
+        sb = sandbox.display()
+    );
+    let look = "ls -a /data | tr '\\n' ' '; echo; \
+                (echo changed > /config/key) 2>/dev/null && echo config-written || echo config-read-only; \
+                (touch /config/new) 2>/dev/null && echo config-file-made || echo config-file-refused; \
+                cat /config/key; echo; echo looked; exec sleep 3711";
+    let mut s = spec(uid, &["sh", "-c", look]);
+    s.volumes = vec![
+        Volume {
+            name: "data".into(),
+            source: VolumeSource::EmptyDir {
+                size_limit: None,
+                memory: false,
+            },
+        },
+        Volume {
+            name: "config".into(),
+            source: VolumeSource::Files {
+                files: vec![VolumeFile {
+                    path: "key".into(),
+                    data: b"from-the-api".to_vec(),
+                    mode: 0o644,
+                }],
+            },
+        },
+    ];
+    let mount = |volume: &str, path: &str| Mount {
+        volume: volume.into(),
+        path: path.into(),
+        sub_path: None,
+        read_only: false,
+    };
+    s.containers[0].mounts = vec![mount("data", "/data"), mount("config", "/config")];
+    s.init_containers = vec![ContainerSpec {
+        name: "plant".into(),
+        image: "busybox".into(),
+        command: vec!["sh".into(), "-c".into(), plant],
+        mounts: vec![mount("data", "/data")],
+        ..Default::default()
+    }];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let planted = logged(&p, uid, "plant", "planting-done").await;
+    assert!(!planted.contains("planted"), "{planted}");
+    assert!(
+        planted.contains("sandbox=0"),
+        "the sandbox is in view: {planted}"
+    );
+    let log = logged(&p, uid, "main", "looked").await;
+    let listing = log.lines().next().unwrap_or_default();
+    for host in ["etc", "proc", "usr"] {
+        assert!(
+            !listing.split_whitespace().any(|e| e == host),
+            "the emptyDir shows the host's /: {listing}"
+        );
+    }
+    assert!(listing.split_whitespace().any(|e| e == "mine"), "{log}");
+    assert!(log.contains("config-read-only"), "{log}");
+    assert!(log.contains("config-file-refused"), "{log}");
+    assert!(log.contains("from-the-api"), "{log}");
+    // The volume is still the directory vkd made, root's directory above it.
+    use std::os::unix::fs::MetadataExt;
+    let volumes = sandbox.join("volumes");
+    assert!(volumes.join("data").symlink_metadata().unwrap().is_dir());
+    assert_eq!(volumes.symlink_metadata().unwrap().uid(), 0);
     remove(&p, uid).await;
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vkd_provider::InstanceSpec;
+use vkd_provider::{InstanceSpec, VolumeSource};
 
 use crate::ProcessProvider;
 use crate::sandbox::{self, Launch, Sandbox};
@@ -58,7 +58,7 @@ impl ProcessProvider {
         own_network: bool,
         to: &Path,
     ) -> std::io::Result<()> {
-        let mut plan = mount_plan(self, sb, c, l, &pod_hostname(&spec.pod.name));
+        let mut plan = mount_plan(self, sb, spec, c, l, &pod_hostname(&spec.pod.name));
         if spec.user_namespace {
             let (uid, gid) = self.inner.run_as;
             let mut map = crate::isolation::IdentityMap {
@@ -101,13 +101,16 @@ fn pod_hostname(name: &str) -> String {
     cut.trim_end_matches(['-', '.']).to_owned()
 }
 
-/// What container `c` sees (see `isolation`): its sandbox at its own path
-/// (`$VKD_POD_ROOT`), the Pod's /etc files, its volumes at their mountPaths
-/// (parents first; a volume at /etc/hosts wins over the Pod's file, as under
-/// the kubelet), and its termination message file.
+/// What container `c` sees (see `isolation`): the Pod's /etc files, its
+/// volumes at their mountPaths (parents first; a volume at /etc/hosts wins
+/// over the Pod's file, as under the kubelet), and its termination message
+/// file. Nothing else of the sandbox: the directory that holds the volumes
+/// is vkd's, and a container that could rename a volume there could put a
+/// link in its place for the next container's bind to follow.
 fn mount_plan(
     p: &ProcessProvider,
     sb: &Sandbox,
+    spec: &InstanceSpec,
     c: &vkd_provider::ContainerSpec,
     l: &Launch,
     hostname: &str,
@@ -121,7 +124,7 @@ fn mount_plan(
         within: None,
         allow_suid: false,
     };
-    let mut binds = vec![bind(sb.dir.clone(), sb.dir.clone(), false)];
+    let mut binds = Vec::new();
     for f in ["hosts", "hostname", "resolv.conf"] {
         binds.push(bind(sb.etc().join(f), Path::new("/etc").join(f), false));
     }
@@ -149,15 +152,29 @@ fn mount_plan(
     let mut mounts: Vec<&vkd_provider::Mount> = c.mounts.iter().collect();
     mounts.sort_by_key(|m| Path::new(&m.path).components().count());
     for m in &mounts {
-        let volume = sb.volumes().join(&m.volume);
+        let source = spec.volumes.iter().find(|v| v.name == m.volume);
+        let volume = match source.map(|v| &v.source) {
+            // The operator allowed the path (`--allow-host-path`): what it
+            // names now, its links resolved here, by vkd.
+            Some(VolumeSource::HostPath { path }) => {
+                std::fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path))
+            }
+            _ => sb.volumes().join(&m.volume),
+        };
+        // The kubelet mounts what it writes from the API read-only, whatever
+        // the spec says (a Pod that rewrote its Secret's files would read
+        // its own words as the Secret's).
+        let api_data = matches!(source.map(|v| &v.source), Some(VolumeSource::Files { .. }));
         let mut source = volume.clone();
         if let Some(sub) = &m.sub_path {
             source.push(sub);
         }
-        // A volume the Pod writes may hold links: the bind never leaves it.
+        // A volume the Pod writes may hold links: the bind never leaves it
+        // (the launcher opens the volume without following a link, then the
+        // subPath beneath it).
         binds.push(Bind {
             within: Some(volume),
-            ..bind(source, PathBuf::from(&m.path), m.read_only)
+            ..bind(source, PathBuf::from(&m.path), m.read_only || api_data)
         });
     }
     // The message file is the shim's, in the sandbox; one under a volume is
