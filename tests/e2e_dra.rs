@@ -271,6 +271,41 @@ fn aggregate(c: &Cluster) -> Result<()> {
         at(&node, "status.capacity")
     );
 
+    // A Pod bound here past the scheduler asks for `nvidia.com/gpu`, which
+    // this node lists none of: refused at admission, as a kubelet refuses a
+    // resource it has none of, never queued for GPUs it cannot be given.
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: pinned, namespace: {ns}}}
+spec:
+  nodeName: vk-dra
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists}}]
+  containers:
+  - name: train
+    image: example/train:1
+    resources: {{limits: {{nvidia.com/gpu: 1}}}}
+"#
+    ))?;
+    let pinned = wait_for(
+        "the pinned GPU Pod to be rejected",
+        Duration::from_secs(60),
+        || {
+            let p = c.kubectl_json(&["get", "pod", "pinned", "-n", &ns])?;
+            Ok((str_at(&p, "status.phase") == "Failed").then_some(p))
+        },
+    )?;
+    ensure!(
+        str_at(&pinned, "status.reason") == "OutOfnvidia.com/gpu"
+            && str_at(&pinned, "status.message").contains(
+                "Node didn't have enough resource: nvidia.com/gpu, requested: 1, used: 0, capacity: 0"
+            ),
+        "{}",
+        at(&pinned, "status")
+    );
+    c.kubectl(&["delete", "pod", "pinned", "-n", &ns, "--wait=true"])?;
+
     // 8 GPUs on one host: the scheduler refuses; nothing is bound or created.
     c.apply(&template(&ns, "eight", 8, &["gpu.vkd.io/host"], None))?;
     c.apply(&claim_pod(&ns, "eight", "dra", "eight"))?;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use vkd_process::config::{ImageMap, IsolationMode, NetworkConfig};
 use vkd_process::{ProcessConfig, ProcessProvider};
 use vkd_provider::conformance::sample_spec;
-use vkd_provider::{ContainerSpec, Fence, Provider};
+use vkd_provider::{ContainerSpec, Fence, Mount, Provider, Volume, VolumeSource};
 
 fn config(isolation: IsolationMode, network: Option<NetworkConfig>) -> ProcessConfig {
     ProcessConfig {
@@ -166,17 +166,32 @@ async fn measure(
     for n in 0..pods {
         let uid = format!("bench-{n}");
         let mut s = sample_spec("bench", &uid);
+        // The marker goes to an emptyDir, which the host sees in the sandbox
+        // whatever the isolation (a container never sees the sandbox).
+        s.volumes = vec![Volume {
+            name: "mark".into(),
+            source: VolumeSource::EmptyDir {
+                size_limit: None,
+                memory: false,
+            },
+        }];
         s.containers = vec![ContainerSpec {
             name: "main".into(),
             image: "busybox".into(),
             command: vec![
                 "sh".into(),
                 "-c".into(),
-                "touch \"$VKD_POD_ROOT/started\"; exec sleep 3600".into(),
+                "touch \"$VKD_POD_ROOT/mark/started\"; exec sleep 3600".into(),
             ],
+            mounts: vec![Mount {
+                volume: "mark".into(),
+                path: "/mark".into(),
+                sub_path: None,
+                read_only: false,
+            }],
             ..Default::default()
         }];
-        let marker = dir.join("pods").join(&uid).join("root").join("started");
+        let marker = dir.join("pods").join(&uid).join("volumes/mark/started");
         let begin = Instant::now();
         if let Err(e) = p.create(&fence, &s).await {
             eprintln!("{name}: create {uid}: {e}");

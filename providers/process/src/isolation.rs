@@ -191,6 +191,7 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
         read_only: plan.host_root_read_only,
         covers: vec![root.clone()],
         ours: vec![root.clone()],
+        volume_roots: Vec::new(),
     };
     builder.replicate(Path::new("/"), root, &OWN)?;
     builder.own_dirs()?;
@@ -217,21 +218,53 @@ pub fn enter_new(plan: &MountPlan) -> Result<()> {
             None => b.source.clone(),
         };
         let dir = source.is_dir();
-        let at = builder.mount_point(&b.target, dir)?;
-        rustix::mount::mount_bind_recursive(&source, &at).map_err(errno("binding", &at))?;
-        drop(held);
-        // What is made under it from now on would be made in the volume.
-        builder.ours.retain(|o| *o != at);
         let mut attrs = if b.allow_suid { 0 } else { NOSUID | NODEV };
         if b.read_only {
             attrs |= RDONLY;
         }
-        if attrs != 0 {
-            restrict(&at, attrs)?;
+        match builder.resolve(&b.target, dir)? {
+            builder::Target::Path(at) => {
+                rustix::mount::mount_bind_recursive(&source, &at).map_err(errno("binding", &at))?;
+                // What is made under it from now on would be made in the volume.
+                builder.ours.retain(|o| *o != at);
+                if attrs != 0 {
+                    restrict(&at, attrs)?;
+                }
+                if b.within.is_some() {
+                    builder.volume_roots.push(at);
+                }
+            }
+            // Inside another volume: a detached copy of the source, its
+            // flags set before it is attached, moved onto the held place
+            // (never a name the Pod could swap meanwhile).
+            builder::Target::InVolume(place) => {
+                use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+                let tree = rustix::mount::open_tree(
+                    rustix::fs::CWD,
+                    &source,
+                    OpenTreeFlags::OPEN_TREE_CLONE
+                        | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                        | OpenTreeFlags::AT_RECURSIVE,
+                )
+                .map_err(errno("binding", &b.target))?;
+                if attrs != 0 {
+                    restrict_fd(&tree, attrs, &b.target)?;
+                }
+                rustix::mount::move_mount(
+                    &tree,
+                    "",
+                    &place,
+                    "",
+                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH
+                        | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+                )
+                .map_err(errno("binding", &b.target))?;
+            }
         }
+        drop(held);
     }
     if let Some(wd) = &plan.working_dir {
-        builder.mount_point(wd, true)?;
+        builder.resolve(wd, true)?;
     }
     // The directories made for mount points are fixed too.
     if plan.host_root_read_only {
@@ -428,6 +461,15 @@ pub fn unmount_under(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `struct mount_attr`, as `mount_setattr` reads it.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
 /// `mount_setattr` attributes.
 pub(crate) const RDONLY: u64 = 0x1;
 pub(crate) const NOSUID: u64 = 0x2;
@@ -439,13 +481,6 @@ pub(crate) const NOEXEC: u64 = 0x8;
 /// AT_RECURSIVE).
 #[allow(unsafe_code)]
 fn restrict(at: &Path, attrs: u64) -> Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
     const AT_RECURSIVE: libc::c_int = 0x8000;
     let path = std::ffi::CString::new(at.as_os_str().as_encoded_bytes())
         .map_err(|_| IsolationError::Invalid(format!("{} holds a NUL byte", at.display())))?;
@@ -469,6 +504,36 @@ fn restrict(at: &Path, attrs: u64) -> Result<()> {
     };
     if rc != 0 {
         return Err(err("restricting", at)(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// [`restrict`] for a detached mount tree held by `tree` (`mount_setattr`
+/// with AT_EMPTY_PATH); `what` names it in an error.
+#[allow(unsafe_code)]
+fn restrict_fd(tree: &std::os::fd::OwnedFd, attrs: u64, what: &Path) -> Result<()> {
+    const AT_RECURSIVE: libc::c_int = 0x8000;
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the path is an empty NUL-terminated string and `attr` a
+    // mount_attr of the size passed, both alive for the call; the kernel
+    // only reads them; `tree` is an open descriptor.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            AT_RECURSIVE | libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(err("restricting", what)(std::io::Error::last_os_error()));
     }
     Ok(())
 }

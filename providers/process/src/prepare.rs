@@ -164,23 +164,68 @@ impl ProcessProvider {
     }
 
     /// Gives the finished Pod root and volumes to the run-as user, depth first,
-    /// never through a link. Until then the tree is root's alone, so nothing a
-    /// Pod of the same user plants can redirect what root writes while building it.
-    /// `owner` says who gets each path other than the run-as user: a
-    /// volume's fsGroup, a subPath directory that stays root's.
+    /// never through a link: every directory is opened beneath the one
+    /// above it without following a link (`O_NOFOLLOW`), and every owner set
+    /// on the name within its opened directory (`AT_SYMLINK_NOFOLLOW`), so a
+    /// link swapped in for a directory mid-walk ends the walk there instead
+    /// of handing over what it points to. `owner` says who gets each path
+    /// other than the run-as user: a volume's fsGroup, a subPath directory
+    /// that stays root's.
     fn hand_over(
         &self,
         dir: &Path,
         owner: &dyn Fn(&Path) -> Option<(u32, u32)>,
     ) -> std::io::Result<()> {
-        let meta = dir.symlink_metadata()?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(dir)? {
-                self.hand_over(&entry?.path(), owner)?;
+        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} has no parent", dir.display()),
+            ));
+        };
+        let parent = rustix::fs::open(
+            parent,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        self.hand_over_at(&parent, name, dir, owner)
+    }
+
+    fn hand_over_at(
+        &self,
+        parent: &std::os::fd::OwnedFd,
+        name: &std::ffi::OsStr,
+        path: &Path,
+        owner: &dyn Fn(&Path) -> Option<(u32, u32)>,
+    ) -> std::io::Result<()> {
+        use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+        let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let dir = rustix::fs::openat(parent, name, flags, Mode::empty())?;
+            let mut names = Vec::new();
+            for entry in rustix::fs::Dir::read_from(&dir)? {
+                let entry = entry?;
+                let n = entry.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    use std::os::unix::ffi::OsStrExt;
+                    names.push(std::ffi::OsStr::from_bytes(n).to_owned());
+                }
+            }
+            for n in names {
+                self.hand_over_at(&dir, &n, &path.join(&n), owner)?;
             }
         }
-        let (u, g) = owner(dir).unwrap_or(self.inner.run_as);
-        std::os::unix::fs::lchown(dir, Some(u), Some(g))
+        let (u, g) = owner(path).unwrap_or(self.inner.run_as);
+        rustix::fs::chownat(
+            parent,
+            name,
+            Some(rustix::fs::Uid::from_raw(u)),
+            Some(rustix::fs::Gid::from_raw(g)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?;
+        Ok(())
     }
 
     fn mkdirs(&self, base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
@@ -299,17 +344,19 @@ impl ProcessProvider {
                         format!("container {}: mountPath {:?}", c.name, m.path),
                     ));
                 }
+                // With namespaces each container mounts at its own paths
+                // (its mount plan); the links serve only the Pod's root
+                // without them, where containers share one. (Made with
+                // namespaces too, a link for /data/conf would land in the
+                // volume at /data, a host path for the Pod to follow.)
+                if self.inner.isolated {
+                    continue;
+                }
                 let parent = rel.parent().unwrap_or(Path::new(""));
                 let dir = self.mkdirs(&sb.root(), parent).map_err(e)?;
                 let link = dir.join(rel.file_name().unwrap_or_default());
                 match std::fs::read_link(&link) {
                     Ok(existing) if existing == target => continue,
-                    // With namespaces each container mounts at its own paths
-                    // (its mount plan); the links serve only the Pod's root
-                    // without them, where containers share one.
-                    Ok(_) | Err(_) if self.inner.isolated && link.symlink_metadata().is_ok() => {
-                        continue;
-                    }
                     Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
                         return Err(ProviderError::invalid(
                             "InvalidSpec",
@@ -383,13 +430,12 @@ impl ProcessProvider {
                 // Refused when the sandbox was filled (above).
                 _ => continue,
             };
+            // A subPath directory the kubelet makes has the volume's mode,
+            // set before the volume opens to others (chmod follows a link).
+            for (_, dir) in sub_dirs.iter().filter(|(name, _)| *name == v.name) {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
+            }
             std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
-        }
-        // A subPath directory the kubelet makes has the volume's mode.
-        for (volume, dir) in &sub_dirs {
-            let parent = std::fs::metadata(sb.volumes().join(volume)).map_err(e)?;
-            let mode = parent.permissions().mode() & 0o7777;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(e)?;
         }
         self.hand_over(&sb.root(), &|_| None).map_err(e)?;
         // The volumes are the run-as user's, in fsGroup where the Pod names

@@ -540,3 +540,100 @@ async fn a_link_where_a_volume_was_is_never_followed_and_api_volumes_are_read_on
     remove(&p, uid).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A mount point inside another volume (a configMap at /data/conf over an
+/// emptyDir at /data) is made in the volume, by descriptors, as a runtime
+/// makes it in its rootfs: the emptyDir stays the emptyDir (what the
+/// container writes at its top reaches the other containers), and a link
+/// the Pod put where the mount point goes is refused, never followed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mount_inside_a_volume_is_made_in_it_and_never_through_a_link() {
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-boundary-nested";
+    let mut s = spec(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "cat /data/conf/key; echo; echo from-main > /data/written && echo wrote; exec sleep 3712",
+        ],
+    );
+    s.volumes = vec![
+        Volume {
+            name: "data".into(),
+            source: VolumeSource::EmptyDir {
+                size_limit: None,
+                memory: false,
+            },
+        },
+        Volume {
+            name: "config".into(),
+            source: VolumeSource::Files {
+                files: vec![VolumeFile {
+                    path: "key".into(),
+                    data: b"nested-config".to_vec(),
+                    mode: 0o644,
+                }],
+            },
+        },
+    ];
+    let mount = |volume: &str, path: &str| Mount {
+        volume: volume.into(),
+        path: path.into(),
+        sub_path: None,
+        read_only: false,
+    };
+    s.containers[0].mounts = vec![mount("data", "/data"), mount("config", "/data/conf")];
+    let mut reader = s.containers[0].clone();
+    reader.name = "reader".into();
+    reader.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "until test -f /data/written; do sleep 0.1; done; cat /data/written; exec sleep 3712"
+            .into(),
+    ];
+    reader.mounts = vec![mount("data", "/data")];
+    // A container whose mount point in the volume is a link the init
+    // container planted: it does not start.
+    let mut linked = s.containers[0].clone();
+    linked.name = "linked".into();
+    linked.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "ls /data/etc; exec sleep 3712".into(),
+    ];
+    linked.mounts = vec![mount("data", "/data"), mount("config", "/data/etc")];
+    s.containers.push(reader);
+    s.containers.push(linked);
+    s.init_containers = vec![ContainerSpec {
+        name: "plant".into(),
+        image: "busybox".into(),
+        command: vec!["sh".into(), "-c".into(), "ln -s /etc /data/etc".into()],
+        mounts: vec![mount("data", "/data")],
+        ..Default::default()
+    }];
+    p.create(&fence(), &s).await.unwrap();
+    wait_for("the containers' status", async || {
+        let i = p.get(uid).await.unwrap()?;
+        (i.containers.len() == 3).then_some(())
+    })
+    .await;
+    let main = logged(&p, uid, "main", "wrote").await;
+    assert!(main.starts_with("nested-config"), "{main}");
+    assert!(
+        logged(&p, uid, "reader", "from-main")
+            .await
+            .contains("from-main")
+    );
+    let linked = logged(&p, uid, "linked", "a link").await;
+    assert!(linked.contains("a link in the volume"), "{linked}");
+    // The mount point was made in the volume itself, root's.
+    let made = std::fs::canonicalize(&dir)
+        .unwrap()
+        .join("pods")
+        .join(uid)
+        .join("volumes/data/conf");
+    assert!(made.is_dir(), "{}", made.display());
+    remove(&p, uid).await;
+    let _ = std::fs::remove_dir_all(dir);
+}

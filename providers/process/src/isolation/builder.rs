@@ -2,7 +2,8 @@
 //! default) beneath a tmpfs, what the container has of its own, and mount
 //! points made in tmpfs covers, never in the host's directories.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::mount::MountFlags;
@@ -21,31 +22,72 @@ pub(super) struct Builder<'a> {
     /// The directories whose entries are the container's own (in a tmpfs
     /// made here), where a mount point may be made: never the host's.
     pub(super) ours: Vec<PathBuf>,
+    /// Where the Pod's volumes are mounted in the root: what lies beneath
+    /// one the Pod writes, and may change while the root is built.
+    pub(super) volume_roots: Vec<PathBuf>,
+}
+
+/// Where something is mounted in the container's root: a path of the
+/// root that only this builder reaches, or a place inside one of the Pod's
+/// volumes, held open (reached and made by descriptors, never by name).
+pub(super) enum Target {
+    Path(PathBuf),
+    InVolume(OwnedFd),
 }
 
 impl Builder<'_> {
     /// Fills the (empty, writable) directory `to` with binds of what `from`
     /// holds, but `skip`: directories and files are bound, links copied.
+    /// Each entry is opened (without following it) before it is looked at
+    /// and bound through that handle: what `from` holds may be a place
+    /// others write, and a name swapped for a link between the look and the
+    /// bind would bind what the link points to.
     pub(super) fn replicate(&mut self, from: &Path, to: &Path, skip: &[&str]) -> Result<()> {
-        for entry in std::fs::read_dir(from).map_err(err("reading", from))? {
-            let entry = entry.map_err(err("reading", from))?;
-            let name = entry.file_name();
-            if skip.iter().any(|s| name == *s) {
-                continue;
+        use rustix::fs::{FileType, Mode, OFlags};
+        let dir = rustix::fs::open(
+            from,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno("reading", from))?;
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&dir).map_err(errno("reading", from))? {
+            let entry = entry.map_err(errno("reading", from))?;
+            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_owned();
+            if name != "." && name != ".." && !skip.iter().any(|s| name == *s) {
+                names.push(name);
             }
-            let (src, dst) = (entry.path(), to.join(&name));
-            let kind = entry.file_type().map_err(err("reading", &src))?;
-            if kind.is_symlink() {
-                let target = std::fs::read_link(&src).map_err(err("reading", &src))?;
+        }
+        for name in names {
+            let (src, dst) = (from.join(&name), to.join(&name));
+            let held = match rustix::fs::openat(
+                &dir,
+                &name,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                // Gone since it was listed: nothing to show.
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(errno("opening", &src)(e)),
+            };
+            let kind = rustix::fs::fstat(&held)
+                .map(|st| FileType::from_raw_mode(st.st_mode))
+                .map_err(errno("reading", &src))?;
+            if kind == FileType::Symlink {
+                let target = rustix::fs::readlinkat(&dir, &name, Vec::new())
+                    .map_err(errno("reading", &src))?;
+                let target = std::ffi::OsStr::from_bytes(target.as_bytes());
                 std::os::unix::fs::symlink(target, &dst).map_err(err("linking", &dst))?;
                 continue;
             }
-            if kind.is_dir() {
+            if kind == FileType::Directory {
                 std::fs::create_dir(&dst).map_err(err("making", &dst))?;
             } else {
                 std::fs::File::create(&dst).map_err(err("making", &dst))?;
             }
-            rustix::mount::mount_bind_recursive(&src, &dst).map_err(errno("binding", &dst))?;
+            let source = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+            rustix::mount::mount_bind_recursive(&source, &dst).map_err(errno("binding", &dst))?;
             // A setuid program or a device node of the host gives a Pod nothing.
             let ro = if self.read_only { RDONLY } else { 0 };
             restrict(&dst, NOSUID | NODEV | ro)?;
@@ -101,14 +143,36 @@ impl Builder<'_> {
 
     /// The host path in the root where `target` (as the container sees it)
     /// is mounted, made if missing: a directory when `dir`, else an empty
-    /// file. Links on the way resolve within the root, never out of it.
+    /// file. Links on the way resolve within the root, never out of it. Only
+    /// for places no volume holds (see [`Builder::resolve`]).
     pub(super) fn mount_point(&mut self, target: &Path, dir: bool) -> Result<PathBuf> {
+        match self.resolve(target, dir)? {
+            Target::Path(at) => Ok(at),
+            Target::InVolume(_) => Err(IsolationError::Invalid(format!(
+                "{} lies in a volume",
+                target.display()
+            ))),
+        }
+    }
+
+    /// Where `target` (as the container sees it) is mounted, made if
+    /// missing: a directory when `dir`, else an empty file. Links on the way
+    /// resolve within the root, never out of it; past a volume's mount
+    /// point, what the Pod wrote is walked by descriptors, no link followed,
+    /// and what is missing is made in the volume, as a runtime makes a mount
+    /// point in its rootfs.
+    pub(super) fn resolve(&mut self, target: &Path, dir: bool) -> Result<Target> {
         let mut rest: Vec<std::ffi::OsString> = Vec::new();
         push_components(&mut rest, target)?;
         rest.reverse();
         let mut at = self.root.to_owned();
         let mut hops = 0;
         while let Some(part) = rest.pop() {
+            if self.volume_roots.contains(&at) {
+                rest.push(part);
+                rest.reverse();
+                return in_volume(&at, &rest, dir, target).map(Target::InVolume);
+            }
             if part == ".." {
                 if at != self.root {
                     at.pop();
@@ -153,7 +217,7 @@ impl Builder<'_> {
                 }
             }
         }
-        Ok(at)
+        Ok(Target::Path(at))
     }
 
     /// Makes directory `dir` of the root writable for new entries: it is in
@@ -180,6 +244,79 @@ impl Builder<'_> {
         let from = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
         self.replicate(&from, dir, &[])
     }
+}
+
+/// `parts` beneath the volume mounted at `volume`, each opened beneath the
+/// one before without following a link (a link there is refused: the Pod
+/// wrote it), the missing ones made there (root's, as a runtime makes
+/// them): a directory, or for the last part an empty file unless `dir`.
+fn in_volume(
+    volume: &Path,
+    parts: &[std::ffi::OsString],
+    dir: bool,
+    target: &Path,
+) -> Result<OwnedFd> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let path_flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut cur = rustix::fs::open(
+        volume,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno("opening", volume))?;
+    let refuse = |why: &str| {
+        IsolationError::Invalid(format!(
+            "mount point {}: {why} in the volume at {}",
+            target.display(),
+            volume.display()
+        ))
+    };
+    for (i, name) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let want_dir = !last || dir;
+        if name == ".." {
+            return Err(refuse("`..`"));
+        }
+        let opened = match rustix::fs::openat(&cur, name, path_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => {
+                let made = if want_dir {
+                    rustix::fs::mkdirat(&cur, name, Mode::from_raw_mode(0o755))
+                } else {
+                    rustix::fs::openat(
+                        &cur,
+                        name,
+                        OFlags::WRONLY
+                            | OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o644),
+                    )
+                    .map(drop)
+                };
+                match made {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(errno("making", target)(e)),
+                }
+                rustix::fs::openat(&cur, name, path_flags, Mode::empty())
+                    .map_err(errno("opening", target))?
+            }
+            Err(e) => return Err(errno("opening", target)(e)),
+        };
+        let kind = rustix::fs::fstat(&opened)
+            .map(|st| FileType::from_raw_mode(st.st_mode))
+            .map_err(errno("reading", target))?;
+        match kind {
+            FileType::Symlink => return Err(refuse("a link")),
+            FileType::Directory => {}
+            _ if want_dir => return Err(refuse("not a directory")),
+            FileType::RegularFile => {}
+            _ => return Err(refuse("not a regular file")),
+        }
+        cur = opened;
+    }
+    Ok(cur)
 }
 
 /// Pushes the normal components of `path` (and `..`) onto `out`.
