@@ -132,8 +132,9 @@ pub struct RunArgs {
     /// or `grpc` (a provider plugin at --provider-endpoint).
     #[arg(long, env = "VKD_PROVIDER")]
     pub provider: Option<String>,
-    /// Where the `grpc` provider's plugin listens: `unix:///path.sock` or
-    /// `tcp://ip:port` (docs/provider-protocol.md).
+    /// Where the `grpc` provider's plugin listens: `unix:///path.sock[?peer-uid=N]`
+    /// or `tls://host:port?cert=..&key=..&ca=..`; plain TCP is refused
+    /// (docs/provider-protocol.md).
     #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
     pub provider_endpoint: Option<String>,
     /// The provider's own config file (`sim`: the fleet file; `process`: image map
@@ -143,6 +144,12 @@ pub struct RunArgs {
     /// Where vkd and its providers keep state that outlives the process.
     #[arg(long, env = "VKD_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// The directory every vkd on the host shares to reserve the ports it
+    /// serves (kubelet API, admin server), for good: the process provider
+    /// never gives one out as a Pod's hostPort, also while its vkd restarts.
+    /// Default /var/lib/vkd/host-ports; root's, writable by no one else.
+    #[arg(long, env = "VKD_HOST_PORT_RESERVATIONS")]
+    pub host_port_reservations: Option<PathBuf>,
     /// Port of the kubelet API, advertised in the Node's daemonEndpoints.
     #[arg(long, env = "VKD_KUBELET_PORT")]
     pub kubelet_port: Option<u16>,
@@ -360,6 +367,7 @@ struct FileConfig {
     provider_endpoint: Option<String>,
     provider_config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    host_port_reservations: Option<PathBuf>,
     kubelet_port: Option<u16>,
     kubelet_bind: Option<IpAddr>,
     kubelet_api_max_connections: Option<usize>,
@@ -464,6 +472,8 @@ pub struct Config {
     /// Required for `grpc`: where its plugin listens.
     pub provider_endpoint: Option<vkd_grpc::Endpoint>,
     pub state_dir: PathBuf,
+    /// Where every vkd on the host reserves its ports (`--host-port-reservations`).
+    pub host_port_reservations: PathBuf,
     pub kubelet_port: u16,
     pub kubelet_bind: IpAddr,
     /// Connection cap and timeouts of the kubelet API.
@@ -615,7 +625,7 @@ impl Config {
         if provider == ProviderKind::Grpc && provider_endpoint.is_none() {
             return Err(bad(
                 "provider-endpoint",
-                "required: the grpc provider needs its plugin's endpoint (unix:///path.sock, tcp://ip:port)",
+                "required: the grpc provider needs its plugin's endpoint (unix:///path.sock, or tls://host:port?cert=..&key=..&ca=..)",
             ));
         }
         let provider_config = args.provider_config.or(file.provider_config);
@@ -940,6 +950,10 @@ impl Config {
                 .state_dir
                 .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from("/var/lib/vkd")),
+            host_port_reservations: args
+                .host_port_reservations
+                .or(file.host_port_reservations)
+                .unwrap_or_else(|| PathBuf::from(vkd_process::hostport::DEFAULT_RESERVATIONS)),
             kubelet_port,
             kubelet_bind: args
                 .kubelet_bind
@@ -1136,8 +1150,18 @@ mod tests {
         assert_eq!(c.provider, ProviderKind::Grpc);
         assert_eq!(
             c.provider_endpoint,
-            Some(vkd_grpc::Endpoint::Unix("/run/vkd/provider.sock".into()))
+            Some(vkd_grpc::Endpoint::unix("/run/vkd/provider.sock"))
         );
+        // Plain TCP authenticates no one, and a Pod sharing the host's
+        // network reaches its loopback.
+        for plain in ["tcp://127.0.0.1:7070", "http://127.0.0.1:7070"] {
+            let mut a = args("vk");
+            a.provider = Some("grpc".into());
+            a.provider_endpoint = Some(plain.into());
+            let e = Config::from_args(a).unwrap_err();
+            assert_eq!(e.field, "provider-endpoint");
+            assert!(e.message.contains("plain TCP is refused"), "{}", e.message);
+        }
         let mut a = args("vk");
         a.admin_port = Some(10250);
         assert_eq!(Config::from_args(a).unwrap_err().field, "admin-port");

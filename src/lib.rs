@@ -66,7 +66,32 @@ pub const STATIC_EPOCH: u64 = 1;
 /// Builds the configured provider. A malformed provider config is a config
 /// error. The `grpc` provider is not built but connected ([`connect_provider`]).
 pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
-    build_in_tree(cfg.provider, cfg.provider_config.as_deref(), &cfg.state_dir)
+    build_in_tree_with(
+        cfg.provider,
+        cfg.provider_config.as_deref(),
+        &cfg.state_dir,
+        &cfg.host_port_reservations,
+    )
+}
+
+/// Reserves `ports` (each with what serves it) host-wide for good
+/// (`--host-port-reservations`): the process provider of every vkd on the
+/// host refuses them as a Pod's hostPort, also while this vkd restarts and
+/// nothing listens on them. The process provider runs as root and must
+/// reserve; another may run as a user that cannot write there, and says so.
+fn reserve_ports(cfg: &Config, ports: &BTreeMap<u16, String>) -> Result<(), Error> {
+    let reservations = vkd_process::hostport::Reservations::new(&cfg.host_port_reservations);
+    match reservations.reserve(ports, &cfg.node_name) {
+        Ok(()) => Ok(()),
+        Err(e) if cfg.provider == config::ProviderKind::Process => Err(Error::Provider {
+            provider: "process",
+            message: format!("reserving vkd's ports on the host: {e}"),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "vkd's ports are not reserved on the host: a process Pod of another vkd could take one as a hostPort while this one restarts");
+            Ok(())
+        }
+    }
 }
 
 /// Connects the `grpc` provider's plugin and asks its protocol version, each
@@ -96,13 +121,24 @@ pub fn build_in_tree(
     provider_config: Option<&std::path::Path>,
     state_dir: &std::path::Path,
 ) -> Result<Arc<dyn Provider>, Error> {
+    let reservations = std::path::Path::new(vkd_process::hostport::DEFAULT_RESERVATIONS);
+    build_in_tree_with(kind, provider_config, state_dir, reservations)
+}
+
+/// [`build_in_tree`], with the host's port reservations at `reservations`.
+fn build_in_tree_with(
+    kind: ProviderKind,
+    provider_config: Option<&std::path::Path>,
+    state_dir: &std::path::Path,
+    reservations: &std::path::Path,
+) -> Result<Arc<dyn Provider>, Error> {
     match kind {
         ProviderKind::Grpc => Err(Error::Config(config::ConfigError {
             field: "provider".into(),
             message: "grpc is a plugin vkd connects to, not one it builds".into(),
         })),
         ProviderKind::Process => {
-            let config = match provider_config {
+            let mut config = match provider_config {
                 Some(path) => vkd_process::ProcessConfig::load(path).map_err(|e| {
                     Error::Config(config::ConfigError {
                         field: "provider-config".into(),
@@ -111,6 +147,7 @@ pub fn build_in_tree(
                 })?,
                 None => vkd_process::ProcessConfig::default(),
             };
+            config.host_ports.reservations = reservations.to_owned();
             // The vkd binary is also the shim and the launcher (`vkd process-shim`).
             let exe = std::env::current_exe().map_err(|e| Error::Provider {
                 provider: "process",
@@ -315,6 +352,7 @@ pub async fn run(
     let clients = ApiClients::new(&cfg, &metrics).await?;
     let provider =
         metrics::Instrumented::wrap(provider, Arc::clone(&metrics), cfg.provider_timeout);
+    reserve_ports(&cfg, &cfg.policy.node_ports)?;
     let admin_state = admin::AdminState::new(Arc::clone(&provider), Arc::clone(&metrics));
     let admin = admin::serve(
         (cfg.admin_bind, cfg.admin_port).into(),
@@ -428,6 +466,7 @@ async fn act(
             .entry(*port)
             .or_insert_with(|| format!("vkd's kubelet API of node {name}"));
     }
+    reserve_ports(cfg, &policy.node_ports)?;
     for (name, host, port) in nodes {
         let fence = vkd_provider::Fence {
             node: name.clone(),

@@ -114,6 +114,9 @@ fn start(c: &Cluster) -> Result<Net> {
     // The suites' process config, with the network.
     let mut config = std::fs::read_to_string(repo_root().join("testdata/process/e2e.yaml"))?;
     config.push_str(&network);
+    // hostPorts are given out only where the node policy names them; the
+    // suite's ports are the kernel's ephemeral ones (free_port).
+    config.push_str("hostPorts:\n  allowed: [\"1024-65535\"]\n");
     let config_path = c.dir().join("process-network.yaml");
     std::fs::write(&config_path, config)?;
     let ca = c.env("VKD_E2E_KUBELET_CLIENT_CA")?.to_owned();
@@ -281,6 +284,49 @@ fn two_pods_and_a_third(c: &Cluster) -> Result<()> {
                 at(p, "status.podIPs")
             );
         }
+        // Probes connect from the Pod's own network (issue 51, finding 6):
+        // 127.0.0.1 is the Pod's loopback, where its server answers, and a
+        // port only the host's loopback serves is closed there.
+        let host_only = std::net::TcpListener::bind("127.0.0.1:0")?;
+        host_only.set_nonblocking(true)?;
+        let host_only_port = host_only.local_addr()?.port();
+        let probed = server_pod("net-probe", None).replace(
+            "tcpSocket: {port: 8080}",
+            &format!(
+                "tcpSocket: {{host: 127.0.0.1, port: 8080}}\n      periodSeconds: 1\n    \
+                 livenessProbe:\n      tcpSocket: {{host: 127.0.0.1, port: {host_only_port}}}\n      \
+                 failureThreshold: 1000"
+            ),
+        );
+        c.apply(&probed)?;
+        ready(c, "net-probe")?;
+        let refused = wait_for(
+            "the loopback liveness probe to fail",
+            Duration::from_secs(30),
+            || {
+                let m = c.kubectl(&[
+                    "get",
+                    "events",
+                    "-n",
+                    NS,
+                    "--field-selector",
+                    "involvedObject.name=net-probe,reason=Unhealthy",
+                    "-o",
+                    "jsonpath={.items[*].message}",
+                ])?;
+                Ok((!m.is_empty()).then_some(m))
+            },
+        )?;
+        ensure!(
+            refused.contains(&format!(
+                "Liveness probe failed: dial tcp 127.0.0.1:{host_only_port}: connect: connection refused"
+            )),
+            "{refused}"
+        );
+        ensure!(
+            host_only.accept().is_err(),
+            "a probe reached the host's loopback"
+        );
         // Both on 8080 (and net-a on 80, as the unprivileged run-as user),
         // each with its own IP in its environment.
         let at_ip =
@@ -576,8 +622,15 @@ fn a_tenant_stays_in_its_sandbox(c: &Cluster) -> Result<()> {
             .parse()?;
         ensure!(procs < 10, "the debugger sees the host's processes: {dbg}");
         // Host namespaces need --allow-privileged; vkd's own kubelet port is
-        // never a Pod's hostPort (the portmap DNAT would sit in front of it).
+        // never a Pod's hostPort (the portmap DNAT would sit in front of it),
+        // nor is the port of another vkd on the host that is restarting
+        // (reserved, though nothing listens on it).
         let kubelet_port = net.vkd.kubelet_port;
+        let restarting = common::free_port()?;
+        std::fs::write(
+            common::host_port_reservations().join(restarting.to_string()),
+            "vkd's kubelet API (--kubelet-port), vkd of node vk-restarting\n",
+        )?;
         for (name, body, reason) in [
             (
                 "host-net",
@@ -588,6 +641,13 @@ fn a_tenant_stays_in_its_sandbox(c: &Cluster) -> Result<()> {
                 "hijack",
                 format!(
                     "  containers:\n  - {{name: main, image: busybox, command: [sleep, \"3600\"], ports: [{{containerPort: 8080, hostPort: {kubelet_port}}}]}}"
+                ),
+                "HostPortNotAllowed",
+            ),
+            (
+                "hijack-restarting",
+                format!(
+                    "  containers:\n  - {{name: main, image: busybox, command: [sleep, \"3600\"], ports: [{{containerPort: 8080, hostPort: {restarting}}}]}}"
                 ),
                 "HostPortNotAllowed",
             ),

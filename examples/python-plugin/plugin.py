@@ -15,6 +15,11 @@ the contract a real backend keeps:
 
     python3 plugin.py --listen unix:///run/vkd/provider.sock
 
+It listens on a Unix socket only, made 0600 in a directory no one else can write
+(docs/provider-protocol.md): whoever reaches a plugin runs Pods through it. Plain
+TCP is refused, as vkd refuses it; across machines a plugin would serve mutual TLS
+(grpc.ssl_server_credentials(..., require_client_auth=True)).
+
 The Python code for the protocol is generated at start from the .proto (grpcio-tools),
 so the .proto stays the one contract.
 """
@@ -289,20 +294,54 @@ class Plugin:
         return self.pb.DescribeReply(pairs=pairs)
 
 
+def socket_path(listen):
+    """The socket's path, or exit saying why this endpoint is refused."""
+    if not listen.startswith("unix:///"):
+        sys.exit(
+            f"--listen {listen!r}: plain TCP is refused: it authenticates no peer, and any Pod "
+            "that shares the host's network reaches it (even on 127.0.0.1); use unix:///path.sock"
+        )
+    path = listen[len("unix://"):]
+    directory = os.path.dirname(path) or "/"
+    st = os.stat(directory)
+    euid = os.geteuid()
+    # Another user who can write the directory could replace the socket; a
+    # sticky one (/tmp) lets no one remove what another made.
+    if st.st_uid not in (euid, 0):
+        why = f"belongs to uid {st.st_uid}, not to this process's uid {euid} or root"
+    elif st.st_mode & 0o022 and not st.st_mode & 0o1000:
+        who = "everyone" if st.st_mode & 0o002 else "its group"
+        why = f"is writable by {who} (mode {st.st_mode & 0o7777:04o}) and not sticky"
+    else:
+        return path
+    sys.exit(
+        f"refusing to listen on {listen}: its directory {directory} {why}; put the socket in a "
+        "directory only the plugin's user (or root) can write, such as /run/vkd made 0700"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--listen", required=True, help="unix:///path.sock or host:port")
+    parser.add_argument("--listen", required=True, help="unix:///path.sock")
     args = parser.parse_args()
+    path = socket_path(args.listen)
     with tempfile.TemporaryDirectory() as out:
         pb, pb_grpc = generate(out)
         plugin = Plugin(pb, pb_grpc)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         pb_grpc.add_ProviderServicer_to_server(plugin.servicer, server)
-        listen = args.listen
-        if listen.startswith("tcp://"):
-            listen = listen[len("tcp://"):]
-        server.add_insecure_port(listen)
-        server.start()
+        # grpcio binds the socket itself: the umask makes it 0600 from the
+        # start (no moment with looser permissions); nothing else of this
+        # process makes files meanwhile.
+        umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(args.listen)
+            server.start()
+        finally:
+            os.umask(umask)
+        if os.stat(path).st_mode & 0o077:
+            server.stop(None)
+            sys.exit(f"the socket {path} is not 0600")
         print(f"{NAME} listening on {args.listen}", flush=True)
         server.wait_for_termination()
 

@@ -18,14 +18,17 @@ pub struct ProviderServeArgs {
     /// Where it keeps its state.
     #[arg(long, env = "VKD_STATE_DIR")]
     pub state_dir: PathBuf,
-    /// Where to listen: `unix:///path.sock` or `tcp://ip:port`.
+    /// Where to listen: `unix:///path.sock` (made 0600, in a directory no
+    /// one else can write) or `tls://host:port?cert=..&key=..&ca=..`
+    /// (mutual TLS); plain TCP is refused.
     #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
     pub listen: String,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct ProviderConformanceArgs {
-    /// The plugin: `unix:///path.sock` or `tcp://ip:port`.
+    /// The plugin: `unix:///path.sock[?peer-uid=N]` or
+    /// `tls://host:port?cert=..&key=..&ca=..`; plain TCP is refused.
     #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
     pub endpoint: String,
     /// The node name the checks' Pods and fences carry.
@@ -78,5 +81,35 @@ impl ProviderConformanceArgs {
             duration("timeout", &self.timeout)?,
             duration("patience", &self.patience)?,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    #[test]
+    fn plain_tcp_is_refused_to_listen_on_and_to_dial() {
+        for plain in ["tcp://127.0.0.1:7070", "http://127.0.0.1:7070"] {
+            let serve = ProviderServeArgs {
+                provider: "sim".into(),
+                provider_config: None,
+                state_dir: "/var/lib/vkd-sim".into(),
+                listen: plain.into(),
+            };
+            let e = serve.checked().unwrap_err();
+            assert_eq!(e.field, "listen");
+            assert!(e.message.contains("plain TCP is refused"), "{}", e.message);
+            let conformance = ProviderConformanceArgs {
+                endpoint: plain.into(),
+                node: "vkd-conformance".into(),
+                timeout: "10s".into(),
+                patience: "30s".into(),
+            };
+            let e = conformance.checked().unwrap_err();
+            assert_eq!(e.field, "endpoint");
+            assert!(e.message.contains("plain TCP is refused"), "{}", e.message);
+        }
     }
 }

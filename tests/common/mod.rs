@@ -25,6 +25,11 @@ pub struct Vkd {
 
 pub use vkd_e2e::free_port;
 
+/// Where the suite's vkds reserve their ports (`--host-port-reservations`).
+pub fn host_port_reservations() -> PathBuf {
+    std::env::temp_dir().join(format!("vkd-e2e-{}-host-ports", std::process::id()))
+}
+
 /// The vkd the suites start: this build, or `VKD_E2E_VKD_BIN` (to measure another
 /// build, an older one say, with the same suites).
 pub fn daemon_binary() -> PathBuf {
@@ -87,6 +92,15 @@ impl Vkd {
             "--kubelet-port".into(),
             kubelet_port.to_string(),
         ]);
+        if !extra.contains(&"--host-port-reservations") {
+            // The suite's vkds share port reservations as a host's would, in
+            // a directory of the suite's: a reservation is never removed, and
+            // the suites' random ports must not pile up in the host's own.
+            // Under the temp dir, as the process state: it must be root's
+            // all the way up, which a checkout may not be.
+            args.push("--host-port-reservations".into());
+            args.push(host_port_reservations().display().to_string());
+        }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut vkd = Self {
             node: node.into(),

@@ -7,21 +7,24 @@
 //! - [`client::GrpcProvider`] is a provider that is such a plugin (`vkd run
 //!   --provider grpc --provider-endpoint ...`).
 //!
-//! HTTP/2 over a Unix socket (the socket file's permissions say who may
-//! speak), TCP on loopback, or TLS with mutual authentication across
-//! machines ([`tls`]). docs/provider-protocol.md describes each call.
+//! HTTP/2 over a Unix socket (0600, in a directory no one else can write,
+//! and each side checks who the other is: [`socket`]), or TLS with mutual
+//! authentication across machines ([`tls`]). Plain TCP is refused: it
+//! authenticates no one, and a Pod that shares the host's network reaches
+//! its loopback. docs/provider-protocol.md describes each call.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub mod client;
 pub mod convert;
 pub mod server;
+pub mod socket;
 pub mod tls;
 
 pub use client::GrpcProvider;
+pub use socket::SocketError;
 pub use tls::TlsFiles;
 
 /// The generated messages and service of `vkd.provider.v1`.
@@ -76,16 +79,22 @@ pub enum GrpcError {
     Serve(String),
     #[error("provider protocol TLS: {0}")]
     Tls(String),
+    #[error(transparent)]
+    Socket(#[from] SocketError),
 }
 
-/// Where a plugin listens: `unix:///path/to.sock`, `tcp://ip:port` on a
-/// loopback address (`http://ip:port` is read as the same), or
+/// Where a plugin listens: `unix:///path/to.sock[?peer-uid=N]`, or
 /// `tls://host:port?cert=<file>&key=<file>&ca=<file>` anywhere (this side's
 /// certificate and key, and the CA the other side's must come from).
+/// `tcp://` and `http://` are refused: they authenticate no one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
+    /// `peer_uid`: one more uid, beside root and vkd's own, that the plugin
+    /// at the other end may run as (its own account); only for dialling.
+    Unix {
+        path: PathBuf,
+        peer_uid: Option<u32>,
+    },
     Tls {
         host: String,
         port: u16,
@@ -96,8 +105,14 @@ pub enum Endpoint {
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Unix(p) => write!(f, "unix://{}", p.display()),
-            Self::Tcp(a) => write!(f, "tcp://{a}"),
+            Self::Unix {
+                path,
+                peer_uid: None,
+            } => write!(f, "unix://{}", path.display()),
+            Self::Unix {
+                path,
+                peer_uid: Some(uid),
+            } => write!(f, "unix://{}?peer-uid={uid}", path.display()),
             Self::Tls { host, port, .. } => write!(f, "tls://{host}:{port}"),
         }
     }
@@ -147,52 +162,71 @@ fn tls_endpoint(s: &str, rest: &str) -> Result<Endpoint, GrpcError> {
     })
 }
 
+/// `unix:///path[?peer-uid=N]`.
+fn unix_endpoint(s: &str, rest: &str) -> Result<Endpoint, GrpcError> {
+    let bad = |why: String| GrpcError::Endpoint(s.to_owned(), why);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if !path.starts_with('/') {
+        return Err(bad(
+            "a Unix socket's path must be absolute (unix:///run/x.sock)".into(),
+        ));
+    }
+    let mut peer_uid = None;
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if k != "peer-uid" {
+            return Err(bad(format!("unknown parameter {k:?}: peer-uid")));
+        }
+        let uid: u32 = v
+            .parse()
+            .map_err(|_| bad(format!("peer-uid: {v:?} is not a numeric uid")))?;
+        if peer_uid.replace(uid).is_some() {
+            return Err(bad("peer-uid is given twice".into()));
+        }
+    }
+    Ok(Endpoint::Unix {
+        path: PathBuf::from(path),
+        peer_uid,
+    })
+}
+
 impl std::str::FromStr for Endpoint {
     type Err = GrpcError;
 
     fn from_str(s: &str) -> Result<Self, GrpcError> {
         let bad = |why: &str| GrpcError::Endpoint(s.to_owned(), why.to_owned());
-        if let Some(path) = s.strip_prefix("unix://") {
-            if !path.starts_with('/') {
-                return Err(bad(
-                    "a Unix socket's path must be absolute (unix:///run/x.sock)",
-                ));
-            }
-            return Ok(Self::Unix(PathBuf::from(path)));
+        if let Some(rest) = s.strip_prefix("unix://") {
+            return unix_endpoint(s, rest);
         }
         if let Some(rest) = s.strip_prefix("tls://") {
             return tls_endpoint(s, rest);
         }
-        let rest = s
-            .strip_prefix("tcp://")
-            .or_else(|| s.strip_prefix("http://"))
-            .ok_or_else(|| bad("give unix:///path, tcp://127.0.0.1:port or tls://host:port?cert=..&key=..&ca=.."))?;
-        let addr: SocketAddr = rest
-            .trim_end_matches('/')
-            .parse()
-            .map_err(|_| bad("tcp:// takes an IP address and a port"))?;
-        // Whoever reaches a plugin may run Pods through it: without mutual
-        // TLS, only this machine may.
-        if !addr.ip().is_loopback() {
-            return Err(bad(
-                "tcp:// is for a loopback address only (it has no authentication); use tls:// with mutual TLS, unix://, or 127.0.0.1",
-            ));
+        // Whoever reaches a plugin runs Pods through it and reads their
+        // Secrets, and a Pod sharing the host's network reaches its
+        // loopback: a transport that authenticates no one is refused.
+        if s.starts_with("tcp://") || s.starts_with("http://") {
+            return Err(bad(PLAIN_TCP));
         }
-        Ok(Self::Tcp(addr))
+        Err(bad(
+            "give unix:///path.sock or tls://host:port?cert=..&key=..&ca=.. (mutual TLS)",
+        ))
     }
 }
 
+/// Why `tcp://` (and `http://`) is refused, on both sides.
+const PLAIN_TCP: &str = "plain TCP is refused: it authenticates no peer, and any Pod that shares the host's network reaches it (even on 127.0.0.1); use unix:///path.sock, or tls://host:port?cert=..&key=..&ca=.. with mutual TLS";
+
 impl Endpoint {
+    /// `unix://path`, its plugin root or this process's user.
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        Self::Unix {
+            path: path.into(),
+            peer_uid: None,
+        }
+    }
+
     /// A channel that connects when first used and again after a loss.
     fn channel(&self, timeout: Duration) -> Result<tonic::transport::Channel, GrpcError> {
-        let bad = |e: tonic::transport::Error| GrpcError::Endpoint(self.to_string(), e.to_string());
         match self {
-            Self::Tcp(addr) => Ok(tonic::transport::Endpoint::from_shared(format!(
-                "http://{addr}"
-            ))
-            .map_err(bad)?
-            .connect_timeout(timeout)
-            .connect_lazy()),
             Self::Tls { host, port, files } => {
                 let connector = tokio_rustls::TlsConnector::from(files.client_config()?);
                 let name = rustls_pki_types::ServerName::try_from(host.clone())
@@ -213,16 +247,20 @@ impl Endpoint {
                         })),
                 )
             }
-            Self::Unix(path) => {
-                let path = path.clone();
-                // The URI is not dialled: the connector below is.
+            Self::Unix { path, peer_uid } => {
+                let (path, peer_uid, shown) = (path.clone(), *peer_uid, self.to_string());
+                // The URI is not dialled: the connector below is, and it
+                // asks who listens on every (re)connect.
                 Ok(
                     tonic::transport::Endpoint::from_static("http://plugin.invalid")
                         .connect_timeout(timeout)
                         .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
-                            let path = path.clone();
+                            let (path, shown) = (path.clone(), shown.clone());
                             async move {
-                                let stream = tokio::net::UnixStream::connect(path).await?;
+                                let stream =
+                                    socket::dial(&path, peer_uid, &shown).await.map_err(|e| {
+                                        std::io::Error::new(std::io::ErrorKind::PermissionDenied, e)
+                                    })?;
                                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
                             }
                         })),
@@ -241,16 +279,19 @@ mod tests {
     fn endpoints_read_as_written_and_bad_ones_say_why() {
         assert_eq!(
             "unix:///run/vkd/p.sock".parse::<Endpoint>().unwrap(),
-            Endpoint::Unix("/run/vkd/p.sock".into())
+            Endpoint::unix("/run/vkd/p.sock")
         );
+        let named = "unix:///run/vkd/p.sock?peer-uid=990"
+            .parse::<Endpoint>()
+            .unwrap();
         assert_eq!(
-            "tcp://127.0.0.1:7070"
-                .parse::<Endpoint>()
-                .unwrap()
-                .to_string(),
-            "tcp://127.0.0.1:7070"
+            named,
+            Endpoint::Unix {
+                path: "/run/vkd/p.sock".into(),
+                peer_uid: Some(990)
+            }
         );
-        assert!("http://127.0.0.1:7070/".parse::<Endpoint>().is_ok());
+        assert_eq!(named.to_string(), "unix:///run/vkd/p.sock?peer-uid=990");
         assert_eq!(
             "tls://plugin.example:7070?cert=/c.pem&key=/k.pem&ca=/ca%20dir/ca.pem"
                 .parse::<Endpoint>()
@@ -267,10 +308,10 @@ mod tests {
         );
         for bad in [
             "unix://relative.sock",
+            "unix:///run/p.sock?peer-uid=vkd",
+            "unix:///run/p.sock?peer-uid=1&peer-uid=2",
+            "unix:///run/p.sock?uid=1",
             "grpc://x:1",
-            "tcp://host-name:1",
-            "tcp://0.0.0.0:7070",
-            "tcp://10.0.0.5:7070",
             "tls://plugin.example:7070",
             "tls://plugin.example:7070?cert=/c&key=/k",
             "tls://plugin.example:7070?cert=c&key=/k&ca=/a",
@@ -280,6 +321,24 @@ mod tests {
             "",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn plain_tcp_is_refused_even_on_loopback_saying_what_to_use() {
+        for plain in [
+            "tcp://127.0.0.1:7070",
+            "tcp://[::1]:7070",
+            "http://127.0.0.1:7070/",
+            "tcp://0.0.0.0:7070",
+            "tcp://host-name:1",
+        ] {
+            let e = plain.parse::<Endpoint>().unwrap_err().to_string();
+            assert!(e.contains("plain TCP is refused"), "{plain}: {e}");
+            assert!(
+                e.contains("unix://") && e.contains("tls://") && e.contains("mutual TLS"),
+                "{plain}: {e}"
+            );
         }
     }
 }

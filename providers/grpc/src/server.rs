@@ -38,7 +38,9 @@ impl std::fmt::Debug for Served {
 }
 
 /// Serves `provider` on `endpoint` until `shutdown`. A Unix socket is made
-/// anew (a stale file from a crash is removed) and readable by its owner only.
+/// anew (a stale one from a crash is replaced), 0600, in a directory no one
+/// else can write, and only root or this process's user is served on it
+/// ([`crate::socket`]); `tls://` serves only clients of its CA.
 pub async fn serve(
     provider: Arc<dyn Provider>,
     endpoint: &Endpoint,
@@ -54,46 +56,16 @@ pub async fn serve(
     let accepting = shutdown.clone();
     let signal = async move { shutdown.cancelled().await };
     Ok(match endpoint {
-        Endpoint::Unix(path) => {
-            // A socket left by an earlier run is replaced; any other file
-            // at the path (a mistyped --listen) is never removed.
-            match std::fs::symlink_metadata(path) {
-                Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-                    std::fs::remove_file(path)
-                        .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
-                }
-                Ok(_) => {
-                    return Err(GrpcError::Bind(
-                        endpoint.to_string(),
-                        std::io::Error::new(
-                            std::io::ErrorKind::AlreadyExists,
-                            "a file that is not a socket is there; it is left as it is",
-                        ),
-                    ));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(GrpcError::Bind(endpoint.to_string(), e)),
+        Endpoint::Unix { path, peer_uid } => {
+            // Who may dial is the socket's mode and the peer check: a
+            // plugin's socket is its own user's alone.
+            if peer_uid.is_some() {
+                return Err(GrpcError::Endpoint(
+                    endpoint.to_string(),
+                    "peer-uid is for the side that dials (vkd); a plugin's socket is its own user's (and root's) alone".into(),
+                ));
             }
-            let listener = tokio::net::UnixListener::bind(path)
-                .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                    .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
-            }
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-            tokio::spawn(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, signal)
-                    .await
-                    .map_err(|e| GrpcError::Serve(e.to_string()))
-            })
-        }
-        Endpoint::Tcp(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| GrpcError::Bind(endpoint.to_string(), e))?;
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = crate::socket::accept(crate::socket::bind(path)?);
             tokio::spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, signal)

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +38,9 @@ fn tempdir() -> PathBuf {
         fastrand_suffix()
     ));
     std::fs::create_dir_all(&d).unwrap();
+    // Whatever the umask: a socket's directory must not be writable by
+    // others (searchable, so that the tests' other users can try the socket).
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     d
 }
 
@@ -50,7 +54,7 @@ fn fastrand_suffix() -> u128 {
 /// The sim on a socket in `dir`, its state in `dir`, until the token ends it.
 async fn plugin(dir: &Path) -> (Endpoint, CancellationToken, tokio::task::JoinHandle<()>) {
     let sim = SimProvider::open(Fleet::parse(FLEET, "test").unwrap(), &dir.join("state")).unwrap();
-    let endpoint = Endpoint::Unix(dir.join("plugin.sock"));
+    let endpoint = Endpoint::unix(dir.join("plugin.sock"));
     let stop = CancellationToken::new();
     let served = server::serve(Arc::new(sim), &endpoint, stop.clone())
         .await
@@ -239,13 +243,13 @@ async fn a_plugin_that_goes_away_is_unhealthy_fences_nothing_and_is_adopted_back
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_version_or_no_plugin_is_refused_at_connect_naming_the_endpoint() {
     let dir = tempdir();
-    let nothing = Endpoint::Unix(dir.join("none.sock"));
+    let nothing = Endpoint::unix(dir.join("none.sock"));
     let e = GrpcProvider::connect(nothing, Duration::from_secs(1))
         .await
         .unwrap_err();
     assert!(e.to_string().contains("none.sock"), "{e}");
     let (endpoint, stop, handle) = plugin(&dir).await;
-    let Endpoint::Unix(path) = &endpoint else {
+    let Endpoint::Unix { path, .. } = &endpoint else {
         unreachable!()
     };
     let path = path.clone();
@@ -283,7 +287,7 @@ async fn a_file_that_is_not_a_socket_is_never_replaced_by_one() {
         Arc::new(
             SimProvider::open(Fleet::parse(FLEET, "test").unwrap(), &dir.join("state")).unwrap(),
         ),
-        &Endpoint::Unix(kept.clone()),
+        &Endpoint::unix(kept.clone()),
         CancellationToken::new(),
     )
     .await
@@ -393,4 +397,239 @@ async fn across_machines_only_mutual_tls_gets_in() {
     drop(vkd);
     stop.cancel();
     served.await.unwrap().unwrap();
+}
+
+fn sim(dir: &Path) -> Arc<SimProvider> {
+    Arc::new(SimProvider::open(Fleet::parse(FLEET, "test").unwrap(), &dir.join("state")).unwrap())
+}
+
+/// Runs `f` on a thread of its own whose uids are all `uid` (Linux keeps
+/// them per thread): what it binds, listens on or connects is that user's.
+fn as_user<T: Send + 'static>(uid: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(uid)).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+fn root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+#[tokio::test]
+async fn a_plugins_socket_is_0600_and_its_own_in_a_directory_no_one_else_can_write() {
+    let dir = tempdir();
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    let socket = std::fs::symlink_metadata(dir.join("plugin.sock")).unwrap();
+    assert!(socket.file_type().is_socket());
+    assert_eq!(socket.mode() & 0o7777, 0o600, "{:o}", socket.mode());
+    assert_eq!(socket.uid(), rustix::process::geteuid().as_raw());
+    let parent = std::fs::metadata(&dir).unwrap();
+    assert_eq!(parent.mode() & 0o022, 0, "{:o}", parent.mode());
+    // Bound in a private directory beside it and renamed: none is left.
+    let mut left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["plugin.sock", "state"]);
+    // And it serves.
+    GrpcProvider::connect(endpoint, TIMEOUT).await.unwrap();
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn listening_in_a_directory_others_can_write_is_refused_naming_it() {
+    let dir = tempdir();
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = server::serve(
+        sim(&dir),
+        &Endpoint::unix(open.join("p.sock")),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("refusing to listen on unix://"), "{e}");
+    assert!(
+        e.contains(&format!("its directory {} ", open.display())),
+        "{e}"
+    );
+    assert!(
+        e.contains("writable by everyone (mode 0777) and not sticky"),
+        "{e}"
+    );
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let e = server::serve(
+        sim(&dir),
+        &Endpoint::unix(open.join("p.sock")),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("writable by its group"), "{e}");
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+    // A peer-uid is for the side that dials.
+    let e = server::serve(
+        sim(&dir),
+        &format!("unix://{}/p.sock?peer-uid=7", dir.display())
+            .parse()
+            .unwrap(),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("peer-uid is for the side that dials"), "{e}");
+    if root() {
+        // Another user's directory, however tight.
+        rustix::fs::chown(&open, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let e = server::serve(
+            sim(&dir),
+            &Endpoint::unix(open.join("p.sock")),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_plugin_run_by_another_user_is_refused_by_vkd() {
+    if !root() {
+        eprintln!("skipped: making a socket of another user needs root");
+        return;
+    }
+    let dir = tempdir();
+    let theirs = dir.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    rustix::fs::chown(&theirs, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+    let path = theirs.join("p.sock");
+    // What a tenant's process would leave where vkd expects its plugin.
+    let listener = as_user(65534, {
+        let path = path.clone();
+        move || std::os::unix::net::UnixListener::bind(path).unwrap()
+    });
+    let e = GrpcProvider::connect(Endpoint::unix(&path), TIMEOUT)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "refusing the provider plugin at unix://{}: the process listening there runs as uid 65534",
+            path.display()
+        )),
+        "{e}"
+    );
+    assert!(e.contains("and only root may serve it"), "{e}");
+    assert!(
+        e.ends_with(&format!("{}?peer-uid=65534", path.display())),
+        "{e}"
+    );
+    let other: Endpoint = format!("unix://{}?peer-uid=990", path.display())
+        .parse()
+        .unwrap();
+    let e = GrpcProvider::connect(other, TIMEOUT)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("only root or the named uid 990 may serve it"),
+        "{e}"
+    );
+    assert!(
+        e.ends_with(&format!("{}?peer-uid=65534", path.display())),
+        "{e}"
+    );
+    // A plugin vkd spoke to, replaced by that process's socket: the Node's
+    // health says who listens now, and nothing is fenced.
+    let (endpoint, stop, handle) = plugin(&dir).await;
+    let p = GrpcProvider::connect(endpoint, TIMEOUT).await.unwrap();
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::rename(&path, dir.join("plugin.sock")).unwrap();
+    let health = p.health().await;
+    let Health::Unhealthy { reason, message } = &health else {
+        panic!("{health:?}")
+    };
+    assert_eq!(reason, vkd_grpc::client::UNREACHABLE);
+    assert!(
+        message.contains("runs as uid 65534, and only root may serve it"),
+        "{message}"
+    );
+    assert!(
+        p.create(&fence(1), &sample_spec("n", "after"))
+            .await
+            .is_err(),
+        "a create reached the impostor"
+    );
+    std::fs::rename(dir.join("plugin.sock"), &path).unwrap();
+    // Named by the operator, it is dialled (and here answers nothing).
+    let named: Endpoint = format!("unix://{}?peer-uid=65534", path.display())
+        .parse()
+        .unwrap();
+    let e = GrpcProvider::connect(named, Duration::from_secs(1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("refusing"), "{e}");
+    drop(listener);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_another_user_is_closed_even_if_the_socket_is_loosened() {
+    if !root() {
+        eprintln!("skipped: connecting as another user needs root");
+        return;
+    }
+    let dir = tempdir();
+    let (_endpoint, stop, handle) = plugin(&dir).await;
+    let path = dir.join("plugin.sock");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // The HTTP/2 preface and an empty SETTINGS frame; a server answers
+    // with its own SETTINGS. How many bytes came back: none when the
+    // connection was closed (before the write, or after).
+    let hello = |path: PathBuf| {
+        move || {
+            use std::io::{Read, Write};
+            let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            if s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                .is_err()
+            {
+                return 0;
+            }
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
+                // Neither answered nor closed within 5s.
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let theirs = tokio::task::spawn_blocking({
+        let hello = hello(path.clone());
+        move || as_user(65534, hello)
+    })
+    .await
+    .unwrap();
+    assert_eq!(theirs, 0, "a client of uid 65534 was answered");
+    let ours = tokio::task::spawn_blocking(hello(path)).await.unwrap();
+    assert!(ours > 0, "root was not answered");
+    stop.cancel();
+    handle.await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
 }

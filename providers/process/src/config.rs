@@ -21,6 +21,8 @@
 //!   cniConfig: /etc/vkd/cni/pods.conflist   # a CNI network configuration list (JSON)
 //!   cniBinDir: /opt/cni/bin     # its plugins, and `loopback`
 //!   pluginTimeoutSeconds: 60    # how long one plugin run (ADD or DEL) may take
+//! hostPorts:                    # with network: the hostPorts Pods may be given (default: none)
+//!   allowed: ["30000-32767", 8080]  # ports and inclusive ranges, 1-65535
 //! ```
 //!
 //! The config file and the files it names that vkd reads (`cniConfig`) must
@@ -164,6 +166,108 @@ pub struct ProcessConfig {
     /// `NVIDIA_VISIBLE_DEVICES`; a Pod without GPUs gets none.
     #[serde(default)]
     pub gpus: Vec<GpuConfig>,
+    /// Which `hostPort`s Pods may be given (with `network`, where each is a
+    /// DNAT rule on the host): none unless listed, as Pod Security's
+    /// baseline asks of a node that allows any.
+    #[serde(default)]
+    pub host_ports: HostPortsConfig,
+}
+
+/// `hostPorts` in the config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostPortsConfig {
+    /// The ports and ranges a Pod's `hostPort` may be; empty: none.
+    #[serde(default)]
+    pub allowed: Vec<PortRange>,
+    /// Where every vkd on the host reserves the ports it serves
+    /// ([`crate::hostport::Reservations`]): vkd's `--host-port-reservations`,
+    /// not this file, so that every vkd on the host names the same place.
+    #[serde(skip, default = "default_reservations")]
+    pub reservations: PathBuf,
+}
+
+fn default_reservations() -> PathBuf {
+    PathBuf::from(crate::hostport::DEFAULT_RESERVATIONS)
+}
+
+impl Default for HostPortsConfig {
+    fn default() -> Self {
+        Self {
+            allowed: Vec::new(),
+            reservations: default_reservations(),
+        }
+    }
+}
+
+impl HostPortsConfig {
+    /// Whether `port` is one the config allows.
+    pub fn allows(&self, port: u16) -> bool {
+        self.allowed.iter().any(|r| r.contains(port))
+    }
+}
+
+/// One entry of `hostPorts.allowed`: a port (`8080`) or an inclusive range
+/// (`"30000-32767"`), within 1-65535.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "PortRangeText")]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub fn contains(&self, port: u16) -> bool {
+        (self.first..=self.last).contains(&port)
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+/// A `hostPorts.allowed` entry as written: a number or a string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PortRangeText {
+    Port(i64),
+    Text(String),
+}
+
+impl TryFrom<PortRangeText> for PortRange {
+    type Error = String;
+
+    fn try_from(t: PortRangeText) -> Result<Self, String> {
+        let port = |n: i64| {
+            u16::try_from(n)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("port {n} is not in 1-65535"))
+        };
+        let number = |s: &str| {
+            s.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("{s:?} is not a port or a range like \"30000-32767\""))
+                .and_then(port)
+        };
+        let (first, last) = match t {
+            PortRangeText::Port(n) => (port(n)?, port(n)?),
+            PortRangeText::Text(s) => match s.split_once('-') {
+                Some((a, b)) => (number(a)?, number(b)?),
+                None => (number(&s)?, number(&s)?),
+            },
+        };
+        if first > last {
+            return Err(format!("range {first}-{last} ends before it starts"));
+        }
+        Ok(Self { first, last })
+    }
 }
 
 /// One entry of `gpus`.
@@ -256,6 +360,7 @@ impl Default for ProcessConfig {
             host_root_read_only: true,
             network: None,
             gpus: Vec::new(),
+            host_ports: HostPortsConfig::default(),
         }
     }
 }
@@ -571,6 +676,41 @@ mod tests {
                 .to_string();
             assert!(e.contains("network.pluginTimeoutSeconds"), "{bad}: {e}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `hostPorts.allowed`: ports and inclusive ranges in 1-65535, none by
+    /// default; anything else is refused naming the field.
+    #[test]
+    fn hostports_allowed_are_ports_and_ranges_none_by_default() {
+        let dir = std::env::temp_dir().join(format!("vkd-pcfg6-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        let with = |text: &str| {
+            std::fs::write(&p, text).unwrap();
+            ProcessConfig::load(&p)
+        };
+        let none = with("maxPods: 5\n").unwrap().host_ports;
+        assert!(none.allowed.is_empty() && !none.allows(8080));
+        assert_eq!(
+            none.reservations,
+            Path::new(crate::hostport::DEFAULT_RESERVATIONS)
+        );
+        let c = with("hostPorts: {allowed: [\"30000-32767\", 8080, \"9090\"]}\n")
+            .unwrap()
+            .host_ports;
+        let shown: Vec<String> = c.allowed.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["30000-32767", "8080", "9090"]);
+        assert!(c.allows(30000) && c.allows(32767) && c.allows(8080) && c.allows(9090));
+        assert!(!c.allows(29999) && !c.allows(80));
+        for bad in ["0", "70000", "\"9-3\"", "\"http\"", "\"1-65536\"", "-1"] {
+            let e = with(&format!("hostPorts: {{allowed: [{bad}]}}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("hostPorts.allowed"), "{bad}: {e}");
+        }
+        // Where the reservations are is vkd's to say, for every vkd alike.
+        assert!(with("hostPorts: {reservations: /tmp/x}\n").is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -273,8 +273,9 @@ impl Provider for ProcessProvider {
         }
         // Checked again at create, which is what holds the port.
         let wanted = spec.clone();
-        if let Err(ProviderError::Invalid { reason, message }) =
-            self.blocking(move |p| p.check_host_ports(&wanted)).await
+        if let Err(ProviderError::Invalid { reason, message }) = self
+            .blocking(move |p| p.check_host_ports(&wanted).map(drop))
+            .await
         {
             return Ok(Admission::Rejected { reason, message });
         }

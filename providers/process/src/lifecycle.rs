@@ -102,36 +102,37 @@ impl ProcessProvider {
         }
     }
 
-    /// Refuses a Pod whose `hostPort` the node already uses: a host service
-    /// listens on it, or another Pod holds it ([`hostport`]). Only with a Pod
-    /// network, where a `hostPort` is a DNAT that would take that traffic.
-    pub(super) fn check_host_ports(&self, spec: &InstanceSpec) -> Result<()> {
+    /// Refuses a Pod's `hostPort`s that the node may not give out
+    /// ([`hostport`]): one the node policy does not name, one a vkd on the
+    /// host reserved, one a host service listens on, or one a Pod of any
+    /// node on the host holds. Only with a Pod network, where a `hostPort`
+    /// is a DNAT that would take that traffic. Returns the host-wide lock,
+    /// which the caller holds until it has recorded the Pod's ports (or
+    /// given up), so that no other node gives one of them out meanwhile.
+    pub(super) fn check_host_ports(
+        &self,
+        spec: &InstanceSpec,
+    ) -> Result<Option<hostport::HostLock>> {
         if self.inner.network.is_none() || spec.host_network || spec.host_ports.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        let listeners =
-            hostport::host_listeners().map_err(|e| ProviderError::transient(e.to_string()))?;
-        let pods = self.recorded_host_ports(&spec.pod.uid);
-        hostport::check(&spec.host_ports, &listeners, &pods)
-            .map_err(|e| ProviderError::invalid(hostport::HOST_PORT_IN_USE, e.to_string()))
-    }
-
-    /// The `hostPort`s the node's other Pods hold, from their recorded networks.
-    fn recorded_host_ports(&self, except: &str) -> Vec<(String, Vec<vkd_provider::HostPort>)> {
-        let Ok(entries) = std::fs::read_dir(self.pods_dir()) else {
-            return Vec::new();
+        let refuse = |e: hostport::HostPortError| match e.reason() {
+            Some(reason) => ProviderError::invalid(reason, e.to_string()),
+            None => ProviderError::transient(e.to_string()),
         };
-        entries
-            .flatten()
-            .filter(|e| {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                !name.starts_with('.') && name != except
-            })
-            .filter_map(|e| network::attachment_of(&e.path()).ok().flatten())
-            .filter(|a| !a.host_ports().is_empty())
-            .map(|a| (a.pod_uid().to_owned(), a.host_ports().to_vec()))
-            .collect()
+        let config = &self.inner.config.host_ports;
+        // The node policy first: it needs nothing from the host.
+        hostport::check_allowed(&spec.host_ports, &config.allowed, &spec.node).map_err(refuse)?;
+        let reservations = hostport::Reservations::new(&config.reservations);
+        let lock = reservations.lock().map_err(refuse)?;
+        let reserved = reservations.reserved().map_err(refuse)?;
+        hostport::check_reserved(&spec.host_ports, &reserved).map_err(refuse)?;
+        let listeners = hostport::host_listeners().map_err(refuse)?;
+        let mut dirs = vec![self.pods_dir()];
+        dirs.extend(reservations.pods_dirs().map_err(refuse)?);
+        let pods = hostport::held_by_pods(&dirs, &self.sandbox(&spec.pod.uid).dir);
+        hostport::check(&spec.host_ports, &listeners, &pods).map_err(refuse)?;
+        Ok(Some(lock))
     }
 
     /// With `network`, and unless the Pod uses the host's: records what the
@@ -153,7 +154,17 @@ impl ProcessProvider {
     /// Makes the Pod's network namespace and runs CNI ADD; returns the Pod's
     /// IP. A failure is the Pod's (`FailedCreatePodSandBox`, naming the plugin
     /// and what it said), as the kubelet reports a sandbox it could not create.
-    fn add_network(&self, sb: &Sandbox, mut a: network::Attachment) -> Result<String> {
+    /// Its `hostPort`s are checked again first, when they are given out (a
+    /// vkd may have reserved one since the create began); the lock is not
+    /// held while the plugins run, which may take their whole bound: the
+    /// Pod's record already keeps its ports from every other node.
+    fn add_network(
+        &self,
+        sb: &Sandbox,
+        spec: &InstanceSpec,
+        mut a: network::Attachment,
+    ) -> Result<String> {
+        drop(self.check_host_ports(spec)?);
         let ip = a.add().map_err(|e| {
             ProviderError::invalid(
                 network::NETWORK_SETUP_FAILED,
@@ -296,7 +307,7 @@ impl ProcessProvider {
             }
             c.network
                 .clone()
-                .map(|a| self.add_network(&c.sb, a))
+                .map(|a| self.add_network(&c.sb, spec, a))
                 .transpose()
         })();
         let made = networked.and_then(|ip| self.finish_create(fence, &c.sb, spec, ip));
@@ -326,7 +337,9 @@ impl ProcessProvider {
         let sb = self.sandbox(uid);
         // Checked before anything is made: a spec that cannot run leaves nothing.
         self.launches(spec, &sb.root(), self.inner.isolated)?;
-        self.check_host_ports(spec)?;
+        // Held until the Pod's ports are recorded below, which is what
+        // every node's check then sees.
+        let _given = self.check_host_ports(spec)?;
         let Some(claim) = self.claim(uid)? else {
             return Err(ProviderError::transient(format!(
                 "Pod {} is being created or removed already",
@@ -346,7 +359,15 @@ impl ProcessProvider {
         } else {
             None
         };
+        // With namespaces nothing but root enters a sandbox (a container
+        // sees only what is bound into it): no host user, and no Pod of a
+        // node without namespaces, can race vkd while it builds this one.
+        let sandbox_mode = if self.inner.isolated { 0o700 } else { 0o755 };
         let made = std::fs::create_dir(&sb.dir)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(sandbox_mode))
+            })
             .map_err(io_err(&sb.dir))
             .and_then(|()| self.record_network(&sb, spec));
         let network = match made {
@@ -447,6 +468,9 @@ impl ProcessProvider {
             pids_rlimit: self.inner.config.pids_rlimit(),
             isolated: self.inner.isolated,
             pod_ip: pod_ip.clone(),
+            netns: (self.inner.network.as_ref())
+                .filter(|_| pod_ip.is_some())
+                .map(|n| n.netns_dir().join(&spec.pod.uid)),
         };
         sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
         let rec = InstanceRecord {

@@ -45,6 +45,8 @@ pub enum OpenError {
     NetworkNeedsNamespaces,
     #[error("process provider config: {0}")]
     Network(#[from] network::NetworkError),
+    #[error("{0}")]
+    HostPorts(#[from] crate::hostport::HostPortError),
     #[error(
         "{path} (owner uid {owner}, mode {mode:o}) could be replaced by a Pod's user: every \
          directory above the state must be root's and not writable by others (or sticky, as \
@@ -159,6 +161,12 @@ impl ProcessProvider {
             Some(n) => Some(network::Network::load(n, dir)?),
             None => None,
         };
+        if network.is_some() {
+            // Every node on the host that gives out hostPorts sees this
+            // one's Pods, and it theirs (crate::hostport).
+            crate::hostport::Reservations::new(&config.host_ports.reservations)
+                .register_pods(&dir.join("pods"))?;
+        }
         let (events, _) = broadcast::channel(1024);
         let provider = Self {
             inner: Arc::new(Inner {

@@ -27,6 +27,7 @@ use crate::sandbox::{ContainerRun, Launch, Sandbox, ShimSpec, StatusFile, write_
 
 mod children;
 mod container;
+mod dial;
 mod ephemeral;
 mod grpc;
 mod handler;
@@ -144,9 +145,14 @@ struct Run {
 impl Shim {
     fn open(dir: &Path) -> std::io::Result<Self> {
         let sandbox = Sandbox::new(dir.to_owned());
-        let spec = sandbox.read_spec()?.ok_or_else(|| {
+        let mut spec = sandbox.read_spec()?.ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "spec.json is missing")
         })?;
+        // A spec from before it named the Pod's network namespace: the one
+        // its network record names, so probes never reach the host's loopback.
+        if spec.netns.is_none() && spec.pod_ip.is_some() {
+            spec.netns = crate::network::attachment_of(dir)?.map(|a| a.netns);
+        }
         let wanted = spec.spec.init_containers.len() + spec.spec.containers.len();
         if spec.containers.len() != wanted {
             return Err(std::io::Error::new(
@@ -461,6 +467,12 @@ impl Shim {
                 ("Unhealthy", kind),
                 format!("{kind} probe failed: {m}"),
             ),
+            handler::Verdict::Errored { result, why } => self.record_event(
+                &spec.name,
+                true,
+                ("Unhealthy", kind),
+                format!("{kind} probe errored and resulted in {result} state: {why}"),
+            ),
         }
     }
 
@@ -517,6 +529,7 @@ mod tests {
             pids_rlimit: None,
             isolated: false,
             pod_ip: None,
+            netns: None,
         };
         write_json(&dir.join("spec.json"), &shim_spec, 0o600).unwrap();
         let shim = Arc::new(Shim::open(&dir).unwrap());

@@ -118,6 +118,54 @@ async fn a_redirect_elsewhere_passes_with_a_probe_warning() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Issue 51, finding 2: an httpGet probe whose path holds CR LF wrote a
+/// second request of the tenant's to a loopback service. It is refused with
+/// the kubelet's words (an `Unhealthy` that says the probe errored) and
+/// nothing reaches the server; a postStart hook's the same, which fails it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crlf_in_an_http_path_is_refused_and_never_sent() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let path = "/x HTTP/1.1\r\nHost: a\r\n\r\nPOST /apis HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+    let smuggling = || Handler::HttpGet {
+        host: Some("127.0.0.1".into()),
+        port,
+        path: path.into(),
+        https: false,
+        headers: Vec::new(),
+    };
+    let (p, dir) = provider();
+    let mut s = spec("u-ev-crlf", &["sleep", "3609"]);
+    s.containers[0].readiness_probe = Some(Box::new(probe(smuggling())));
+    p.create(&fence(), &s).await.unwrap();
+    let mut s = spec("u-ev-crlf-hook", &["sleep", "3609"]);
+    s.containers[0].post_start = Some(Box::new(smuggling()));
+    p.create(&fence(), &s).await.unwrap();
+    let refused = format!("parse {path:?}: net/url: invalid control character in URL");
+    let unhealthy = wait_for("an Unhealthy for the path", async || {
+        let e = events(&p, "u-ev-crlf").await;
+        e.into_iter().find(|e| e.reason == "Unhealthy")
+    })
+    .await;
+    assert_eq!(
+        unhealthy.message,
+        format!("Readiness probe errored and resulted in unknown state: {refused}")
+    );
+    let hook = wait_for("a FailedPostStartHook", async || {
+        let e = events(&p, "u-ev-crlf-hook").await;
+        e.into_iter().find(|e| e.reason == "FailedPostStartHook")
+    })
+    .await;
+    assert_eq!(hook.message, format!("PostStartHook failed: {refused}"));
+    assert!(listener.accept().is_err(), "a request reached the server");
+    let i = p.get("u-ev-crlf").await.unwrap().unwrap();
+    assert!(!i.containers[0].ready);
+    remove(&p, "u-ev-crlf").await;
+    remove(&p, "u-ev-crlf-hook").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The shim keeps the latest events only: a probe failing every second for
 /// long leaves a bounded status file, and the numbering goes on.
 #[tokio::test(flavor = "multi_thread")]

@@ -87,6 +87,8 @@ impl TestNet {
             cni_bin_dir: cni_bin(),
             plugin_timeout_seconds: None,
         });
+        cfg.host_ports.allowed = every_port();
+        cfg.host_ports.reservations = self.dir.join("host-ports");
         let p = ProcessProvider::open(cfg, &self.dir.join("state"), shim_exe()).unwrap();
         if p.isolation_mode() != "namespaces" {
             eprintln!("no namespaces here: nothing to check");
@@ -380,6 +382,18 @@ impl FakeNet {
     /// when the host gives containers namespaces; else `None` (the test says
     /// so and passes).
     fn provider(&self, timeout: u64) -> Option<ProcessProvider> {
+        self.node("state", timeout, &every_port())
+    }
+
+    /// A node on this network with its state in `state` (under the test's
+    /// directory) giving out the hostPorts `allowed`; every node of the test
+    /// shares the host's port reservations (`host-ports`).
+    fn node(
+        &self,
+        state: &str,
+        timeout: u64,
+        allowed: &[vkd_process::config::PortRange],
+    ) -> Option<ProcessProvider> {
         if !rustix::process::geteuid().is_root() {
             eprintln!("not root: no network namespaces to check");
             return None;
@@ -422,7 +436,9 @@ impl FakeNet {
             cni_bin_dir: self.dir.join("bin"),
             plugin_timeout_seconds: Some(timeout),
         });
-        let p = ProcessProvider::open(cfg, &self.dir.join("state"), shim_exe()).unwrap();
+        cfg.host_ports.allowed = allowed.to_vec();
+        cfg.host_ports.reservations = self.dir.join("host-ports");
+        let p = ProcessProvider::open(cfg, &self.dir.join(state), shim_exe()).unwrap();
         if p.isolation_mode() != "namespaces" {
             eprintln!("no namespaces here: nothing to check");
             return None;
@@ -446,7 +462,7 @@ impl FakeNet {
 
 impl Drop for FakeNet {
     fn drop(&mut self) {
-        for mount in ["state/netns", "state/ns"] {
+        for mount in ["state/netns", "state/ns", "state-b/netns", "state-b/ns"] {
             let _ =
                 rustix::mount::unmount(self.dir.join(mount), rustix::mount::UnmountFlags::DETACH);
         }
@@ -475,6 +491,14 @@ fn script(path: &Path, body: &str) {
 }
 
 /// The reason and message of a create that the provider refused for the Pod.
+/// `hostPorts.allowed: ["1-65535"]`: the tests of what else refuses a port.
+fn every_port() -> Vec<vkd_process::config::PortRange> {
+    vec![vkd_process::config::PortRange {
+        first: 1,
+        last: 65535,
+    }]
+}
+
 fn refusal(r: vkd_provider::Result<vkd_provider::Instance>) -> (String, String) {
     match r {
         Err(vkd_provider::ProviderError::Invalid { reason, message }) => (reason, message),
@@ -595,6 +619,84 @@ async fn a_host_port_the_node_uses_is_refused_before_add() {
     assert!(message.contains("Pod u-hp-free holds it"), "{message}");
     remove(&p, "u-hp-free").await;
     drop(service);
+}
+
+/// hostPorts by policy (issue 51, finding 4): a node whose config names no
+/// range gives out none; a port a vkd on the host reserved is refused though
+/// nothing listens on it (its vkd is restarting); a port a Pod of another
+/// node on the host holds is refused to this one. Each before any plugin
+/// runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostports_follow_the_node_policy_and_the_hosts_reservations() {
+    let net = FakeNet::new();
+    let Some(a) = net.provider(60) else { return };
+    let Some(strict) = net.node("state-b", 60, &[]) else {
+        return;
+    };
+    let with_port = |uid: &str, port: u16| {
+        let mut s = spec(uid, &[]);
+        s.host_ports = vec![vkd_provider::HostPort {
+            container_port: 8080,
+            host_port: port,
+            protocol: "TCP".into(),
+            host_ip: None,
+        }];
+        s
+    };
+    let unused = || {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // No range named: none given out.
+    let s = with_port("u-hp-none", unused());
+    match strict.admit(&s).await.unwrap() {
+        vkd_provider::Admission::Rejected { reason, .. } => {
+            assert_eq!(reason, "HostPortNotAllowed")
+        }
+        other => panic!("{other:?}"),
+    }
+    let (reason, message) = refusal(strict.create(&fence(), &s).await);
+    assert_eq!(reason, "HostPortNotAllowed");
+    assert!(
+        message.contains("the node allows no hostPort") && message.contains("hostPorts.allowed"),
+        "{message}"
+    );
+    // A stopped vkd's kubelet port: reserved, though nothing listens.
+    let kubelet = unused();
+    vkd_process::hostport::Reservations::new(net.dir.join("host-ports"))
+        .reserve(
+            &std::collections::BTreeMap::from([(
+                kubelet,
+                "vkd's kubelet API (--kubelet-port)".to_owned(),
+            )]),
+            "vk-restarting",
+        )
+        .unwrap();
+    let (reason, message) = refusal(a.create(&fence(), &with_port("u-hp-res", kubelet)).await);
+    assert_eq!(reason, "HostPortNotAllowed");
+    assert!(
+        message.contains(&format!("hostPort {kubelet}/TCP is reserved on this host"))
+            && message.contains("vk-restarting"),
+        "{message}"
+    );
+    assert!(!net.sandbox("u-hp-res").exists());
+    // Another node's Pod holds a port: not this node's to give.
+    let held = unused();
+    a.create(&fence(), &with_port("u-hp-a", held))
+        .await
+        .unwrap();
+    let Some(b) = net.node("state-b", 60, &every_port()) else {
+        return;
+    };
+    let (reason, message) = refusal(b.create(&fence(), &with_port("u-hp-b", held)).await);
+    assert_eq!(reason, "HostPortInUse");
+    assert!(message.contains("Pod u-hp-a holds it"), "{message}");
+    assert!(!net.calls().contains("u-hp-b") && !net.calls().contains("u-hp-res"));
+    remove(&a, "u-hp-a").await;
+    b.create(&fence(), &with_port("u-hp-b", held))
+        .await
+        .unwrap();
+    remove(&b, "u-hp-b").await;
 }
 
 /// A sandbox that a create left half made (no instance.json) is given back

@@ -89,7 +89,7 @@ async fn main() {
         .spawn()
         .expect("vkd-slurm beside this example: cargo build -p vkd-slurm --bins --examples");
     let p = loop {
-        match GrpcProvider::connect(Endpoint::Unix(socket.clone()), Duration::from_secs(30)).await {
+        match GrpcProvider::connect(Endpoint::unix(socket.clone()), Duration::from_secs(30)).await {
             Ok(p) => break p,
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }

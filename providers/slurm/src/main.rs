@@ -45,7 +45,9 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// Where to listen: `unix:///path.sock` (or `tcp://127.0.0.1:port`).
+    /// Where to listen: `unix:///path.sock` (made 0600, in a directory only
+    /// this account or root can write) or `tls://host:port?cert=..&key=..&ca=..`
+    /// (mutual TLS); plain TCP is refused.
     #[arg(long, env = "VKD_PROVIDER_ENDPOINT")]
     listen: String,
     /// The Pods' directories and the epochs, on a filesystem every compute node shares.
@@ -215,5 +217,30 @@ fn main() -> ExitCode {
             )
         }
         Command::Connect { port } => code(rt.block_on(job::connect(port)).map(|()| 0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_tcp_is_refused_to_listen_on() {
+        for plain in ["tcp://127.0.0.1:7070", "http://127.0.0.1:7070"] {
+            let args = ServeArgs {
+                listen: plain.into(),
+                state_dir: "/shared/vkd-slurm".into(),
+                slurm_conf: None,
+                partition: None,
+                command_timeout: "30s".into(),
+                poll: "1s".into(),
+                default_memory_mib: 256,
+                runner: None,
+                jobs_as_root: true,
+            };
+            let e = config(&args).err().unwrap_or_default();
+            assert!(e.starts_with("--listen: "), "{e}");
+            assert!(e.contains("plain TCP is refused"), "{e}");
+        }
     }
 }

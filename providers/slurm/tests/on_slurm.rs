@@ -59,7 +59,7 @@ fn serve(cluster: &SlurmCluster, state: &Path, socket: &Path) -> Plugin {
 async fn connect(socket: &Path) -> GrpcProvider {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match GrpcProvider::connect(Endpoint::Unix(socket.to_owned()), Duration::from_secs(30))
+        match GrpcProvider::connect(Endpoint::unix(socket.to_owned()), Duration::from_secs(30))
             .await
         {
             Ok(p) => return p,

@@ -83,8 +83,15 @@ fn bad_answer(what: String) -> ProviderError {
 impl GrpcProvider {
     /// Connects to the plugin at `endpoint` and asks its version; `timeout`
     /// bounds every call. Fails, naming the endpoint, when nothing answers
-    /// there or it speaks another version.
+    /// there, it speaks another version, or (`unix://`) the process
+    /// listening is not root, vkd's user or the endpoint's `peer-uid`.
     pub async fn connect(endpoint: Endpoint, timeout: Duration) -> Result<Self, GrpcError> {
+        // A plugin run by an unexpected user is refused saying so, not as
+        // one that does not answer (the channel's connector checks too, on
+        // every reconnect).
+        if let Some(refused) = peer_refused(&endpoint).await {
+            return Err(refused.into());
+        }
         let channel = endpoint.channel(timeout)?;
         let client = ProviderClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
@@ -130,6 +137,19 @@ impl GrpcProvider {
 
     fn client(&self) -> ProviderClient<Channel> {
         self.client.clone()
+    }
+}
+
+/// The refusal, when the process that listens at a `unix://` endpoint now
+/// runs as a user vkd does not speak to: said as such, not as a plugin that
+/// does not answer.
+async fn peer_refused(endpoint: &Endpoint) -> Option<crate::SocketError> {
+    let Endpoint::Unix { path, peer_uid } = endpoint else {
+        return None;
+    };
+    match crate::socket::dial(path, *peer_uid, &endpoint.to_string()).await {
+        Err(e @ crate::SocketError::UnexpectedPeer { .. }) => Some(e),
+        _ => None,
     }
 }
 
@@ -233,7 +253,15 @@ impl Provider for GrpcProvider {
         if *lock(&self.lost) {
             match hello(&self.client, self.timeout).await {
                 Ok(said) => *lock(&self.said) = said,
-                Err(why) => return unreachable(why),
+                Err(why) => {
+                    return match peer_refused(&self.endpoint).await {
+                        Some(refused) => Health::Unhealthy {
+                            reason: UNREACHABLE.into(),
+                            message: refused.to_string(),
+                        },
+                        None => unreachable(why),
+                    };
+                }
             }
         }
         match self.client().health(self.request(pb::Empty {})).await {
@@ -243,7 +271,13 @@ impl Provider for GrpcProvider {
             }
             Err(s) => {
                 *lock(&self.lost) = true;
-                unreachable(format!("{:?}: {}", s.code(), s.message()))
+                match peer_refused(&self.endpoint).await {
+                    Some(refused) => Health::Unhealthy {
+                        reason: UNREACHABLE.into(),
+                        message: refused.to_string(),
+                    },
+                    None => unreachable(format!("{:?}: {}", s.code(), s.message())),
+                }
             }
         }
     }

@@ -9,7 +9,6 @@ use rustix::process::Signal;
 use tokio::time::Instant;
 use vkd_provider::{ContainerSpec, ContainerState, RestartPolicy, Terminated};
 
-use super::handler::Verdict;
 use super::probes::{ProbeOutcome, Probes};
 use super::start::await_program;
 use super::{Ended, LONGEST_WAIT, Shim, after, far_future, waiting};
@@ -186,7 +185,7 @@ impl Shim {
         let mut changed = self.changed.subscribe();
         if let Some(h) = &spec.post_start {
             let grace = self.spec.spec.termination_grace;
-            if let Verdict::Failure(why) = self.handle(h, launch, spec, grace).await {
+            if let Some(why) = self.handle(h, launch, spec, grace).await.failure() {
                 self.note(&format!(
                     "postStart hook failed for container {}: {why}",
                     spec.name

@@ -40,6 +40,8 @@ const SERVING: i32 = 1;
 #[derive(Debug)]
 pub(super) struct Target<'a> {
     pub(super) host: &'a str,
+    /// The Pod's network namespace, where it has one: connected from there.
+    pub(super) netns: Option<&'a std::path::Path>,
     pub(super) port: u16,
     pub(super) service: &'a str,
     pub(super) tls: bool,
@@ -56,12 +58,13 @@ pub(super) async fn check(target: &Target<'_>, timeout: Duration) -> Result<(), 
         .checked_add(timeout)
         .unwrap_or(now + Duration::from_secs(365 * 86_400));
     let seconds = timeout.as_secs();
-    let connected = tokio::time::timeout_at(deadline, connect(target)).await;
+    let connected = tokio::time::timeout_at(deadline, connect(target, timeout)).await;
     let Ok(stream) = connected else {
         return Err(format!(
             "timeout: failed to connect service {addr:?} within {seconds}s: context deadline exceeded"
         ));
     };
+    let stream = stream?;
     let call = match stream {
         Stream::Plain(s) => {
             tokio::time::timeout_at(deadline, call(s, &addr, target, deadline)).await
@@ -89,19 +92,24 @@ enum Stream {
 }
 
 /// A connection to the target, tried again until it is made (the caller
-/// bounds it with the probe's timeout).
-async fn connect(target: &Target<'_>) -> Stream {
+/// bounds it with the probe's timeout); a Pod network namespace that cannot
+/// be entered fails at once.
+async fn connect(target: &Target<'_>, timeout: Duration) -> Result<Stream, String> {
     loop {
-        match connect_once(target).await {
-            Ok(s) => return s,
+        match connect_once(target, timeout).await {
+            Ok(s) => return Ok(s),
+            Err(e @ super::dial::DialError::Namespace { .. }) => return Err(e.to_string()),
             // Refused or unreachable: the server may be starting.
             Err(_) => tokio::time::sleep(RECONNECT_AFTER).await,
         }
     }
 }
 
-async fn connect_once(target: &Target<'_>) -> std::io::Result<Stream> {
-    let tcp = tokio::net::TcpStream::connect((target.host, target.port)).await?;
+async fn connect_once(
+    target: &Target<'_>,
+    timeout: Duration,
+) -> Result<Stream, super::dial::DialError> {
+    let tcp = super::dial::dial(target.netns, target.host, target.port, timeout).await?;
     tcp.set_nodelay(true)?;
     if target.tls {
         let tls = super::tls::connect_h2(target.host, tcp).await?;
@@ -409,6 +417,7 @@ mod tests {
     fn at(port: u16, service: &str) -> Target<'_> {
         Target {
             host: "127.0.0.1",
+            netns: None,
             port,
             service,
             tls: false,

@@ -10,7 +10,8 @@ use tokio::io::AsyncReadExt;
 use vkd_provider::{ContainerSpec, Handler};
 
 use super::Shim;
-use super::http::{HttpOutcome, http_get};
+use super::dial::dial;
+use super::http::{Get, HttpError, HttpOutcome, http_get};
 use crate::sandbox::Launch;
 
 /// The most of an action's output kept for its Event, as the kubelet's prober
@@ -25,11 +26,25 @@ pub(super) enum Verdict {
     /// redirected to another host, which is not followed.
     Warning(String),
     Failure(String),
+    /// The action could not be run as asked (the kubelet's "probe errored
+    /// and resulted in <result> state"): a failure.
+    Errored {
+        result: &'static str,
+        why: String,
+    },
 }
 
 impl Verdict {
     pub(super) fn passed(&self) -> bool {
-        !matches!(self, Self::Failure(_))
+        self.failure().is_none()
+    }
+
+    /// Why the action failed, when it did.
+    pub(super) fn failure(&self) -> Option<&str> {
+        match self {
+            Self::Success | Self::Warning(_) => None,
+            Self::Failure(why) | Self::Errored { why, .. } => Some(why),
+        }
     }
 }
 
@@ -51,41 +66,43 @@ impl Shim {
                 headers,
                 https,
             } => {
-                let host = self.action_host(host.as_deref());
-                let scheme = if *https { "https" } else { "http" };
-                let url = format!(
-                    "{scheme}://{}/{}",
-                    authority(host, *port),
-                    path.trim_start_matches('/')
-                );
-                match tokio::time::timeout(timeout, http_get(*https, host, *port, path, headers))
-                    .await
-                {
-                    Ok(Ok(HttpOutcome::Status(code))) if (200..400).contains(&code) => {
-                        Verdict::Success
-                    }
-                    Ok(Ok(HttpOutcome::Status(code))) => {
+                let get = Get {
+                    https: *https,
+                    host: self.action_host(host.as_deref()),
+                    port: *port,
+                    path,
+                    headers,
+                };
+                match http_get(&get, self.netns(), timeout).await {
+                    Ok(HttpOutcome::Status(code)) if (200..400).contains(&code) => Verdict::Success,
+                    Ok(HttpOutcome::Status(code)) => {
                         // As the kubelet: never the body of a failure (kubernetes#99425).
                         Verdict::Failure(format!("HTTP probe failed with statuscode: {code}"))
                     }
-                    Ok(Ok(HttpOutcome::Redirected { body })) => Verdict::Warning(format!(
+                    Ok(HttpOutcome::Redirected { body }) => Verdict::Warning(format!(
                         "Probe terminated redirects, Response body: {body}"
                     )),
-                    Ok(Err(e)) => Verdict::Failure(format!("Get {url:?}: {}", io_text(&e))),
-                    Err(_) => Verdict::Failure(format!(
-                        "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-                    )),
+                    // No request the kubelet would make: nothing was sent.
+                    Err(HttpError::Unbuildable(why)) => Verdict::Errored {
+                        result: "unknown",
+                        why,
+                    },
+                    Err(HttpError::Body(why)) => Verdict::Errored {
+                        result: "failure",
+                        why,
+                    },
+                    Err(e @ HttpError::Get { .. }) => Verdict::Failure(e.to_string()),
                 }
             }
             Handler::TcpSocket { host, port } => {
                 let host = self.action_host(host.as_deref());
-                let connect = tokio::net::TcpStream::connect((host, *port));
+                let connect = dial(self.netns(), host, *port, timeout);
                 match tokio::time::timeout(timeout, connect).await {
                     Ok(Ok(_)) => Verdict::Success,
                     Ok(Err(e)) => Verdict::Failure(format!(
                         "dial tcp {}: {}",
                         authority(host, *port),
-                        io_text(&e)
+                        e.io().map_or_else(|| e.to_string(), io_text)
                     )),
                     Err(_) => Verdict::Failure(format!(
                         "dial tcp {}: i/o timeout",
@@ -100,6 +117,7 @@ impl Shim {
             Handler::Grpc { port, service, tls } => {
                 let target = super::grpc::Target {
                     host: self.action_host(None),
+                    netns: self.netns(),
                     port: *port,
                     service,
                     tls: *tls,
@@ -116,7 +134,17 @@ impl Shim {
     /// Where a network action goes: the host it names, else the Pod's IP
     /// (127.0.0.1 without a Pod network).
     fn action_host<'a>(&'a self, named: Option<&'a str>) -> &'a str {
-        named.or(self.spec.pod_ip.as_deref()).unwrap_or("127.0.0.1")
+        named
+            .filter(|h| !h.is_empty())
+            .or(self.spec.pod_ip.as_deref())
+            .unwrap_or("127.0.0.1")
+    }
+
+    /// The Pod's network namespace, where network actions connect from; none
+    /// without a Pod network (they connect from the host's, as the
+    /// kubelet's prober does).
+    fn netns(&self) -> Option<&std::path::Path> {
+        self.spec.netns.as_deref()
     }
 
     /// An exec action: through the launcher as the container's processes
@@ -256,7 +284,7 @@ pub(super) fn authority(host: &str, port: u16) -> String {
 
 /// An I/O error as Go's net package words the common ones (what the
 /// kubelet's probe Events say), without Rust's `(os error N)`.
-fn io_text(e: &std::io::Error) -> String {
+pub(super) fn io_text(e: &std::io::Error) -> String {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::ConnectionRefused => "connect: connection refused".into(),

@@ -1,236 +1,1259 @@
-//! The HTTP GET of httpGet probes and hooks, as the kubelet's prober makes
-//! it: `kube-probe` as the user agent, redirects followed on the same host
-//! only, the body of a redirect kept for its warning, and with `scheme:
-//! HTTPS` over TLS without verifying the server (`tls`).
+//! The HTTP GET of httpGet probes and hooks, as the kubelet's prober makes it
+//! (`pkg/probe/http` on Go's `net/http` client), through hyper's HTTP/1
+//! client: the request is built from parts (an `http::Uri`, a header map),
+//! never written by hand, so a tenant's path, host or header cannot add a
+//! line or a request of its own. What Go's client refuses to send (control
+//! characters in a host, a header name or value; here in a path as well) is
+//! refused with its words and nothing is sent.
+//!
+//! As the kubelet's: `kube-probe/<major>.<minor>` as the user agent and
+//! `Accept: */*` unless the action names them, the action's `Host` header as
+//! the request's host, `Connection: close`, redirects followed on the same
+//! host only (ten requests at most, with Go's `Referer`), a redirect
+//! elsewhere ending it (a success the kubelet reports with a warning that
+//! carries the start of its body), at most 10 KiB of a body read, and with
+//! `scheme: HTTPS` TLS without verifying the server (`tls`).
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use super::dial::{DialError, dial};
 
 /// The user agent of every probe, as the kubelet's (`kube-probe/<major>.<minor>`).
 pub(super) const USER_AGENT: &str = "kube-probe/1.37";
 
+/// The most of a body read, as the kubelet's prober reads.
+const BODY_MAX: usize = 10 << 10;
+
+/// Go's client stops at the tenth request of a chain of redirects.
+const MOST_REQUESTS: usize = 10;
+
+/// What Go's client says when its timeout ends the request.
+const TIMED_OUT: &str =
+    "context deadline exceeded (Client.Timeout exceeded while awaiting headers)";
+
+/// An httpGet action, as the shim is given it.
+#[derive(Debug)]
+pub(super) struct Get<'a> {
+    pub(super) https: bool,
+    pub(super) host: &'a str,
+    pub(super) port: u16,
+    pub(super) path: &'a str,
+    pub(super) headers: &'a [(String, String)],
+}
+
 /// What an HTTP GET of a probe or hook came to.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum HttpOutcome {
-    /// The final status code.
+    /// The final status code, not a redirect's.
     Status(u16),
-    /// A redirect that was not followed (to another host, or without a
-    /// `Location`), with the start of its body.
+    /// A redirect that was not followed (to another host, without a
+    /// `Location`, or a 3xx no client follows), with the start of its body.
     Redirected { body: String },
 }
 
-/// An HTTP GET for probes and hooks. Like the kubelet's prober, it follows
-/// redirects to the same host (at most 10); a redirect elsewhere ends it, a
-/// success the kubelet reports with a warning.
-pub(super) async fn http_get(
-    https: bool,
-    host: &str,
-    port: u16,
-    path: &str,
-    headers: &[(String, String)],
-) -> std::io::Result<HttpOutcome> {
-    let (mut https, mut port, mut path) = (https, port, path.to_owned());
-    for _ in 0..=10 {
-        let tcp = tokio::net::TcpStream::connect((host, port)).await?;
-        let reply = if https {
-            exchange(
-                super::tls::connect(host, tcp).await?,
-                host,
-                port,
-                &path,
-                headers,
-            )
-            .await?
-        } else {
-            exchange(tcp, host, port, &path, headers).await?
-        };
-        if !(300..400).contains(&reply.code) {
-            return Ok(HttpOutcome::Status(reply.code));
-        }
-        match reply
-            .location
-            .and_then(|l| local_target(https, host, port, &l))
-        {
-            Some((s, p, rest)) => (https, port, path) = (s, p, rest),
-            None => {
-                return Ok(HttpOutcome::Redirected {
-                    body: String::from_utf8_lossy(&reply.body).into_owned(),
-                });
-            }
-        }
-    }
-    Err(std::io::Error::other("stopped after 10 redirects"))
+/// Why an HTTP GET gave no outcome.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum HttpError {
+    /// The action makes no request the kubelet's prober would send (its
+    /// "probe errored and resulted in unknown state"); nothing was sent.
+    #[error("{0}")]
+    Unbuildable(String),
+    /// The request failed, or Go's client would refuse to send it (then
+    /// nothing was sent): `Get "<url>": <why>`.
+    #[error("Get {url:?}: {why}")]
+    Get { url: String, why: String },
+    /// The answer came but its body could not be read (the kubelet's "probe
+    /// errored and resulted in failure state").
+    #[error("{0}")]
+    Body(String),
 }
 
-/// Where a `Location` leads, when it is on `host`: whether over TLS, its
-/// port and path.
-fn local_target(https: bool, host: &str, port: u16, location: &str) -> Option<(bool, u16, String)> {
-    if location.starts_with('/') {
-        return Some((https, port, location.to_owned()));
-    }
-    let (https, rest) = match location.strip_prefix("http://") {
-        Some(rest) => (false, rest),
-        None => (true, location.strip_prefix("https://")?),
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let (name, port_text) = match authority.strip_prefix('[') {
-        Some(inner) => {
-            let (h, after) = inner.split_once(']')?;
-            (h, after.strip_prefix(':'))
+/// An HTTP GET for probes and hooks, from inside the network namespace at
+/// `netns` where the Pod has one, all of it within `timeout`.
+pub(super) async fn http_get(
+    get: &Get<'_>,
+    netns: Option<&Path>,
+    timeout: Duration,
+) -> Result<HttpOutcome, HttpError> {
+    let mut at = Target::first(get).map_err(HttpError::Unbuildable)?;
+    let headers = Headers::of(get.headers).map_err(|why| HttpError::Get { url: at.url(), why })?;
+    // The timeout is the tenant's number: a deadline past the clock's range
+    // is a year away instead.
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or(now + Duration::from_secs(365 * 86_400));
+    let mut host = headers.host.clone().unwrap_or_else(|| at.authority.clone());
+    let mut referer = None;
+    for made in 1..=MOST_REQUESTS {
+        let request = headers.request(&at, &host, referer.take());
+        let reply =
+            match tokio::time::timeout_at(deadline, exchange(&at, request, netns, timeout)).await {
+                Ok(r) => r.map_err(|why| HttpError::Get { url: at.url(), why })?,
+                Err(_) => {
+                    return Err(HttpError::Get {
+                        url: at.url(),
+                        why: TIMED_OUT.into(),
+                    });
+                }
+            };
+        let follows = matches!(reply.code, 301 | 302 | 303 | 307 | 308);
+        let location = reply.location.as_deref().filter(|_| follows);
+        let Some(location) = location else {
+            return outcome(reply);
+        };
+        let next = at.resolve(location).map_err(|why| HttpError::Get {
+            url: at.url(),
+            why: format!("failed to parse Location header {location:?}: {why}"),
+        })?;
+        // The kubelet's redirect check: another host ends the chain with
+        // this answer, then Go's limit.
+        if next.host != at.host {
+            return outcome(reply);
         }
-        None => match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        },
-    };
-    let default = if https { 443 } else { 80 };
-    let p = match port_text {
-        Some(t) => t.parse().ok()?,
-        None => default,
-    };
-    (name == host).then(|| {
-        let path = if path.is_empty() { "/" } else { path };
-        (https, p, path.to_owned())
+        if made >= MOST_REQUESTS {
+            return Err(HttpError::Get {
+                url: location.to_owned(),
+                why: format!("stopped after {MOST_REQUESTS} redirects"),
+            });
+        }
+        if next.scheme != "http" && next.scheme != "https" {
+            return Err(HttpError::Get {
+                url: next.url(),
+                why: format!("unsupported protocol scheme {:?}", next.scheme),
+            });
+        }
+        // Go keeps the action's own Host through a relative redirect only.
+        host = match &headers.host {
+            Some(h) if !has_scheme(location) && !location.starts_with("//") => h.clone(),
+            _ => next.authority.clone(),
+        };
+        referer = (!(at.scheme == "https" && next.scheme == "http")).then(|| at.url());
+        at = next;
+    }
+    Err(HttpError::Get {
+        url: at.url(),
+        why: format!("stopped after {MOST_REQUESTS} redirects"),
     })
 }
 
-/// The parts of an HTTP response a probe uses.
+/// The outcome of the last answer of a chain.
+fn outcome(reply: Reply) -> Result<HttpOutcome, HttpError> {
+    let body = reply.body.map_err(HttpError::Body)?;
+    if (300..400).contains(&reply.code) {
+        return Ok(HttpOutcome::Redirected {
+            body: String::from_utf8_lossy(&body).into_owned(),
+        });
+    }
+    Ok(HttpOutcome::Status(reply.code))
+}
+
+/// Where one request of a chain goes.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    /// Lower case; only `http` and `https` are ever connected to.
+    scheme: String,
+    /// The host connected to (an IPv6 address without its brackets).
+    host: String,
+    port: u16,
+    /// The URL's authority as written: the request's `Host` unless the action
+    /// names one.
+    authority: String,
+    /// The request-target (origin form), valid as an `http::Uri`.
+    target: String,
+}
+
+impl Target {
+    /// The first request, as the kubelet's `NewRequestForHTTPGetAction`
+    /// makes its URL (`formatURL`).
+    fn first(get: &Get<'_>) -> Result<Self, String> {
+        let scheme = if get.https { "https" } else { "http" };
+        let target = request_target(get.path)?;
+        let authority = super::handler::authority(get.host, get.port);
+        // Go escapes what a host cannot hold, then refuses to parse the URL
+        // it made: an ASCII byte escaped is an invalid escape in a host.
+        if let Some(b) = authority
+            .bytes()
+            .find(|b| b.is_ascii() && *b != b'%' && !host_byte(*b))
+        {
+            let escaped: String = authority
+                .bytes()
+                .map(|b| {
+                    if host_byte(b) {
+                        char::from(b).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect();
+            return Err(format!(
+                "parse \"{scheme}://{escaped}{target}\": invalid URL escape \"%{b:02X}\""
+            ));
+        }
+        Ok(Self {
+            scheme: scheme.into(),
+            host: get.host.to_owned(),
+            port: get.port,
+            authority,
+            target,
+        })
+    }
+
+    /// The URL, as Go's client names it in its errors.
+    fn url(&self) -> String {
+        format!("{}://{}{}", self.scheme, self.authority, self.target)
+    }
+
+    /// Where `location` leads from here: resolved against this URL as Go's
+    /// client resolves a redirect's (RFC 3986, section 5.2).
+    fn resolve(&self, location: &str) -> Result<Self, String> {
+        if location.bytes().any(is_ctl) {
+            return Err(format!(
+                "parse {location:?}: net/url: invalid control character in URL"
+            ));
+        }
+        let reference = location.split('#').next().unwrap_or_default();
+        let (scheme, rest) = match scheme_of(reference) {
+            Some((s, rest)) => (s.to_ascii_lowercase(), rest),
+            None => (self.scheme.clone(), reference),
+        };
+        if let Some(after) = rest.strip_prefix("//") {
+            let end = after.find(['/', '?']).unwrap_or(after.len());
+            let (authority, path) = after.split_at(end);
+            let (host, port) = split_authority(&scheme, authority)?;
+            return Ok(Self {
+                authority: authority.rsplit('@').next().unwrap_or_default().to_owned(),
+                target: request_target(path)?,
+                scheme,
+                host,
+                port,
+            });
+        }
+        if scheme_of(reference).is_some() {
+            // `scheme:opaque`: no host of its own, so none the prober follows.
+            return Ok(Self {
+                scheme,
+                host: String::new(),
+                port: 0,
+                authority: String::new(),
+                target: "/".into(),
+            });
+        }
+        let current = self.target.split('?').next().unwrap_or("/");
+        let target = if rest.is_empty() {
+            self.target.clone()
+        } else if rest.starts_with('/') {
+            request_target(rest)?
+        } else if let Some(query) = rest.strip_prefix('?') {
+            request_target(&format!("{current}?{query}"))?
+        } else {
+            // A relative path: beside the current one.
+            let dir = &current[..current.rfind('/').map_or(0, |i| i + 1)];
+            request_target(&remove_dots(&format!("{dir}{rest}")))?
+        };
+        Ok(Self {
+            scheme: self.scheme.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            authority: self.authority.clone(),
+            target,
+        })
+    }
+}
+
+/// The host and port of an authority (`user@host:port`, `[v6]:port`), the
+/// port the scheme's own when it names none.
+fn split_authority(scheme: &str, authority: &str) -> Result<(String, u16), String> {
+    let hostport = authority.rsplit('@').next().unwrap_or_default();
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(inner) => {
+            let (h, after) = inner
+                .split_once(']')
+                .ok_or_else(|| format!("parse {authority:?}: missing ']' in host"))?;
+            (h, after.strip_prefix(':'))
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        },
+    };
+    let port = match port.filter(|p| !p.is_empty()) {
+        Some(p) => p
+            .parse()
+            .map_err(|_| format!("invalid port \":{p}\" after host"))?,
+        None if scheme == "https" => 443,
+        None => 80,
+    };
+    Ok((host.to_owned(), port))
+}
+
+/// `reference`'s scheme (RFC 3986: a letter, then letters, digits, `+-.`)
+/// and what follows its colon.
+fn scheme_of(reference: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = reference.split_once(':')?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    (first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+    .then_some((scheme, rest))
+}
+
+fn has_scheme(reference: &str) -> bool {
+    scheme_of(reference).is_some()
+}
+
+/// `path` without its `.` and `..` segments (RFC 3986, section 5.2.4).
+fn remove_dots(path: &str) -> String {
+    let (path, query) = match path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path, None),
+    };
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').collect();
+    for (i, s) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        match *s {
+            "." if last => out.push(""),
+            "." => {}
+            ".." => {
+                if out.len() > 1 {
+                    out.pop();
+                }
+                if last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let mut joined = out.join("/");
+    if !joined.starts_with('/') {
+        joined.insert(0, '/');
+    }
+    match query {
+        Some(q) => format!("{joined}?{q}"),
+        None => joined,
+    }
+}
+
+/// A control character: what Go's URL parser refuses anywhere in a URL, and
+/// what no header value may hold but a tab.
+fn is_ctl(b: u8) -> bool {
+    b < b' ' || b == 0x7f
+}
+
+/// A byte Go's client sends in a `Host` header (`httpguts.ValidHostHeader`).
+fn host_header_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!$%&'()*+,-.:;=[]_~".contains(&b)
+}
+
+/// A byte Go's URL writer leaves as it is in a host.
+fn host_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-_.~!$&'()*+,;=:[]<>\"".contains(&b)
+}
+
+/// A byte a request-target holds as it is: RFC 3986's pchar and `/`, the
+/// query's `?` aside (`%` is checked apart).
+fn target_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b)
+}
+
+/// The request-target of the action's `path`, as the kubelet's request
+/// would carry it: rooted, its fragment dropped, and what a target cannot
+/// hold percent-encoded. A scheme and host in it (`http://x/y`) are the
+/// kubelet's to replace: its path stays. Control characters, which the
+/// kubelet's URL parser refuses too, are refused (the kubelet then sends
+/// them percent-encoded; they name no path any server serves).
+fn request_target(path: &str) -> Result<String, String> {
+    if path.bytes().any(is_ctl) {
+        return Err(format!(
+            "parse {path:?}: net/url: invalid control character in URL"
+        ));
+    }
+    let escape = |part: &str, keep: &dyn Fn(u8) -> bool| -> String {
+        let mut out = String::with_capacity(part.len());
+        for b in part.bytes() {
+            if keep(b) {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    };
+    let valid_escapes = {
+        let b = path.as_bytes();
+        b.iter().enumerate().all(|(i, c)| {
+            *c != b'%'
+                || (b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        })
+    };
+    let target = if valid_escapes {
+        let reference = path.split('#').next().unwrap_or_default();
+        // `scheme://host` or `//host` before the path: the kubelet puts its
+        // own in their place.
+        let rest = match scheme_of(reference) {
+            Some((_, rest)) if rest.starts_with("//") => rest,
+            _ => reference,
+        };
+        let rest = match rest.strip_prefix("//") {
+            Some(after) => &after[after.find(['/', '?']).unwrap_or(after.len())..],
+            None => rest,
+        };
+        let (p, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        let keep = |b: u8| target_byte(b) || b == b'%';
+        let mut t = String::from(if p.starts_with('/') { "" } else { "/" });
+        t.push_str(&escape(p, &keep));
+        if let Some(q) = query {
+            t.push('?');
+            t.push_str(&escape(q, &|b| keep(b) || b == b'?'));
+        }
+        t
+    } else {
+        // Go's parser refuses a bad escape, and the kubelet then takes the
+        // whole of it as the path, escaped (`%zz?x` is `/%25zz%3Fx`).
+        let prefix = if path.starts_with('/') { "" } else { "/" };
+        format!("{prefix}{}", escape(path, &target_byte))
+    };
+    // Every byte is one a target may hold; the parser's word is final.
+    http::uri::PathAndQuery::try_from(target.as_str())
+        .map_err(|e| format!("parse {path:?}: {e}"))?;
+    Ok(target)
+}
+
+/// The action's headers, as Go's `http.Header` holds them: canonical names,
+/// checked as Go's client checks them before it sends anything.
+#[derive(Debug)]
+struct Headers {
+    /// Every header but `Host`, by canonical name (Go writes them sorted).
+    fields: BTreeMap<String, Vec<HeaderValue>>,
+    /// The action's `Host`, when it names a non-empty one; empty where Go
+    /// finds it no valid host (it then sends an empty one).
+    host: Option<String>,
+}
+
+impl Headers {
+    fn of(given: &[(String, String)]) -> Result<Self, String> {
+        let mut by_name: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for (name, value) in given {
+            if name.is_empty() || !name.bytes().all(token_byte) {
+                return Err(format!("net/http: invalid header field name {name:?}"));
+            }
+            let name = canonical(name);
+            if value.bytes().any(|b| is_ctl(b) && b != b'\t') {
+                return Err(format!("net/http: invalid header field value for {name:?}"));
+            }
+            by_name.entry(name).or_default().push(value);
+        }
+        let host = by_name
+            .remove("Host")
+            .and_then(|v| v.first().map(|h| (*h).to_owned()))
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                if h.bytes().all(host_header_byte) {
+                    h
+                } else {
+                    String::new()
+                }
+            });
+        // The kubelet's `newProbeRequest`: its user agent and `Accept: */*`
+        // unless named; an empty `Accept` is none at all.
+        if !by_name.contains_key("User-Agent") {
+            by_name.insert("User-Agent".into(), vec![USER_AGENT]);
+        }
+        match by_name.get("Accept") {
+            None => {
+                by_name.insert("Accept".into(), vec!["*/*"]);
+            }
+            Some(v) if v.first().is_some_and(|a| a.is_empty()) => {
+                by_name.remove("Accept");
+            }
+            Some(_) => {}
+        }
+        let mut fields = BTreeMap::new();
+        for (name, values) in by_name {
+            // Go writes these itself, or never from the header map.
+            if matches!(
+                name.as_str(),
+                "Content-Length" | "Transfer-Encoding" | "Trailer"
+            ) {
+                continue;
+            }
+            let values = values
+                .into_iter()
+                .map(|v| HeaderValue::from_bytes(v.as_bytes()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| format!("net/http: invalid header field value for {name:?}"))?;
+            fields.insert(name, values);
+        }
+        Ok(Self { fields, host })
+    }
+
+    /// The request to `at` with `host` as its `Host`, as Go's client writes
+    /// it: `Host`, `User-Agent` (its first value, none when empty), the rest
+    /// sorted by name, `Connection: close`.
+    fn request(
+        &self,
+        at: &Target,
+        host: &str,
+        referer: Option<String>,
+    ) -> Result<http::Request<Empty<Bytes>>, String> {
+        let mut map = HeaderMap::new();
+        let header = |n: &str| HeaderName::from_bytes(n.as_bytes()).map_err(|e| e.to_string());
+        map.insert(
+            http::header::HOST,
+            HeaderValue::from_bytes(host.as_bytes()).map_err(|e| e.to_string())?,
+        );
+        if let Some(ua) = self
+            .fields
+            .get("User-Agent")
+            .and_then(|v| v.first())
+            .filter(|v| !v.is_empty())
+        {
+            map.insert(http::header::USER_AGENT, ua.clone());
+        }
+        let mut fields = self.fields.clone();
+        if let Some(r) = referer.filter(|_| !fields.contains_key("Referer")) {
+            let r = HeaderValue::from_bytes(r.as_bytes()).map_err(|e| e.to_string())?;
+            fields.insert("Referer".into(), vec![r]);
+        }
+        let mut closes = false;
+        for (name, values) in &fields {
+            if name == "User-Agent" {
+                continue;
+            }
+            let name = header(name)?;
+            for v in values {
+                if name == http::header::CONNECTION {
+                    closes |= v.to_str().is_ok_and(|v| {
+                        v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
+                    });
+                }
+                map.append(name.clone(), v.clone());
+            }
+        }
+        if !closes {
+            map.append(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        let uri: http::Uri = at
+            .target
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+        let mut request = http::Request::new(Empty::new());
+        *request.uri_mut() = uri;
+        *request.headers_mut() = map;
+        Ok(request)
+    }
+}
+
+/// A byte of an HTTP token: what a header's name is made of.
+fn token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Go's canonical form of a valid header name: `x-custom-id` is `X-Custom-Id`.
+fn canonical(name: &str) -> String {
+    let mut upper = true;
+    name.chars()
+        .map(|c| {
+            let c = if upper {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            };
+            upper = c == '-';
+            c
+        })
+        .collect()
+}
+
+/// The parts of an answer a probe uses.
 struct Reply {
     code: u16,
     location: Option<String>,
-    /// The start of the body (at most 10 KiB), read for a redirect only.
-    body: Vec<u8>,
+    /// The start of its body (at most [`BODY_MAX`]), or why it could not be read.
+    body: Result<Vec<u8>, String>,
 }
 
-/// The most of a redirect's body kept, as the kubelet's prober reads.
-const BODY_MAX: usize = 10 << 10;
-
-/// One GET on the connection `s`.
+/// One request on a connection of its own to `at`.
 async fn exchange(
-    mut s: impl AsyncRead + AsyncWrite + Unpin,
-    host: &str,
-    port: u16,
-    path: &str,
-    headers: &[(String, String)],
-) -> std::io::Result<Reply> {
-    let mut req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n"
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await?;
-    // The status line and headers, up to 16 KiB.
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    let end = loop {
-        if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-            break Some(at);
-        }
-        if head.len() >= 16 << 10 {
-            break None;
-        }
-        let m = read_some(&mut s, &mut buf).await?;
-        if m == 0 {
-            break None;
-        }
-        head.extend_from_slice(&buf[..m]);
-    };
-    let (head, mut body) = match end {
-        Some(at) => (head[..at].to_vec(), head[at + 4..].to_vec()),
-        None => (head, Vec::new()),
-    };
-    let text = String::from_utf8_lossy(&head);
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
-    let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .filter(|l| l.starts_with("HTTP/"))
-        .ok_or_else(bad)?;
-    let code: u16 = status
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(bad)?;
-    let fields: Vec<(&str, &str)> = lines
-        .take_while(|l| !l.is_empty())
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim(), v.trim()))
-        .collect();
-    let field = |name: &str| {
-        fields
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| *v)
-    };
-    let location = field("location").map(str::to_owned);
-    if (300..400).contains(&code) && end.is_some() {
-        // Up to its length, or to the end of the connection (`Connection: close`).
-        let want = field("content-length")
-            .and_then(|l| l.parse::<usize>().ok())
-            .unwrap_or(BODY_MAX)
-            .min(BODY_MAX);
-        while body.len() < want {
-            let m = read_some(&mut s, &mut buf).await?;
-            if m == 0 {
-                break;
-            }
-            body.extend_from_slice(&buf[..m]);
-        }
-        body.truncate(want);
+    at: &Target,
+    request: Result<http::Request<Empty<Bytes>>, String>,
+    netns: Option<&Path>,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    let request = request?;
+    let tcp = dial(netns, &at.host, at.port, timeout)
+        .await
+        .map_err(|e| match &e {
+            DialError::Namespace { .. } => e.to_string(),
+            DialError::Connect(io) => format!(
+                "dial tcp {}: {}",
+                super::handler::authority(&at.host, at.port),
+                super::handler::io_text(io)
+            ),
+        })?;
+    if at.scheme == "https" {
+        let tls = super::tls::connect(&at.host, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        send(EofEnds(tls), request).await
     } else {
-        body.clear();
+        send(tcp, request).await
     }
-    Ok(Reply {
-        code,
-        location,
-        body,
-    })
 }
 
-/// A read where a TLS peer that closes without its close_notify (as many
+/// Sends `request` over `io` with hyper's HTTP/1 client and reads the answer.
+async fn send<T>(io: T, request: http::Request<Empty<Bytes>>) -> Result<Reply, String>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        // Names as Go writes them (`User-Agent`), which some servers expect.
+        .title_case_headers(true)
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| hyper_text(&e))?;
+    let work = async {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| hyper_text(&e))?;
+        let code = response.status().as_u16();
+        let location = response
+            .headers()
+            .get(http::header::LOCATION)
+            .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+        let body = read_at_most(response.into_body(), BODY_MAX).await;
+        Ok(Reply {
+            code,
+            location,
+            body,
+        })
+    };
+    // The connection is driven beside the exchange, in this task: nothing of
+    // it outlives the probe. Once it ends, what it delivered is read.
+    let mut conn = std::pin::pin!(conn);
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        r = &mut work => r,
+        _ = &mut conn => work.await,
+    }
+}
+
+/// The first `max` bytes of `body`.
+async fn read_at_most(mut body: hyper::body::Incoming, max: usize) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        match body.frame().await {
+            None => break,
+            Some(Err(e)) if cut_short(&e) => return Err("unexpected EOF".into()),
+            Some(Err(e)) => return Err(hyper_text(&e)),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    let room = max - out.len();
+                    out.extend_from_slice(&data[..data.len().min(room)]);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A body that ended before its length: Go's `unexpected EOF`.
+fn cut_short(e: &hyper::Error) -> bool {
+    e.is_incomplete_message()
+        || std::error::Error::source(e)
+            .and_then(|c| c.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
+}
+
+/// A hyper error with its cause, which its own words leave out.
+fn hyper_text(e: &hyper::Error) -> String {
+    if e.is_incomplete_message() {
+        // Go's words for a connection closed before its answer.
+        return "EOF".into();
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
+/// A TLS stream where a peer that closes without its close_notify (as many
 /// servers do after `Connection: close`) ends the stream, as Go's client
 /// takes it.
-async fn read_some(s: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> std::io::Result<usize> {
-    match s.read(buf).await {
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
-        r => r,
+struct EofEnds<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for EofEnds<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_read(cx, buf) {
+            Poll::Ready(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for EofEnds<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::local_target;
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
+    use std::sync::{Arc, Mutex};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn get<'a>(port: u16, path: &'a str, headers: &'a [(String, String)]) -> Get<'a> {
+        Get {
+            https: false,
+            host: "127.0.0.1",
+            port,
+            path,
+            headers,
+        }
+    }
+
+    fn headers(h: &[(&str, &str)]) -> Vec<(String, String)> {
+        h.iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// A listener no request may reach: whether anything connected to it.
+    struct Untouched(std::net::TcpListener);
+
+    impl Untouched {
+        fn new() -> (Self, u16) {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.set_nonblocking(true).unwrap();
+            let port = l.local_addr().unwrap().port();
+            (Self(l), port)
+        }
+
+        fn reached(&self) -> bool {
+            self.0.accept().is_ok()
+        }
+    }
+
+    /// What a server got: every request's head, as it came.
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    /// A server on loopback that answers each request with what `answer`
+    /// makes of its target and the server's port; what it got is kept.
+    async fn server(answer: fn(&str, u16) -> String) -> (u16, Seen) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen: Seen = Arc::default();
+        let kept = Arc::clone(&seen);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut c, _)) = listener.accept().await else {
+                    return;
+                };
+                let kept = Arc::clone(&kept);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 1 << 16 {
+                        match c.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                    kept.lock().unwrap().push(head);
+                    let _ = c.write_all(answer(&target, port).as_bytes()).await;
+                    let _ = c.shutdown().await;
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    fn ok(_: &str, _: u16) -> String {
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into()
+    }
+
+    /// Finding 2 of issue 51: CR LF in a path wrote a second request, with a
+    /// body, to any loopback service. Every control character in a path is
+    /// refused, with the words of the kubelet's URL parser, and nothing
+    /// reaches the server.
+    #[tokio::test]
+    async fn a_control_character_in_a_path_is_refused_and_nothing_is_sent() {
+        let (listener, port) = Untouched::new();
+        let smuggled =
+            "/x HTTP/1.1\r\nHost: a\r\n\r\nPOST /apis HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        for path in [smuggled, "/x\n", "/x\r", "/x\0", "/x\x1b", "/x\x7f", "/x\t"] {
+            let e = http_get(&get(port, path, &[]), None, SECOND)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, HttpError::Unbuildable(_)), "{path:?}: {e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!("parse {path:?}: net/url: invalid control character in URL")
+            );
+        }
+        assert!(!listener.reached(), "a request went out");
+    }
+
+    /// A header name or value with control characters (a tab aside, as Go
+    /// allows), the `Host` header's included, is refused with the words of
+    /// Go's client, and nothing reaches the server.
+    #[tokio::test]
+    async fn a_control_character_in_a_header_is_refused_and_nothing_is_sent() {
+        let (listener, port) = Untouched::new();
+        let url = format!("http://127.0.0.1:{port}/x");
+        let cases = [
+            (
+                headers(&[("x-a", "v\r\nX-Evil: 1")]),
+                "net/http: invalid header field value for \"X-A\"",
+            ),
+            (
+                headers(&[("X-A", "v\0")]),
+                "net/http: invalid header field value for \"X-A\"",
+            ),
+            (
+                headers(&[("X-A", "v\x7f")]),
+                "net/http: invalid header field value for \"X-A\"",
+            ),
+            (
+                headers(&[("X\r\nA", "v")]),
+                "net/http: invalid header field name \"X\\r\\nA\"",
+            ),
+            (
+                headers(&[("X A", "v")]),
+                "net/http: invalid header field name \"X A\"",
+            ),
+            (
+                headers(&[("Host", "a\r\n\r\nGET /admin HTTP/1.1")]),
+                "net/http: invalid header field value for \"Host\"",
+            ),
+        ];
+        for (given, words) in &cases {
+            let e = http_get(&get(port, "/x", given), None, SECOND)
+                .await
+                .unwrap_err();
+            assert_eq!(e.to_string(), format!("Get {url:?}: {words}"), "{given:?}");
+        }
+        assert!(!listener.reached(), "a request went out");
+    }
+
+    /// A host with control characters (or anything else a URL's host cannot
+    /// hold) is refused as the kubelet's request building refuses it, and
+    /// nothing is dialled.
+    #[tokio::test]
+    async fn a_control_character_in_a_host_is_refused_and_nothing_is_sent() {
+        let (listener, port) = Untouched::new();
+        for (host, words) in [
+            (
+                "127.0.0.1\r\nX-Evil",
+                format!(
+                    "parse \"http://127.0.0.1%0D%0AX-Evil:{port}/x\": invalid URL escape \"%0D\""
+                ),
+            ),
+            (
+                "127.0.0.1\0",
+                format!("parse \"http://127.0.0.1%00:{port}/x\": invalid URL escape \"%00\""),
+            ),
+            (
+                "127.0.0.1/x",
+                format!("parse \"http://127.0.0.1%2Fx:{port}/x\": invalid URL escape \"%2F\""),
+            ),
+            (
+                "a b",
+                format!("parse \"http://a%20b:{port}/x\": invalid URL escape \"%20\""),
+            ),
+        ] {
+            let mut g = get(port, "/x", &[]);
+            g.host = host;
+            let e = http_get(&g, None, SECOND).await.unwrap_err();
+            assert!(matches!(e, HttpError::Unbuildable(_)), "{host:?}: {e:?}");
+            assert_eq!(e.to_string(), words);
+        }
+        assert!(!listener.reached(), "a request went out");
+    }
+
+    /// The request goes out as Go's client writes the kubelet's: `Host`,
+    /// the kubelet's user agent, the rest by name, `Connection: close`, no
+    /// body and no length.
+    #[tokio::test]
+    async fn the_request_is_the_kubelets() {
+        let (port, seen) = server(ok).await;
+        let given = headers(&[("x-custom-id", "a\tb"), ("Authorization", "Bearer t")]);
+        let got = http_get(&get(port, "/a b?c=d e#frag", &given), None, SECOND)
+            .await
+            .unwrap();
+        assert_eq!(got, HttpOutcome::Status(200));
+        assert_eq!(
+            seen.lock().unwrap().as_slice(),
+            [format!(
+                "GET /a%20b?c=d%20e HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+                 User-Agent: kube-probe/1.37\r\nAccept: */*\r\nAuthorization: Bearer t\r\n\
+                 X-Custom-Id: a\tb\r\nConnection: close\r\n\r\n"
+            )]
+        );
+    }
+
+    /// The action's own `Host`, `User-Agent` and `Accept` replace the
+    /// kubelet's; an empty `Accept` sends none; a `Content-Length` is never
+    /// the action's to send.
+    #[tokio::test]
+    async fn the_actions_own_host_agent_and_accept_are_sent() {
+        let (port, seen) = server(ok).await;
+        let given = headers(&[
+            ("host", "pod.example:8443"),
+            ("User-Agent", "mine/1"),
+            ("Accept", ""),
+            ("Content-Length", "5"),
+        ]);
+        http_get(&get(port, "healthz", &given), None, SECOND)
+            .await
+            .unwrap();
+        let given = headers(&[("Host", "bad host/"), ("Accept", "text/plain")]);
+        http_get(&get(port, "/", &given), None, SECOND)
+            .await
+            .unwrap();
+        assert_eq!(
+            seen.lock().unwrap().as_slice(),
+            [
+                "GET /healthz HTTP/1.1\r\nHost: pod.example:8443\r\nUser-Agent: mine/1\r\n\
+                 Connection: close\r\n\r\n"
+                    .to_owned(),
+                // Go sends an empty Host for one that is no host.
+                "GET / HTTP/1.1\r\nHost: \r\nUser-Agent: kube-probe/1.37\r\n\
+                 Accept: text/plain\r\nConnection: close\r\n\r\n"
+                    .to_owned(),
+            ]
+        );
+    }
 
     #[test]
-    fn only_redirects_to_the_same_host_are_followed() {
+    fn a_path_is_the_request_target_the_kubelet_sends() {
+        for (path, target) in [
+            ("/healthz", "/healthz"),
+            ("healthz", "/healthz"),
+            ("", "/"),
+            ("/a b", "/a%20b"),
+            ("/x?a=1&b=2", "/x?a=1&b=2"),
+            ("/x#frag", "/x"),
+            ("/a%2Fb", "/a%2Fb"),
+            ("/é", "/%C3%A9"),
+            ("/{json}", "/%7Bjson%7D"),
+            ("http://elsewhere:9/x?y", "/x?y"),
+            ("//elsewhere/x", "/x"),
+            ("%zz?x", "/%25zz%3Fx"),
+            ("?q", "/?q"),
+        ] {
+            assert_eq!(request_target(path).as_deref(), Ok(target), "{path:?}");
+        }
+    }
+
+    fn redirect(to: &str) -> String {
+        let body = format!("<a href=\"{to}\">Found</a>.");
+        format!(
+            "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// Redirects on the same host are followed (relative, absolute, to
+    /// another port), each request naming the last as its `Referer`; one
+    /// elsewhere ends the chain with the start of its body.
+    #[tokio::test]
+    async fn redirects_are_followed_on_the_same_host_only() {
+        fn answer(target: &str, port: u16) -> String {
+            match target {
+                "/start" => redirect("next"),
+                "/next" => redirect(&format!("http://127.0.0.1:{port}/last?x=1")),
+                "/last?x=1" => ok(target, port),
+                "/away" => redirect("http://0.0.0.0/"),
+                _ => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".into(),
+            }
+        }
+        let (port, seen) = server(answer).await;
+        let got = http_get(&get(port, "/start", &[]), None, SECOND)
+            .await
+            .unwrap();
+        assert_eq!(got, HttpOutcome::Status(200));
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 3, "{seen:?}");
+            assert!(seen[1].starts_with("GET /next HTTP/1.1\r\n"), "{seen:?}");
+            assert!(
+                seen[1].contains(&format!("\r\nReferer: http://127.0.0.1:{port}/start\r\n")),
+                "{seen:?}"
+            );
+            assert!(
+                seen[2].starts_with("GET /last?x=1 HTTP/1.1\r\n"),
+                "{seen:?}"
+            );
+        }
+        let got = http_get(&get(port, "/away", &[]), None, SECOND)
+            .await
+            .unwrap();
         assert_eq!(
-            local_target(false, "10.0.0.5", 8080, "/healthz"),
-            Some((false, 8080, "/healthz".into()))
+            got,
+            HttpOutcome::Redirected {
+                body: "<a href=\"http://0.0.0.0/\">Found</a>.".into()
+            }
         );
         assert_eq!(
-            local_target(true, "10.0.0.5", 8080, "http://10.0.0.5:9090/x?y=1"),
-            Some((false, 9090, "/x?y=1".into()))
+            seen.lock().unwrap().len(),
+            4,
+            "the redirect elsewhere was followed"
         );
+        let got = http_get(&get(port, "/missing", &[]), None, SECOND)
+            .await
+            .unwrap();
+        assert_eq!(got, HttpOutcome::Status(404));
+    }
+
+    /// Go's client makes ten requests of a chain at most.
+    #[tokio::test]
+    async fn a_chain_of_redirects_stops_after_ten() {
+        fn answer(target: &str, _: u16) -> String {
+            let n: u32 = target.trim_start_matches('/').parse().unwrap_or(0);
+            redirect(&format!("/{}", n + 1))
+        }
+        let (port, seen) = server(answer).await;
+        let e = http_get(&get(port, "/0", &[]), None, SECOND)
+            .await
+            .unwrap_err();
+        assert_eq!(e.to_string(), "Get \"/10\": stopped after 10 redirects");
+        assert_eq!(seen.lock().unwrap().len(), 10);
+    }
+
+    /// At most 10 KiB of a redirect's body is kept, and a body cut short
+    /// fails as the kubelet's reading fails.
+    #[tokio::test]
+    async fn a_body_is_read_to_10_kib_at_most() {
+        fn answer(target: &str, _: u16) -> String {
+            match target {
+                "/big" => {
+                    let body = "y".repeat(1 << 20);
+                    format!(
+                        "HTTP/1.1 302 Found\r\nLocation: http://elsewhere/\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                }
+                // Shorter than it says.
+                _ => "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort".into(),
+            }
+        }
+        let (port, _) = server(answer).await;
+        let got = http_get(&get(port, "/big", &[]), None, SECOND)
+            .await
+            .unwrap();
         assert_eq!(
-            local_target(false, "10.0.0.5", 8080, "http://10.0.0.5"),
-            Some((false, 80, "/".into()))
+            got,
+            HttpOutcome::Redirected {
+                body: "y".repeat(10 << 10)
+            }
         );
-        assert_eq!(
-            local_target(false, "10.0.0.5", 8080, "https://10.0.0.5/x"),
-            Some((true, 443, "/x".into()))
+        let e = http_get(&get(port, "/short", &[]), None, SECOND)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, HttpError::Body(w) if w == "unexpected EOF"),
+            "{e:?}"
         );
+    }
+
+    /// A server that never answers fails the GET when its timeout ends, in
+    /// Go's client's words.
+    #[tokio::test]
+    async fn a_silent_server_fails_when_the_timeout_ends() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                held.push(c);
+            }
+        });
+        let e = http_get(&get(port, "/x", &[]), None, Duration::from_millis(300))
+            .await
+            .unwrap_err();
         assert_eq!(
-            local_target(false, "10.0.0.5", 8080, "http://0.0.0.0/healthz"),
-            None
+            e.to_string(),
+            format!(
+                "Get \"http://127.0.0.1:{port}/x\": context deadline exceeded \
+                 (Client.Timeout exceeded while awaiting headers)"
+            )
         );
+        let (_closed, port) = Untouched::new();
+        drop(_closed);
+        let e = http_get(&get(port, "/x", &[]), None, SECOND)
+            .await
+            .unwrap_err();
         assert_eq!(
-            local_target(false, "10.0.0.5", 8080, "ftp://10.0.0.5/"),
-            None
+            e.to_string(),
+            format!(
+                "Get \"http://127.0.0.1:{port}/x\": dial tcp 127.0.0.1:{port}: connect: connection refused"
+            )
         );
+    }
+
+    /// A TLS server on loopback with a self-signed certificate (no node
+    /// would trust it), closing without its close_notify, answering with no
+    /// length: the body ends with the connection.
+    async fn self_signed_https_server() -> u16 {
+        use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+        let ck = rcgen::generate_simple_self_signed(vec!["pod.example".to_owned()]).unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![ck.cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(c).await else {
+                        return;
+                    };
+                    let mut buf = [0u8; 2048];
+                    let _ = tls.read(&mut buf).await;
+                    let _ = tls
+                        .write_all(b"HTTP/1.1 302 Found\r\nConnection: close\r\n\r\nmoved")
+                        .await;
+                    let _ = tls.flush().await;
+                    // No close_notify: the TCP connection just ends.
+                    let (tcp, _) = tls.into_inner();
+                    drop(tcp);
+                });
+            }
+        });
+        port
+    }
+
+    /// `scheme: HTTPS` skips verifying the certificate; a server that does
+    /// not speak TLS fails.
+    #[tokio::test]
+    async fn https_skips_verifying_and_needs_tls() {
+        let port = self_signed_https_server().await;
+        let mut g = get(port, "/ready", &[]);
+        g.https = true;
+        let got = http_get(&g, None, Duration::from_secs(5)).await.unwrap();
         assert_eq!(
-            local_target(false, "10.0.0.5", 8080, "http://10.0.0.5:notaport/"),
-            None
+            got,
+            HttpOutcome::Redirected {
+                body: "moved".into()
+            }
+        );
+        let (plain, _) = server(ok).await;
+        g.port = plain;
+        let e = http_get(&g, None, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("Get \"https://127.0.0.1:{plain}/ready\": ")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_location_resolves_against_the_current_url() {
+        let at = Target::first(&get(8080, "/a/b?q", &[])).unwrap();
+        let to = |l: &str| at.resolve(l).map(|t| (t.scheme, t.host, t.port, t.target));
+        let ok = |s: &str, h: &str, p: u16, t: &str| Ok((s.into(), h.into(), p, t.into()));
+        assert_eq!(to("/healthz"), ok("http", "127.0.0.1", 8080, "/healthz"));
+        assert_eq!(to("c"), ok("http", "127.0.0.1", 8080, "/a/c"));
+        assert_eq!(to("../c?d"), ok("http", "127.0.0.1", 8080, "/c?d"));
+        assert_eq!(to("?z"), ok("http", "127.0.0.1", 8080, "/a/b?z"));
+        assert_eq!(
+            to("https://127.0.0.1:9090/x?y=1"),
+            ok("https", "127.0.0.1", 9090, "/x?y=1")
+        );
+        assert_eq!(to("http://127.0.0.1"), ok("http", "127.0.0.1", 80, "/"));
+        assert_eq!(to("//[::1]:7/x"), ok("http", "::1", 7, "/x"));
+        assert_eq!(to("HTTP://0.0.0.0/h"), ok("http", "0.0.0.0", 80, "/h"));
+        assert_eq!(to("ftp://10.0.0.5/").map(|t| t.0), Ok("ftp".into()));
+        assert_eq!(
+            to("http://127.0.0.1:notaport/"),
+            Err("invalid port \":notaport\" after host".into())
+        );
+        assert_eq!(to("mailto:x").map(|t| t.1), Ok(String::new()));
+    }
+
+    /// Finding 6 of issue 51: with the Pod's namespace, `127.0.0.1` is the
+    /// Pod's loopback: the GET reaches the server inside it and not the one
+    /// on the host's loopback at the same port. Root only.
+    #[tokio::test]
+    async fn a_get_from_a_pod_namespace_reaches_the_pods_loopback() {
+        let host_side = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        host_side.set_nonblocking(true).unwrap();
+        let port = host_side.local_addr().unwrap().port();
+        let Some((_ns, path, inside)) = super::super::dial::tests::namespace_with_listener(port)
+        else {
+            return;
+        };
+        let served = std::thread::spawn(move || {
+            super::super::dial::tests::answer_one(
+                &inside,
+                Duration::from_secs(5),
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+            )
+        });
+        let got = http_get(&get(port, "/", &[]), Some(&path), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got, HttpOutcome::Status(204));
+        assert!(served.join().unwrap());
+        assert!(
+            host_side.accept().is_err(),
+            "the host's loopback was reached"
         );
     }
 }

@@ -10,7 +10,6 @@ use rustix::process::Signal;
 use tokio::time::Instant;
 use vkd_provider::{ContainerSpec, Handler};
 
-use super::handler::Verdict;
 use super::{Ended, Run, Shim, after};
 use crate::procfs::ProcessId;
 use crate::sandbox::Launch;
@@ -82,7 +81,7 @@ impl Shim {
         if let Some(h) = pre_stop {
             // The hook bounds itself by `grace`; an outer timeout would drop it
             // half way and leave its process unreaped.
-            if let Verdict::Failure(why) = self.handle(h, launch, spec, grace).await {
+            if let Some(why) = self.handle(h, launch, spec, grace).await.failure() {
                 self.record_event(
                     &spec.name,
                     true,
