@@ -77,13 +77,17 @@ pub fn build_provider(cfg: &Config) -> Result<Arc<dyn Provider>, Error> {
 /// Reserves `ports` (each with what serves it) host-wide for good
 /// (`--host-port-reservations`): the process provider of every vkd on the
 /// host refuses them as a Pod's hostPort, also while this vkd restarts and
-/// nothing listens on them. The process provider runs as root and must
-/// reserve; another may run as a user that cannot write there, and says so.
+/// nothing listens on them. The process provider run as root (the only one
+/// that gives Pods host ports) must reserve; any other vkd may run as a user
+/// that cannot write there, and says so.
 fn reserve_ports(cfg: &Config, ports: &BTreeMap<u16, String>) -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
     let reservations = vkd_process::hostport::Reservations::new(&cfg.host_port_reservations);
+    // /proc/self is owned by the process's effective user.
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
     match reservations.reserve(ports, &cfg.node_name) {
         Ok(()) => Ok(()),
-        Err(e) if cfg.provider == config::ProviderKind::Process => Err(Error::Provider {
+        Err(e) if cfg.provider == config::ProviderKind::Process && root => Err(Error::Provider {
             provider: "process",
             message: format!("reserving vkd's ports on the host: {e}"),
         }),

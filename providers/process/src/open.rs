@@ -190,6 +190,7 @@ impl ProcessProvider {
                 network,
             }),
         };
+        provider.upgrade_sandboxes();
         Ok(provider)
     }
 

@@ -473,6 +473,73 @@ impl ProcessProvider {
     }
 }
 
+impl ProcessProvider {
+    /// Brings the sandboxes of Pods a vkd before this one made up to what
+    /// holds now, with namespaces: only root enters a sandbox, `volumes/` is
+    /// root's, and each container's mount plan is written again (the shim
+    /// reads it at each start), so no container started from here on sees
+    /// the sandbox or binds a volume through a link. A volume the Pod already
+    /// replaced with a link is refused at its next start, never followed.
+    /// Best effort: what fails is said on stderr and the Pod left as it was.
+    pub(crate) fn upgrade_sandboxes(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        if !self.inner.isolated {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.pods_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if !kind.is_dir() {
+                continue;
+            }
+            let sb = Sandbox::new(entry.path());
+            let Ok(Some(shim)) = sb.read_spec() else {
+                continue;
+            };
+            if !shim.isolated {
+                continue;
+            }
+            let upgraded =
+                std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(0o700))
+                    .and_then(|()| {
+                        let volumes = sb.volumes();
+                        match volumes.symlink_metadata() {
+                            Ok(m) if m.is_dir() => {
+                                std::os::unix::fs::lchown(&volumes, Some(0), Some(0))?;
+                                std::fs::set_permissions(
+                                    &volumes,
+                                    std::fs::Permissions::from_mode(0o755),
+                                )
+                            }
+                            // A Pod replaced it: its containers' binds are refused.
+                            Ok(_) => std::fs::remove_file(&volumes)
+                                .and_then(|()| std::fs::create_dir(&volumes)),
+                            Err(_) => Ok(()),
+                        }
+                    })
+                    .and_then(|()| {
+                        self.write_mount_plans(
+                            &sb,
+                            &shim.spec,
+                            &shim.containers,
+                            shim.pod_ip.as_deref(),
+                        )
+                    });
+            if let Err(e) = upgraded {
+                // The provider has no logger of its own; vkd keeps stderr.
+                eprintln!(
+                    "process provider: the sandbox {} could not be brought up to date: {e}",
+                    sb.dir.display()
+                );
+            }
+        }
+    }
+}
+
 /// The Pod's memory limit, the sum of its containers' where each has one
 /// (an init container's alone where it is larger), as the kubelet reckons it.
 fn pod_memory_limit(spec: &InstanceSpec) -> Option<u64> {

@@ -637,3 +637,59 @@ async fn a_mount_inside_a_volume_is_made_in_it_and_never_through_a_link() {
     remove(&p, uid).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A sandbox an older vkd made (its `volumes/` the Pod user's, the sandbox
+/// open to every user and bound into each container by its plan) is
+/// brought up to date when the provider opens, so a container that starts
+/// again after an upgrade gets what a new one gets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_an_older_vkd_made_is_brought_up_to_date_at_open() {
+    use std::os::unix::fs::MetadataExt;
+    let Some((p, dir)) = isolated() else { return };
+    let uid = "u-boundary-upgrade";
+    let mut s = spec(uid, &["sleep", "3713"]);
+    s.volumes = vec![Volume {
+        name: "data".into(),
+        source: VolumeSource::EmptyDir {
+            size_limit: None,
+            memory: false,
+        },
+    }];
+    s.containers[0].mounts = vec![Mount {
+        volume: "data".into(),
+        path: "/data".into(),
+        sub_path: None,
+        read_only: false,
+    }];
+    p.create(&fence(), &s).await.unwrap();
+    running(&p, uid).await;
+    let sb = std::fs::canonicalize(&dir).unwrap().join("pods").join(uid);
+    // What an older vkd left behind.
+    std::os::unix::fs::lchown(sb.join("volumes"), Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&sb, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plan_file = sb.join("mounts/0.json");
+    let mut plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plan_file).unwrap()).unwrap();
+    plan["binds"].as_array_mut().unwrap().insert(
+        0,
+        serde_json::json!({"source": sb, "target": sb, "read_only": false}),
+    );
+    std::fs::write(&plan_file, serde_json::to_vec(&plan).unwrap()).unwrap();
+    drop(p);
+    let p = ProcessProvider::open(common::config(), &dir, common::shim_exe()).unwrap();
+    assert_eq!(std::fs::metadata(sb.join("volumes")).unwrap().uid(), 0);
+    assert_eq!(std::fs::metadata(&sb).unwrap().mode() & 0o777, 0o700);
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plan_file).unwrap()).unwrap();
+    let binds = plan["binds"].as_array().unwrap();
+    assert!(
+        binds.iter().all(|b| b["source"] != serde_json::json!(sb)),
+        "{plan}"
+    );
+    assert!(
+        binds.iter().any(|b| b["target"] == "/data"),
+        "the volume is still bound: {plan}"
+    );
+    remove(&p, uid).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
