@@ -544,10 +544,9 @@ fn a_tenant_stays_in_its_sandbox(c: &Cluster) -> Result<()> {
             .trim()
             .parse()?;
         ensure!(procs < 10, "the host's /proc is in view: {log}");
-        ensure!(
-            log.contains("pods=0") || log.contains("pods=1"),
-            "other sandboxes in view: {log}"
-        );
+        // Not even its own sandbox: a container that saw it could put a
+        // link where its volume was (issue 51).
+        ensure!(log.contains("pods=0"), "sandboxes in view: {log}");
         ensure!(
             log.contains("no-secret") && !log.contains("s3cr3t"),
             "{log}"
