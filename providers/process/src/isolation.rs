@@ -479,39 +479,27 @@ pub(crate) const NOEXEC: u64 = 0x8;
 /// Sets `attrs` (read-only, nosuid, nodev, noexec) on the mount at `at` and
 /// every mount under it, keeping their other flags (`mount_setattr` with
 /// AT_RECURSIVE).
-#[allow(unsafe_code)]
 fn restrict(at: &Path, attrs: u64) -> Result<()> {
-    const AT_RECURSIVE: libc::c_int = 0x8000;
     let path = std::ffi::CString::new(at.as_os_str().as_encoded_bytes())
         .map_err(|_| IsolationError::Invalid(format!("{} holds a NUL byte", at.display())))?;
-    let attr = MountAttr {
-        attr_set: attrs,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: `path` is a NUL-terminated string and `attr` a mount_attr of the
-    // size passed, both alive for the call; the kernel only reads them.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(err("restricting", at)(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    mount_setattr(libc::AT_FDCWD, &path, 0, attrs).map_err(err("restricting", at))
 }
 
-/// [`restrict`] for a detached mount tree held by `tree` (`mount_setattr`
-/// with AT_EMPTY_PATH); `what` names it in an error.
-#[allow(unsafe_code)]
+/// [`restrict`] for a detached mount tree held by `tree` (AT_EMPTY_PATH);
+/// `what` names it in an error.
 fn restrict_fd(tree: &std::os::fd::OwnedFd, attrs: u64, what: &Path) -> Result<()> {
+    mount_setattr(tree.as_raw_fd(), c"", libc::AT_EMPTY_PATH, attrs)
+        .map_err(err("restricting", what))
+}
+
+/// `mount_setattr(dirfd, path, AT_RECURSIVE | flags)` setting `attrs`.
+#[allow(unsafe_code)]
+fn mount_setattr(
+    dirfd: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    attrs: u64,
+) -> std::io::Result<()> {
     const AT_RECURSIVE: libc::c_int = 0x8000;
     let attr = MountAttr {
         attr_set: attrs,
@@ -519,21 +507,21 @@ fn restrict_fd(tree: &std::os::fd::OwnedFd, attrs: u64, what: &Path) -> Result<(
         propagation: 0,
         userns_fd: 0,
     };
-    // SAFETY: the path is an empty NUL-terminated string and `attr` a
-    // mount_attr of the size passed, both alive for the call; the kernel
-    // only reads them; `tree` is an open descriptor.
+    // SAFETY: `path` is a NUL-terminated string and `attr` a mount_attr of
+    // the size passed, both alive for the call; the kernel only reads them;
+    // `dirfd` is AT_FDCWD or a descriptor the caller holds open.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            AT_RECURSIVE | libc::AT_EMPTY_PATH,
+            dirfd,
+            path.as_ptr(),
+            AT_RECURSIVE | flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if rc != 0 {
-        return Err(err("restricting", what)(std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

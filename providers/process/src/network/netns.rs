@@ -128,7 +128,7 @@ pub fn connect_in(
 }
 
 /// Moves the calling thread into the network namespace at `netns`.
-fn enter(netns: &Path) -> std::io::Result<()> {
+pub(crate) fn enter(netns: &Path) -> std::io::Result<()> {
     let f = std::fs::File::open(netns)?;
     rustix::thread::move_into_link_name_space(
         std::os::fd::AsFd::as_fd(&f),

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+use crate::network::netns::enter;
+
 /// Why a connection was not made.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum DialError {
@@ -94,16 +96,6 @@ fn connect_in(
             format!("lookup {host}: no such host"),
         )
     })))
-}
-
-/// Moves the calling thread into the network namespace at `netns`.
-fn enter(netns: &Path) -> std::io::Result<()> {
-    let f = std::fs::File::open(netns)?;
-    rustix::thread::move_into_link_name_space(
-        std::os::fd::AsFd::as_fd(&f),
-        Some(rustix::thread::LinkNameSpaceType::Network),
-    )?;
-    Ok(())
 }
 
 #[cfg(test)]
