@@ -113,9 +113,9 @@ pub fn check_allowed(
         return Ok(());
     };
     let why = if allowed.is_empty() {
-        "the node allows no hostPort (each is a DNAT rule on the host, in front of whatever \
-         serves that port there); hostPorts.allowed in the process provider config names the \
-         ports its Pods may be given"
+        "the node allows no hostPort (a hostPort is a port of the host, taken in front of \
+         whatever serves it there, as Pod Security's baseline warns); hostPorts.allowed in the \
+         process provider config names the ports its Pods may be given"
             .to_owned()
     } else {
         let list: Vec<String> = allowed.iter().map(ToString::to_string).collect();
@@ -242,12 +242,26 @@ impl Reservations {
     /// good: every hostPort check on the host refuses them from now on,
     /// whether or not anything listens.
     pub fn reserve(&self, ports: &BTreeMap<u16, String>, node: &str) -> Result<(), HostPortError> {
-        self.make_dir(&self.dir)?;
+        // Under the host's lock, as every hostPort is given out: a port is
+        // either reserved before a Pod asks, or found held by one here.
+        let _lock = self.lock()?;
         for (port, what) in ports {
             let path = self.dir.join(port.to_string());
             let line = format!("{what}, vkd of node {node}\n");
             crate::sandbox::write_atomic(&path, line.as_bytes(), 0o644)
                 .map_err(|e| self.fault(format!("{}: {e}", path.display())))?;
+        }
+        // A Pod given one of them before this vkd first reserved it would
+        // answer its traffic: said, never served silently behind it.
+        let pods = held_by_pods(&self.pods_dirs()?, Path::new(""));
+        for (pod, held) in &pods {
+            if let Some(p) = held.iter().find(|p| ports.contains_key(&p.host_port)) {
+                return Err(self.fault(format!(
+                    "port {} that vkd serves is the hostPort of {pod}: a connection to it \
+                     would reach that Pod; delete the Pod (or move vkd's port) and start again",
+                    p.host_port
+                )));
+            }
         }
         Ok(())
     }
@@ -785,11 +799,13 @@ mod tests {
         assert_eq!(m.uid(), rustix::process::geteuid().as_raw());
         // Stopped (nothing removes it), then started again.
         Reservations::new(&at).reserve(&ports, "vk-1").unwrap();
-        let names: Vec<String> = std::fs::read_dir(&at)
+        let mut names: Vec<String> = std::fs::read_dir(&at)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["10250"]);
+        names.sort();
+        // The port, and the host's lock its reservation was made under.
+        assert_eq!(names, [".lock", "10250"]);
         assert_eq!(Reservations::new(&at).reserved().unwrap().len(), 1);
         // A directory others may write is no reservation at all: refused,
         // as a fault of the host's (retried), not the Pod's.
@@ -854,6 +870,16 @@ mod tests {
         let own = held_by_pods(&dirs, &a.join("u-a"));
         assert!(check(&[port(30080, "TCP", None)], &[], &own).is_ok());
         assert!(at.register_pods(Path::new("relative/pods")).is_err());
+        // A vkd that would serve a port a Pod already holds says so at its
+        // start, naming the Pod, rather than serve behind its DNAT.
+        let serves = BTreeMap::from([(30081, "vkd's kubelet API (--kubelet-port)".to_owned())]);
+        let e = at.reserve(&serves, "vk-c").unwrap_err();
+        assert!(
+            e.to_string().contains("30081") && e.to_string().contains("u-b"),
+            "{e}"
+        );
+        let free = BTreeMap::from([(30082, "vkd's admin server (--admin-port)".to_owned())]);
+        at.reserve(&free, "vk-c").unwrap();
     }
 
     /// What this host serves now, read from /proc: a listener the test opens

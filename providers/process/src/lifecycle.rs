@@ -113,7 +113,7 @@ impl ProcessProvider {
         &self,
         spec: &InstanceSpec,
     ) -> Result<Option<hostport::HostLock>> {
-        if self.inner.network.is_none() || spec.host_network || spec.host_ports.is_empty() {
+        if spec.host_network || spec.host_ports.is_empty() {
             return Ok(None);
         }
         let refuse = |e: hostport::HostPortError| match e.reason() {
@@ -121,8 +121,14 @@ impl ProcessProvider {
             None => ProviderError::transient(e.to_string()),
         };
         let config = &self.inner.config.host_ports;
-        // The node policy first: it needs nothing from the host.
+        // The node policy first, with or without a Pod network, as Pod
+        // Security's baseline holds it: it needs nothing from the host.
         hostport::check_allowed(&spec.host_ports, &config.allowed, &spec.node).map_err(refuse)?;
+        // Without one a hostPort maps nothing: the Pod binds the host's
+        // ports itself, as any host process.
+        if self.inner.network.is_none() {
+            return Ok(None);
+        }
         let reservations = hostport::Reservations::new(&config.reservations);
         let lock = reservations.lock().map_err(refuse)?;
         let reserved = reservations.reserved().map_err(refuse)?;

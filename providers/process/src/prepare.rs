@@ -475,11 +475,14 @@ impl ProcessProvider {
 
 impl ProcessProvider {
     /// Brings the sandboxes of Pods a vkd before this one made up to what
-    /// holds now, with namespaces: only root enters a sandbox, `volumes/` is
-    /// root's, and each container's mount plan is written again (the shim
-    /// reads it at each start), so no container started from here on sees
-    /// the sandbox or binds a volume through a link. A volume the Pod already
-    /// replaced with a link is refused at its next start, never followed.
+    /// holds now, with namespaces: no one but root lists a sandbox,
+    /// `volumes/` is root's, and each container's mount plan is written
+    /// again (the shim reads it at each start), so no container started from
+    /// here on sees the sandbox or binds a volume through a link. A volume
+    /// the Pod already replaced with a link is refused at its next start,
+    /// never followed. Such a Pod's containers keep the environment they
+    /// were given (`$VKD_POD_ROOT`, `HOME`: the sandbox's path), which a
+    /// container that restarts no longer has: recreate them (docs).
     /// Best effort: what fails is said on stderr and the Pod left as it was.
     pub(crate) fn upgrade_sandboxes(&self) {
         use std::os::unix::fs::PermissionsExt;
@@ -503,8 +506,12 @@ impl ProcessProvider {
             if !shim.isolated {
                 continue;
             }
+            // 0711, not a new sandbox's 0700: a container started before
+            // has its sandbox bound in and its HOME there, and keeps both
+            // until it restarts; no one but root can list it or replace
+            // what is in it.
             let upgraded =
-                std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(0o700))
+                std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(0o711))
                     .and_then(|()| {
                         let volumes = sb.volumes();
                         match volumes.symlink_metadata() {

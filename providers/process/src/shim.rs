@@ -152,6 +152,12 @@ impl Shim {
         // its network record names, so probes never reach the host's loopback.
         if spec.netns.is_none() && spec.pod_ip.is_some() {
             spec.netns = crate::network::attachment_of(dir)?.map(|a| a.netns);
+            // A Pod with its own IP but no record of its namespace: its
+            // probes fail (this path is never there), never dial from the
+            // host's network.
+            if spec.netns.is_none() {
+                spec.netns = Some(dir.join("no-network-record"));
+            }
         }
         let wanted = spec.spec.init_containers.len() + spec.spec.containers.len();
         if spec.containers.len() != wanted {

@@ -678,7 +678,7 @@ async fn a_sandbox_an_older_vkd_made_is_brought_up_to_date_at_open() {
     drop(p);
     let p = ProcessProvider::open(common::config(), &dir, common::shim_exe()).unwrap();
     assert_eq!(std::fs::metadata(sb.join("volumes")).unwrap().uid(), 0);
-    assert_eq!(std::fs::metadata(&sb).unwrap().mode() & 0o777, 0o700);
+    assert_eq!(std::fs::metadata(&sb).unwrap().mode() & 0o777, 0o711);
     let plan: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&plan_file).unwrap()).unwrap();
     let binds = plan["binds"].as_array().unwrap();

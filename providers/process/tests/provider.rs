@@ -1125,3 +1125,27 @@ async fn a_gpu_pod_sees_exactly_the_gpus_it_was_placed_on() {
     assert!(matches!(p.admit(&two).await.unwrap(), Admission::Fits(_)));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A `hostPort` is given out by the node policy, as Pod Security's baseline
+/// asks, also on a node without a Pod network (where the Pod would bind the
+/// host's port itself): none by default, with the reason and the config
+/// field that allows it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_port_is_refused_unless_the_node_allows_it() {
+    let (p, dir) = provider();
+    let mut s = spec("u-host-port", &["sleep", "3715"]);
+    s.host_ports = vec![vkd_provider::HostPort {
+        container_port: 8080,
+        host_port: 18080,
+        protocol: "TCP".into(),
+        host_ip: None,
+    }];
+    let e = p.create(&fence(), &s).await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("HostPortNotAllowed") && text.contains("hostPorts.allowed"),
+        "{text}"
+    );
+    assert!(p.get("u-host-port").await.unwrap().is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}

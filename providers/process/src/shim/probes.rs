@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use vkd_provider::{ContainerSpec, Probe};
 
+use super::handler::Verdict;
 use super::{Shim, after, far_future};
 use crate::sandbox::Launch;
 
@@ -34,10 +35,16 @@ impl ProbeState {
         }
     }
 
-    /// Records a result; `Some(passing)` when the probe's verdict changed or holds.
-    fn record(&mut self, ok: bool) -> Option<bool> {
+    /// Records a result; `Some(passing)` when the probe's verdict changed or
+    /// holds. A probe that errored (no request the kubelet would make, a body
+    /// cut short) counts for nothing, as the kubelet's prober worker throws
+    /// such a result away: only its Event is given.
+    fn record(&mut self, verdict: &Verdict) -> Option<bool> {
         self.next = after(self.probe.period);
-        if ok {
+        if matches!(verdict, Verdict::Errored { .. }) {
+            return None;
+        }
+        if verdict.passed() {
             self.failures = 0;
             self.successes += 1;
             (self.successes >= self.probe.success_threshold).then_some(true)
@@ -109,7 +116,7 @@ impl Probes {
                 .handle(&s.probe.handler, launch, spec, s.probe.timeout)
                 .await;
             shim.probe_event(spec, "Startup", &verdict);
-            match s.record(verdict.passed()) {
+            match s.record(&verdict) {
                 Some(true) => {
                     self.started = true;
                     let begin = Instant::now();
@@ -143,7 +150,7 @@ impl Probes {
                 .handle(&l.probe.handler, launch, spec, l.probe.timeout)
                 .await;
             shim.probe_event(spec, "Liveness", &verdict);
-            if l.record(verdict.passed()) == Some(false) {
+            if l.record(&verdict) == Some(false) {
                 return ProbeOutcome::Restart(
                     format!(
                         "Container {} failed liveness probe, will be restarted",
@@ -160,7 +167,7 @@ impl Probes {
                 .handle(&r.probe.handler, launch, spec, r.probe.timeout)
                 .await;
             shim.probe_event(spec, "Readiness", &verdict);
-            if let Some(v) = r.record(verdict.passed())
+            if let Some(v) = r.record(&verdict)
                 && self.ready != Some(v)
             {
                 self.ready = Some(v);
@@ -168,5 +175,42 @@ impl Probes {
             }
         }
         ProbeOutcome::Nothing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As the kubelet's prober worker: a result that came with an error (no
+    /// request the kubelet would make, a body cut short) is thrown away,
+    /// neither a failure nor a success; a failure counts.
+    #[test]
+    fn an_errored_probe_counts_for_nothing() {
+        let probe = Probe {
+            handler: vkd_provider::Handler::TcpSocket {
+                host: None,
+                port: 80,
+            },
+            initial_delay: Duration::ZERO,
+            period: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            success_threshold: 1,
+            failure_threshold: 1,
+            termination_grace: None,
+        };
+        let mut state = ProbeState::new(&probe, Instant::now());
+        let errored = Verdict::Errored {
+            result: "failure",
+            why: "unexpected EOF".into(),
+        };
+        assert_eq!(state.record(&errored), None);
+        assert_eq!(state.failures, 0);
+        assert_eq!(
+            state.record(&Verdict::Failure("refused".into())),
+            Some(false)
+        );
+        assert_eq!(state.record(&errored), None);
+        assert_eq!(state.record(&Verdict::Success), Some(true));
     }
 }
