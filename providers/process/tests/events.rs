@@ -281,3 +281,68 @@ async fn an_https_probe_skips_verifying_the_certificate_and_needs_tls() {
     remove(&p, "u-ev-not-tls").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// As the kubelet's hook runner: an httpGet hook says `kube-lifecycle/1.37`,
+/// and any answer, a 500 too, is the hook done (only a request that fails
+/// fails it); a probe says `kube-probe/1.37`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_hook_is_the_kubelets_lifecycle_request_and_reads_no_status() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = listener.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let n = c.read(&mut buf).await.unwrap_or(0);
+                let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let _ = c
+                    .write_all(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let (p, dir) = provider();
+    let mut s = spec("u-ev-hook-ua", &["sleep", "3609"]);
+    s.containers[0].post_start = Some(Box::new(Handler::HttpGet {
+        host: Some("127.0.0.1".into()),
+        port,
+        path: "/started".into(),
+        https: false,
+        headers: Vec::new(),
+    }));
+    p.create(&fence(), &s).await.unwrap();
+    let request = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        request.starts_with("GET /started HTTP/1.1\r\n"),
+        "{request:?}"
+    );
+    assert!(
+        request.contains("\r\nuser-agent: kube-lifecycle/1.37\r\n")
+            || request.contains("\r\nUser-Agent: kube-lifecycle/1.37\r\n"),
+        "{request:?}"
+    );
+    wait_for("Running after the hook", async || {
+        let i = p.get("u-ev-hook-ua").await.unwrap()?;
+        matches!(
+            i.containers.first()?.state,
+            vkd_provider::ContainerState::Running { .. }
+        )
+        .then_some(())
+    })
+    .await;
+    let seen = events(&p, "u-ev-hook-ua").await;
+    assert!(
+        !seen.iter().any(|e| e.reason == "FailedPostStartHook"),
+        "{seen:?}"
+    );
+    remove(&p, "u-ev-hook-ua").await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -185,7 +185,11 @@ impl Shim {
         let mut changed = self.changed.subscribe();
         if let Some(h) = &spec.post_start {
             let grace = self.spec.spec.termination_grace;
-            if let Some(why) = self.handle(h, launch, spec, grace).await.failure() {
+            if let Some(why) = self
+                .handle(h, launch, spec, grace, super::handler::Purpose::Hook)
+                .await
+                .failure()
+            {
                 self.note(&format!(
                     "postStart hook failed for container {}: {why}",
                     spec.name

@@ -48,6 +48,14 @@ impl Verdict {
     }
 }
 
+/// What an action is run for: the kubelet's prober and its hook runner
+/// send different user agents and read an HTTP answer differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Purpose {
+    Probe,
+    Hook,
+}
+
 impl Shim {
     /// Runs a hook or probe action.
     pub(super) async fn handle(
@@ -56,6 +64,7 @@ impl Shim {
         launch: &Launch,
         spec: &ContainerSpec,
         timeout: Duration,
+        purpose: Purpose,
     ) -> Verdict {
         match h {
             Handler::Exec { command } => self.run_exec(command, launch, spec, timeout).await,
@@ -72,8 +81,14 @@ impl Shim {
                     port: *port,
                     path,
                     headers,
+                    user_agent: match purpose {
+                        Purpose::Probe => super::http::USER_AGENT,
+                        Purpose::Hook => super::http::HOOK_USER_AGENT,
+                    },
                 };
                 match http_get(&get, self.netns(), timeout).await {
+                    // The kubelet's hook runner reads no status: any answer is done.
+                    Ok(_) if purpose == Purpose::Hook => Verdict::Success,
                     Ok(HttpOutcome::Status(code)) if (200..400).contains(&code) => Verdict::Success,
                     Ok(HttpOutcome::Status(code)) => {
                         // As the kubelet: never the body of a failure (kubernetes#99425).

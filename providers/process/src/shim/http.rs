@@ -36,6 +36,10 @@ use target::{Target, has_scheme};
 /// The user agent of every probe, as the kubelet's (`kube-probe/<major>.<minor>`).
 pub(super) const USER_AGENT: &str = "kube-probe/1.37";
 
+/// The user agent of a hook's request, as the kubelet's
+/// (`kube-lifecycle/<major>.<minor>`).
+pub(super) const HOOK_USER_AGENT: &str = "kube-lifecycle/1.37";
+
 /// The most of a body read, as the kubelet's prober reads.
 const BODY_MAX: usize = 10 << 10;
 
@@ -54,6 +58,9 @@ pub(super) struct Get<'a> {
     pub(super) port: u16,
     pub(super) path: &'a str,
     pub(super) headers: &'a [(String, String)],
+    /// [`USER_AGENT`] for a probe, [`HOOK_USER_AGENT`] for a hook, unless
+    /// the action names one.
+    pub(super) user_agent: &'a str,
 }
 
 /// What an HTTP GET of a probe or hook came to.
@@ -91,7 +98,8 @@ pub(super) async fn http_get(
     timeout: Duration,
 ) -> Result<HttpOutcome, HttpError> {
     let mut at = Target::first(get).map_err(HttpError::Unbuildable)?;
-    let headers = Headers::of(get.headers).map_err(|why| HttpError::Get { url: at.url(), why })?;
+    let headers = Headers::of(get.headers, get.user_agent)
+        .map_err(|why| HttpError::Get { url: at.url(), why })?;
     // The timeout is the tenant's number: a deadline past the clock's range
     // is a year away instead.
     let now = Instant::now();
@@ -334,6 +342,7 @@ mod tests {
             port,
             path,
             headers,
+            user_agent: USER_AGENT,
         }
     }
 

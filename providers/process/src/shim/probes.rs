@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use vkd_provider::{ContainerSpec, Probe};
 
-use super::handler::Verdict;
+use super::handler::{Purpose, Verdict};
 use super::{Shim, after, far_future};
 use crate::sandbox::Launch;
 
@@ -113,7 +113,13 @@ impl Probes {
                 return ProbeOutcome::Nothing;
             }
             let verdict = shim
-                .handle(&s.probe.handler, launch, spec, s.probe.timeout)
+                .handle(
+                    &s.probe.handler,
+                    launch,
+                    spec,
+                    s.probe.timeout,
+                    Purpose::Probe,
+                )
                 .await;
             shim.probe_event(spec, "Startup", &verdict);
             match s.record(&verdict) {
@@ -147,7 +153,13 @@ impl Probes {
             && l.next <= now
         {
             let verdict = shim
-                .handle(&l.probe.handler, launch, spec, l.probe.timeout)
+                .handle(
+                    &l.probe.handler,
+                    launch,
+                    spec,
+                    l.probe.timeout,
+                    Purpose::Probe,
+                )
                 .await;
             shim.probe_event(spec, "Liveness", &verdict);
             if l.record(&verdict) == Some(false) {
@@ -164,7 +176,13 @@ impl Probes {
             && r.next <= now
         {
             let verdict = shim
-                .handle(&r.probe.handler, launch, spec, r.probe.timeout)
+                .handle(
+                    &r.probe.handler,
+                    launch,
+                    spec,
+                    r.probe.timeout,
+                    Purpose::Probe,
+                )
                 .await;
             shim.probe_event(spec, "Readiness", &verdict);
             if let Some(v) = r.record(&verdict)

@@ -81,7 +81,11 @@ impl Shim {
         if let Some(h) = pre_stop {
             // The hook bounds itself by `grace`; an outer timeout would drop it
             // half way and leave its process unreaped.
-            if let Some(why) = self.handle(h, launch, spec, grace).await.failure() {
+            if let Some(why) = self
+                .handle(h, launch, spec, grace, super::handler::Purpose::Hook)
+                .await
+                .failure()
+            {
                 self.record_event(
                     &spec.name,
                     true,

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::Empty;
 
-use super::USER_AGENT;
 use super::target::{Target, host_header_byte, is_ctl};
 
 /// The action's headers, as Go's `http.Header` holds them: canonical names,
@@ -22,7 +21,7 @@ pub(super) struct Headers {
 }
 
 impl Headers {
-    pub(super) fn of(given: &[(String, String)]) -> Result<Self, String> {
+    pub(super) fn of(given: &[(String, String)], user_agent: &str) -> Result<Self, String> {
         let mut by_name: BTreeMap<String, Vec<&str>> = BTreeMap::new();
         for (name, value) in given {
             if name.is_empty() || !name.bytes().all(token_byte) {
@@ -48,7 +47,7 @@ impl Headers {
         // The kubelet's `newProbeRequest`: its user agent and `Accept: */*`
         // unless named; an empty `Accept` is none at all.
         if !by_name.contains_key("User-Agent") {
-            by_name.insert("User-Agent".into(), vec![USER_AGENT]);
+            by_name.insert("User-Agent".into(), vec![user_agent]);
         }
         match by_name.get("Accept") {
             None => {
