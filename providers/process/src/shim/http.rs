@@ -146,11 +146,11 @@ pub(super) async fn http_get(
                 why: format!("unsupported protocol scheme {:?}", next.scheme),
             });
         }
-        // Go keeps the action's own Host through a relative redirect only.
-        host = match &headers.host {
-            Some(h) if !has_scheme(location) && !location.starts_with("//") => h.clone(),
-            _ => next.authority.clone(),
-        };
+        // Go keeps a Host the action named through a redirect whose
+        // Location has no scheme (`//h/p` included): the previous request's.
+        if headers.host.is_none() || has_scheme(location) {
+            host = next.authority.clone();
+        }
         referer = (!(at.scheme == "https" && next.scheme == "http")).then(|| at.url());
         at = next;
     }
