@@ -7,7 +7,6 @@
 //! the kubelet's prober connects. Entering never falls back to the host's
 //! network: a namespace that cannot be entered fails the action.
 
-use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -51,6 +50,10 @@ pub(super) async fn dial(
     let Some(netns) = netns else {
         return Ok(TcpStream::connect((host, port)).await?);
     };
+    // Named hosts are resolved here, as the kubelet resolves them (the
+    // host's resolver: a Pod's namespace may not reach a loopback one);
+    // only the connection is made from inside.
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (path, host) = (netns.to_owned(), host.to_owned());
     std::thread::Builder::new()
@@ -58,7 +61,7 @@ pub(super) async fn dial(
         .spawn(move || {
             // The thread ends here, in the Pod's namespace: no other thread of
             // the shim ever changes its network.
-            let _ = tx.send(connect_in(&path, &host, port, timeout));
+            let _ = tx.send(connect_in(&path, &host, &addrs, timeout));
         })?;
     let stream = rx.await.map_err(|_| {
         DialError::Connect(std::io::Error::other(
@@ -70,11 +73,11 @@ pub(super) async fn dial(
 }
 
 /// On the calling thread, which it moves for good: enters the namespace at
-/// `netns`, resolves `host` and connects to it there.
+/// `netns` and connects there to the first of `addrs` (`host`'s) that answers.
 fn connect_in(
     netns: &Path,
     host: &str,
-    port: u16,
+    addrs: &[std::net::SocketAddr],
     timeout: Duration,
 ) -> Result<std::net::TcpStream, DialError> {
     enter(netns).map_err(|source| DialError::Namespace {
@@ -84,8 +87,8 @@ fn connect_in(
     // A zero timeout is refused by connect_timeout; a probe's is at least 1s.
     let timeout = timeout.max(Duration::from_millis(1));
     let mut last = None;
-    for addr in (host, port).to_socket_addrs()? {
-        match std::net::TcpStream::connect_timeout(&addr, timeout) {
+    for addr in addrs {
+        match std::net::TcpStream::connect_timeout(addr, timeout) {
             Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }
