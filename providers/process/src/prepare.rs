@@ -318,19 +318,18 @@ impl ProcessProvider {
                         ));
                     }
                     target = target.join(sub);
-                    if !target.exists() {
-                        let base = sb.volumes().join(&m.volume);
-                        let empty_dir = spec.volumes.iter().any(|v| {
-                            v.name == m.volume && matches!(v.source, VolumeSource::EmptyDir { .. })
-                        });
-                        let mut made = base.clone();
-                        for part in Path::new(sub).components() {
-                            made.push(part);
-                            if empty_dir && !made.exists() {
-                                sub_dirs.push((m.volume.clone(), made.clone()));
-                            }
-                        }
-                        self.mkdirs(&base, Path::new(sub)).map_err(e)?;
+                    let base = sb.volumes().join(&m.volume);
+                    let empty_dir = spec.volumes.iter().any(|v| {
+                        v.name == m.volume && matches!(v.source, VolumeSource::EmptyDir { .. })
+                    });
+                    let made = make_sub_path(&base, Path::new(sub)).map_err(|err| {
+                        ProviderError::invalid(
+                            "InvalidSpec",
+                            format!("container {}: subPath {sub:?}: {err}", c.name),
+                        )
+                    })?;
+                    if empty_dir {
+                        sub_dirs.extend(made.into_iter().map(|d| (m.volume.clone(), d)));
                     }
                 }
                 let rel = Path::new(m.path.trim_start_matches('/'));
@@ -547,6 +546,63 @@ impl ProcessProvider {
     }
 }
 
+/// Makes what is missing of the subPath `sub` beneath the volume `base`, as
+/// the kubelet's `doSafeMakeDir`: what exists is resolved by the kernel
+/// beneath the volume (a link there may lead within it, never out), and
+/// each missing directory is made beneath the one opened before it, no link
+/// followed. A hostPath may hold what an earlier Pod planted. Returns the
+/// directories it made.
+fn make_sub_path(base: &Path, sub: &Path) -> std::io::Result<Vec<PathBuf>> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let path_flags = OFlags::PATH | OFlags::CLOEXEC;
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let root = rustix::fs::open(
+        base,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(&root, sub, path_flags, Mode::empty(), beneath) {
+        Ok(_) => return Ok(Vec::new()),
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(rustix::io::Errno::XDEV) => {
+            return Err(std::io::Error::other("it leads out of its volume"));
+        }
+        // A kernel before openat2: every name walked below, none followed.
+        Err(rustix::io::Errno::NOSYS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut made = Vec::new();
+    let mut dir = root;
+    let mut at = base.to_owned();
+    for part in sub.components() {
+        let std::path::Component::Normal(name) = part else {
+            continue;
+        };
+        at.push(name);
+        dir = match rustix::fs::openat(&dir, name, dir_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => {
+                rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755))?;
+                made.push(at.clone());
+                rustix::fs::openat(&dir, name, dir_flags, Mode::empty())?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // With O_PATH a link opens as itself: what is missing beyond one is
+        // never made through it.
+        if rustix::fs::fstat(&dir)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink())
+        {
+            return Err(std::io::Error::other(format!(
+                "{} is a link: nothing is made through it",
+                at.display()
+            )));
+        }
+    }
+    Ok(made)
+}
+
 /// The Pod's memory limit, the sum of its containers' where each has one
 /// (an init container's alone where it is larger), as the kubelet reckons it.
 fn pod_memory_limit(spec: &InstanceSpec) -> Option<u64> {
@@ -599,4 +655,45 @@ fn not_found(container: &str, program: &str, path: &str, image: &str) -> Provide
             "container {container}: executable {program:?} not found in PATH {path} (image {image:?})"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::make_sub_path;
+
+    /// A subPath's missing directories are made beneath the volume, never
+    /// through a link a Pod planted there (a hostPath keeps what an earlier
+    /// Pod left), and one that leads out is refused.
+    #[test]
+    fn a_sub_path_is_made_beneath_its_volume_and_never_through_a_link() {
+        let dir = std::env::temp_dir().join(format!("vkd-sub-path-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (volume, outside) = (dir.join("volume"), dir.join("outside"));
+        std::fs::create_dir_all(volume.join("in")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, volume.join("out")).unwrap();
+        std::os::unix::fs::symlink("in", volume.join("inside")).unwrap();
+        let made = make_sub_path(&volume, std::path::Path::new("a/b")).unwrap();
+        assert_eq!(made, [volume.join("a"), volume.join("a/b")]);
+        assert!(volume.join("a/b").is_dir());
+        // What exists is not made again, through an inside link too.
+        assert!(
+            make_sub_path(&volume, std::path::Path::new("a/b"))
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            make_sub_path(&volume, std::path::Path::new("inside"))
+                .unwrap()
+                .is_empty()
+        );
+        // Out of the volume, by a link: refused, and nothing made there.
+        let e = make_sub_path(&volume, std::path::Path::new("out/new")).unwrap_err();
+        assert!(e.to_string().contains("leads out"), "{e}");
+        assert!(!outside.join("new").exists());
+        // Missing beyond an inside link: nothing made through it.
+        assert!(make_sub_path(&volume, std::path::Path::new("inside/new")).is_err());
+        assert!(!volume.join("in/new").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
