@@ -786,11 +786,13 @@ fn links_in_volumes(c: &Cluster) -> Result<()> {
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: link-config, namespace: {NS}}}\ndata: {{key: from-the-api}}\n"
     ))?;
     // The sandbox's path on the host, as the tenant can work it out, and
-    // the one `$VKD_POD_ROOT` led to before.
+    // the one `$VKD_POD_ROOT` led to before. vkd made the subPath
+    // directories when it made the Pod: the init container replaces them.
     let plant = format!(
         "for v in {pods}/$POD_UID/volumes/data \"$VKD_POD_ROOT/../volumes/data\"; do \
            rm -rf \"$v\" 2>/dev/null; ln -s / \"$v\" 2>/dev/null && echo \"planted $v\"; done; \
          mkdir -p /data/sub/deep && echo deep > /data/sub/deep/marker; \
+         rmdir /data/escape /data/up /data/inside; \
          ln -s / /data/escape; ln -s ../../../../../.. /data/up; ln -s sub/deep /data/inside; \
          echo done",
         pods = pods.display()
