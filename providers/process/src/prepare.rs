@@ -508,33 +508,36 @@ impl ProcessProvider {
             // 0711, not a new sandbox's 0700: a container started before
             // has its sandbox bound in and its HOME there, and keeps both
             // until it restarts; no one but root can list it or replace
-            // what is in it.
-            let upgraded =
-                std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(0o711))
-                    .and_then(|()| {
-                        let volumes = sb.volumes();
-                        match volumes.symlink_metadata() {
-                            Ok(m) if m.is_dir() => {
-                                std::os::unix::fs::lchown(&volumes, Some(0), Some(0))?;
-                                std::fs::set_permissions(
-                                    &volumes,
-                                    std::fs::Permissions::from_mode(0o755),
-                                )
-                            }
-                            // A Pod replaced it: its containers' binds are refused.
-                            Ok(_) => std::fs::remove_file(&volumes)
-                                .and_then(|()| std::fs::create_dir(&volumes)),
-                            Err(_) => Ok(()),
+            // what is in it. One made 0700 (by this vkd) stays so.
+            let mode = match std::fs::metadata(&sb.dir) {
+                Ok(m) if m.permissions().mode() & 0o077 == 0 => 0o700,
+                _ => 0o711,
+            };
+            let upgraded = std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(mode))
+                .and_then(|()| {
+                    let volumes = sb.volumes();
+                    match volumes.symlink_metadata() {
+                        Ok(m) if m.is_dir() => {
+                            std::os::unix::fs::lchown(&volumes, Some(0), Some(0))?;
+                            std::fs::set_permissions(
+                                &volumes,
+                                std::fs::Permissions::from_mode(0o755),
+                            )
                         }
-                    })
-                    .and_then(|()| {
-                        self.write_mount_plans(
-                            &sb,
-                            &shim.spec,
-                            &shim.containers,
-                            shim.pod_ip.as_deref(),
-                        )
-                    });
+                        // A Pod replaced it: its containers' binds are refused.
+                        Ok(_) => std::fs::remove_file(&volumes)
+                            .and_then(|()| std::fs::create_dir(&volumes)),
+                        Err(_) => Ok(()),
+                    }
+                })
+                .and_then(|()| {
+                    self.write_mount_plans(
+                        &sb,
+                        &shim.spec,
+                        &shim.containers,
+                        shim.pod_ip.as_deref(),
+                    )
+                });
             if let Err(e) = upgraded {
                 // The provider has no logger of its own; vkd keeps stderr.
                 eprintln!(

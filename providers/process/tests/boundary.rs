@@ -664,6 +664,10 @@ async fn a_sandbox_an_older_vkd_made_is_brought_up_to_date_at_open() {
     p.create(&fence(), &s).await.unwrap();
     running(&p, uid).await;
     let sb = std::fs::canonicalize(&dir).unwrap().join("pods").join(uid);
+    // One this vkd made is left as it is by a restart.
+    drop(p);
+    let p = ProcessProvider::open(common::config(), &dir, common::shim_exe()).unwrap();
+    assert_eq!(std::fs::metadata(&sb).unwrap().mode() & 0o777, 0o700);
     // What an older vkd left behind.
     std::os::unix::fs::lchown(sb.join("volumes"), Some(65534), Some(65534)).unwrap();
     std::fs::set_permissions(&sb, std::fs::Permissions::from_mode(0o755)).unwrap();
