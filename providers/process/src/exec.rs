@@ -209,11 +209,13 @@ impl ProcessProvider {
         // In the Pod's own network, its loopback, as a runtime's port-forward.
         let mut upstream = match attachment {
             Some(a) => {
+                let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], port));
                 let std = tokio::task::spawn_blocking(move || {
-                    network::connect_in(&a.netns, port, Duration::from_secs(10))
+                    network::connect_in(&a.netns, &[loopback], Duration::from_secs(10))
                 })
                 .await
                 .map_err(|e| ProviderError::transient(format!("connecting to port {port}: {e}")))?
+                .and_then(|connected| connected)
                 .map_err(refused)?;
                 std.set_nonblocking(true).map_err(refused)?;
                 tokio::net::TcpStream::from_std(std).map_err(refused)?

@@ -366,6 +366,80 @@ fn open_within(source: &Path, volume: &Path) -> Result<std::os::fd::OwnedFd> {
     }
 }
 
+/// Why [`open_or_make`] stopped.
+#[derive(Debug)]
+pub(crate) enum StepError {
+    /// The name is a link: never followed, nothing made through it.
+    Link,
+    NotDirectory,
+    NotFile,
+    Io(rustix::io::Errno),
+}
+
+/// Opens `name` in the open directory `dir` (O_PATH) without following it,
+/// making it where missing (root's: a directory when `want_dir`, else an
+/// empty file), as a runtime makes a mount point in its rootfs; says
+/// whether it made it. A walk of these steps never leaves `dir`.
+pub(crate) fn open_or_make(
+    dir: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+    want_dir: bool,
+) -> std::result::Result<(std::os::fd::OwnedFd, bool), StepError> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    // With O_PATH and O_NOFOLLOW a link opens as itself, to be told apart.
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let (opened, made) = match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => (fd, false),
+        Err(rustix::io::Errno::NOENT) => {
+            let made = if want_dir {
+                rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))
+            } else {
+                let create = OFlags::WRONLY
+                    | OFlags::CREATE
+                    | OFlags::EXCL
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC;
+                rustix::fs::openat(dir, name, create, Mode::from_raw_mode(0o644)).map(drop)
+            };
+            let made = match made {
+                Ok(()) => true,
+                Err(rustix::io::Errno::EXIST) => false,
+                Err(e) => return Err(StepError::Io(e)),
+            };
+            let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(StepError::Io)?;
+            (fd, made)
+        }
+        Err(e) => return Err(StepError::Io(e)),
+    };
+    let kind = rustix::fs::fstat(&opened)
+        .map(|st| FileType::from_raw_mode(st.st_mode))
+        .map_err(StepError::Io)?;
+    match kind {
+        FileType::Symlink => Err(StepError::Link),
+        FileType::Directory => Ok((opened, made)),
+        _ if want_dir => Err(StepError::NotDirectory),
+        FileType::RegularFile => Ok((opened, made)),
+        _ => Err(StepError::NotFile),
+    }
+}
+
+/// The names in the open directory `dir`, but `.` and `..`: read whole
+/// first, so what is done to each cannot disturb the reading.
+pub(crate) fn entry_names(
+    dir: &std::os::fd::OwnedFd,
+) -> rustix::io::Result<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(std::ffi::OsStr::from_bytes(name).to_owned());
+        }
+    }
+    Ok(names)
+}
+
 fn ns_path(pid: i32, ns: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/ns/{ns}"))
 }

@@ -103,10 +103,11 @@ impl ProcessProvider {
     }
 
     /// Refuses a Pod's `hostPort`s that the node may not give out
-    /// ([`hostport`]): one the node policy does not name, one a vkd on the
-    /// host reserved, one a host service listens on, or one a Pod of any
-    /// node on the host holds. Only with a Pod network, where a `hostPort`
-    /// is a DNAT that would take that traffic. Returns the host-wide lock,
+    /// ([`hostport`]): one the node policy does not name (on every node),
+    /// and, with a Pod network, where a `hostPort` is a DNAT that would take
+    /// that traffic, one a vkd on the host reserved, one a host service
+    /// listens on, or one a Pod of any node on the host holds. Returns the
+    /// host-wide lock (with a Pod network),
     /// which the caller holds until it has recorded the Pod's ports (or
     /// given up), so that no other node gives one of them out meanwhile.
     pub(super) fn check_host_ports(
@@ -474,9 +475,6 @@ impl ProcessProvider {
             pids_rlimit: self.inner.config.pids_rlimit(),
             isolated: self.inner.isolated,
             pod_ip: pod_ip.clone(),
-            netns: (self.inner.network.as_ref())
-                .filter(|_| pod_ip.is_some())
-                .map(|n| n.netns_dir().join(&spec.pod.uid)),
         };
         sandbox::write_json(&sb.spec(), &shim_spec, 0o600).map_err(io_err(&sb.spec()))?;
         let rec = InstanceRecord {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-pub(crate) mod netns;
+mod netns;
 
 pub use netns::connect_in;
 use netns::{keep_apart, make_netns, remove_netns};

@@ -204,16 +204,7 @@ impl ProcessProvider {
         if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
             let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             let dir = rustix::fs::openat(parent, name, flags, Mode::empty())?;
-            let mut names = Vec::new();
-            for entry in rustix::fs::Dir::read_from(&dir)? {
-                let entry = entry?;
-                let n = entry.file_name().to_bytes();
-                if n != b"." && n != b".." {
-                    use std::os::unix::ffi::OsStrExt;
-                    names.push(std::ffi::OsStr::from_bytes(n).to_owned());
-                }
-            }
-            for n in names {
+            for n in crate::isolation::entry_names(&dir)? {
                 self.hand_over_at(&dir, &n, &path.join(&n), owner)?;
             }
         }
@@ -505,39 +496,40 @@ impl ProcessProvider {
             if !shim.isolated {
                 continue;
             }
+            // A sandbox made 0700 is this vkd's own kind: nothing to do.
+            if std::fs::metadata(&sb.dir).is_ok_and(|m| m.permissions().mode() & 0o077 == 0) {
+                continue;
+            }
             // 0711, not a new sandbox's 0700: a container started before
             // has its sandbox bound in and its HOME there, and keeps both
             // until it restarts; no one but root can list it or replace
-            // what is in it. One made 0700 (by this vkd) stays so.
-            let mode = match std::fs::metadata(&sb.dir) {
-                Ok(m) if m.permissions().mode() & 0o077 == 0 => 0o700,
-                _ => 0o711,
-            };
-            let upgraded = std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(mode))
-                .and_then(|()| {
-                    let volumes = sb.volumes();
-                    match volumes.symlink_metadata() {
-                        Ok(m) if m.is_dir() => {
-                            std::os::unix::fs::lchown(&volumes, Some(0), Some(0))?;
-                            std::fs::set_permissions(
-                                &volumes,
-                                std::fs::Permissions::from_mode(0o755),
-                            )
+            // what is in it.
+            let upgraded =
+                std::fs::set_permissions(&sb.dir, std::fs::Permissions::from_mode(0o711))
+                    .and_then(|()| {
+                        let volumes = sb.volumes();
+                        match volumes.symlink_metadata() {
+                            Ok(m) if m.is_dir() => {
+                                std::os::unix::fs::lchown(&volumes, Some(0), Some(0))?;
+                                std::fs::set_permissions(
+                                    &volumes,
+                                    std::fs::Permissions::from_mode(0o755),
+                                )
+                            }
+                            // A Pod replaced it: its containers' binds are refused.
+                            Ok(_) => std::fs::remove_file(&volumes)
+                                .and_then(|()| std::fs::create_dir(&volumes)),
+                            Err(_) => Ok(()),
                         }
-                        // A Pod replaced it: its containers' binds are refused.
-                        Ok(_) => std::fs::remove_file(&volumes)
-                            .and_then(|()| std::fs::create_dir(&volumes)),
-                        Err(_) => Ok(()),
-                    }
-                })
-                .and_then(|()| {
-                    self.write_mount_plans(
-                        &sb,
-                        &shim.spec,
-                        &shim.containers,
-                        shim.pod_ip.as_deref(),
-                    )
-                });
+                    })
+                    .and_then(|()| {
+                        self.write_mount_plans(
+                            &sb,
+                            &shim.spec,
+                            &shim.containers,
+                            shim.pod_ip.as_deref(),
+                        )
+                    });
             if let Err(e) = upgraded {
                 // The provider has no logger of its own; vkd keeps stderr.
                 eprintln!(
@@ -558,7 +550,6 @@ impl ProcessProvider {
 fn make_sub_path(base: &Path, sub: &Path) -> std::io::Result<Vec<PathBuf>> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};
     let path_flags = OFlags::PATH | OFlags::CLOEXEC;
-    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let root = rustix::fs::open(
         base,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -583,25 +574,22 @@ fn make_sub_path(base: &Path, sub: &Path) -> std::io::Result<Vec<PathBuf>> {
             continue;
         };
         at.push(name);
-        dir = match rustix::fs::openat(&dir, name, dir_flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => {
-                rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755))?;
-                made.push(at.clone());
-                rustix::fs::openat(&dir, name, dir_flags, Mode::empty())?
+        use crate::isolation::StepError;
+        let fail = |why: &str| std::io::Error::other(format!("{} {why}", at.display()));
+        dir = match crate::isolation::open_or_make(&dir, name, true) {
+            Ok((fd, fresh)) => {
+                if fresh {
+                    made.push(at.clone());
+                }
+                fd
             }
-            Err(e) => return Err(e.into()),
+            // What is missing beyond a link is never made through it.
+            Err(StepError::Link) => return Err(fail("is a link: nothing is made through it")),
+            Err(StepError::NotDirectory | StepError::NotFile) => {
+                return Err(fail("is not a directory"));
+            }
+            Err(StepError::Io(e)) => return Err(e.into()),
         };
-        // With O_PATH a link opens as itself: what is missing beyond one is
-        // never made through it.
-        if rustix::fs::fstat(&dir)
-            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink())
-        {
-            return Err(std::io::Error::other(format!(
-                "{} is a link: nothing is made through it",
-                at.display()
-            )));
-        }
     }
     Ok(made)
 }

@@ -91,12 +91,6 @@ pub struct ShimSpec {
     /// without a host connect.
     #[serde(default)]
     pub pod_ip: Option<String>,
-    /// The Pod's network namespace (its bind mount), where it has one:
-    /// where probes and hooks connect from, so `127.0.0.1` is the Pod's own
-    /// loopback. `None` for a spec from before (the shim then reads the
-    /// Pod's network record) and without a Pod network.
-    #[serde(default)]
-    pub netns: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -80,6 +80,9 @@ struct Shim {
     changed: watch::Sender<u64>,
     /// The Pod's cgroup, when there is a cgroup v2 hierarchy.
     pod_cgroup: Option<std::path::PathBuf>,
+    /// The Pod's network namespace, where it has one: where probes and hooks
+    /// connect from, so `127.0.0.1` is the Pod's own loopback.
+    netns: Option<std::path::PathBuf>,
     /// PIDs the shim started itself and waits for; any other child is an orphan
     /// re-parented here, which the shim reaps.
     own: Mutex<std::collections::HashSet<i32>>,
@@ -145,20 +148,20 @@ struct Run {
 impl Shim {
     fn open(dir: &Path) -> std::io::Result<Self> {
         let sandbox = Sandbox::new(dir.to_owned());
-        let mut spec = sandbox.read_spec()?.ok_or_else(|| {
+        let spec = sandbox.read_spec()?.ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "spec.json is missing")
         })?;
-        // A spec from before it named the Pod's network namespace: the one
-        // its network record names, so probes never reach the host's loopback.
-        if spec.netns.is_none() && spec.pod_ip.is_some() {
-            spec.netns = crate::network::attachment_of(dir)?.map(|a| a.netns);
-            // A Pod with its own IP but no record of its namespace: its
-            // probes fail (this path is never there), never dial from the
-            // host's network.
-            if spec.netns.is_none() {
-                spec.netns = Some(dir.join("no-network-record"));
-            }
-        }
+        // A Pod with an IP of its own has a network namespace, which its
+        // network record names: probes and hooks connect from there. With
+        // no record, the probes fail (this path is never there), and never
+        // dial from the host's network.
+        let netns = match spec.pod_ip {
+            Some(_) => Some(
+                crate::network::attachment_of(dir)?
+                    .map_or_else(|| dir.join("no-network-record"), |a| a.netns),
+            ),
+            None => None,
+        };
         let wanted = spec.spec.init_containers.len() + spec.spec.containers.len();
         if spec.containers.len() != wanted {
             return Err(std::io::Error::new(
@@ -229,6 +232,7 @@ impl Shim {
             sidecars_stop_tx,
             changed: watch::channel(0).0,
             pod_cgroup,
+            netns,
             own: Mutex::default(),
             stdin: (0..wanted).map(|_| Mutex::default()).collect(),
         })
@@ -535,7 +539,6 @@ mod tests {
             pids_rlimit: None,
             isolated: false,
             pod_ip: None,
-            netns: None,
         };
         write_json(&dir.join("spec.json"), &shim_spec, 0o600).unwrap();
         let shim = Arc::new(Shim::open(&dir).unwrap());

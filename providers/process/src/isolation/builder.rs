@@ -50,15 +50,8 @@ impl Builder<'_> {
             Mode::empty(),
         )
         .map_err(errno("reading", from))?;
-        let mut names = Vec::new();
-        for entry in rustix::fs::Dir::read_from(&dir).map_err(errno("reading", from))? {
-            let entry = entry.map_err(errno("reading", from))?;
-            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_owned();
-            if name != "." && name != ".." && !skip.iter().any(|s| name == *s) {
-                names.push(name);
-            }
-        }
-        for name in names {
+        let names = super::entry_names(&dir).map_err(errno("reading", from))?;
+        for name in names.into_iter().filter(|n| !skip.iter().any(|s| n == *s)) {
             let (src, dst) = (from.join(&name), to.join(&name));
             let held = match rustix::fs::openat(
                 &dir,
@@ -256,8 +249,8 @@ fn in_volume(
     dir: bool,
     target: &Path,
 ) -> Result<OwnedFd> {
-    use rustix::fs::{FileType, Mode, OFlags};
-    let path_flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    use super::StepError;
+    use rustix::fs::{Mode, OFlags};
     let mut cur = rustix::fs::open(
         volume,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -272,49 +265,17 @@ fn in_volume(
         ))
     };
     for (i, name) in parts.iter().enumerate() {
-        let last = i + 1 == parts.len();
-        let want_dir = !last || dir;
         if name == ".." {
             return Err(refuse("`..`"));
         }
-        let opened = match rustix::fs::openat(&cur, name, path_flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => {
-                let made = if want_dir {
-                    rustix::fs::mkdirat(&cur, name, Mode::from_raw_mode(0o755))
-                } else {
-                    rustix::fs::openat(
-                        &cur,
-                        name,
-                        OFlags::WRONLY
-                            | OFlags::CREATE
-                            | OFlags::EXCL
-                            | OFlags::NOFOLLOW
-                            | OFlags::CLOEXEC,
-                        Mode::from_raw_mode(0o644),
-                    )
-                    .map(drop)
-                };
-                match made {
-                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                    Err(e) => return Err(errno("making", target)(e)),
-                }
-                rustix::fs::openat(&cur, name, path_flags, Mode::empty())
-                    .map_err(errno("opening", target))?
-            }
-            Err(e) => return Err(errno("opening", target)(e)),
+        let want_dir = i + 1 < parts.len() || dir;
+        cur = match super::open_or_make(&cur, name, want_dir) {
+            Ok((fd, _)) => fd,
+            Err(StepError::Link) => return Err(refuse("a link")),
+            Err(StepError::NotDirectory) => return Err(refuse("not a directory")),
+            Err(StepError::NotFile) => return Err(refuse("not a regular file")),
+            Err(StepError::Io(e)) => return Err(errno("making", target)(e)),
         };
-        let kind = rustix::fs::fstat(&opened)
-            .map(|st| FileType::from_raw_mode(st.st_mode))
-            .map_err(errno("reading", target))?;
-        match kind {
-            FileType::Symlink => return Err(refuse("a link")),
-            FileType::Directory => {}
-            _ if want_dir => return Err(refuse("not a directory")),
-            FileType::RegularFile => {}
-            _ => return Err(refuse("not a regular file")),
-        }
-        cur = opened;
     }
     Ok(cur)
 }

@@ -105,30 +105,41 @@ pub(super) fn remove_netns(path: &Path) -> Result<()> {
     }
 }
 
-/// Opens a TCP connection to `port` on the loopback of the network
-/// namespace at `netns`, as a runtime's port-forward does (a thread of its
-/// own enters the namespace and ends there).
+/// Opens a TCP connection to the first of `addrs` that answers, from inside
+/// the network namespace at `netns`, as a runtime's port-forward does: a
+/// thread of its own enters the namespace, connects (each try bounded by
+/// `timeout`) and ends there; the socket keeps the namespace it was made in.
+/// The outer error: the namespace could not be entered, so nothing was
+/// tried from anywhere else; the inner one: the connection's.
 pub fn connect_in(
     netns: &Path,
-    port: u16,
+    addrs: &[std::net::SocketAddr],
     timeout: Duration,
-) -> std::io::Result<std::net::TcpStream> {
-    let netns = netns.to_owned();
+) -> std::io::Result<std::io::Result<std::net::TcpStream>> {
+    let (netns, addrs) = (netns.to_owned(), addrs.to_vec());
+    // connect_timeout refuses a zero timeout.
+    let timeout = timeout.max(Duration::from_millis(1));
     std::thread::Builder::new()
         .name("netns-connect".into())
         .spawn(move || {
             enter(&netns)?;
-            std::net::TcpStream::connect_timeout(
-                &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-                timeout,
-            )
+            let mut last = None;
+            for addr in &addrs {
+                match std::net::TcpStream::connect_timeout(addr, timeout) {
+                    Ok(s) => return Ok(Ok(s)),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Ok(Err(last.unwrap_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no address to connect to")
+            })))
         })?
         .join()
         .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
 }
 
 /// Moves the calling thread into the network namespace at `netns`.
-pub(crate) fn enter(netns: &Path) -> std::io::Result<()> {
+fn enter(netns: &Path) -> std::io::Result<()> {
     let f = std::fs::File::open(netns)?;
     rustix::thread::move_into_link_name_space(
         std::os::fd::AsFd::as_fd(&f),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use crate::network::netns::enter;
+use crate::network::connect_in;
 
 /// Why a connection was not made.
 #[derive(Debug, thiserror::Error)]
@@ -29,11 +29,17 @@ pub(super) enum DialError {
 }
 
 impl DialError {
-    /// The connection's own error, where it got as far as connecting.
-    pub(super) fn io(&self) -> Option<&std::io::Error> {
+    /// In the words of Go's net package, as the kubelet's Events give a
+    /// failed dial to `host:port` (`dial tcp 10.0.0.5:80: connect: connection
+    /// refused`); a namespace that could not be entered as itself.
+    pub(super) fn go_text(&self, host: &str, port: u16) -> String {
         match self {
-            Self::Namespace { .. } => None,
-            Self::Connect(e) => Some(e),
+            Self::Namespace { .. } => self.to_string(),
+            Self::Connect(e) => format!(
+                "dial tcp {}: {}",
+                super::handler::authority(host, port),
+                super::handler::io_text(e)
+            ),
         }
     }
 }
@@ -54,51 +60,22 @@ pub(super) async fn dial(
     // host's resolver: a Pod's namespace may not reach a loopback one);
     // only the connection is made from inside.
     let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (path, host) = (netns.to_owned(), host.to_owned());
-    std::thread::Builder::new()
-        .name("probe-netns".into())
-        .spawn(move || {
-            // The thread ends here, in the Pod's namespace: no other thread of
-            // the shim ever changes its network.
-            let _ = tx.send(connect_in(&path, &host, &addrs, timeout));
-        })?;
-    let stream = rx.await.map_err(|_| {
-        DialError::Connect(std::io::Error::other(
-            "the connecting thread ended without an answer",
-        ))
+    if addrs.is_empty() {
+        return Err(DialError::Connect(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("lookup {host}: no such host"),
+        )));
+    }
+    let path = netns.to_owned();
+    let entered = tokio::task::spawn_blocking(move || connect_in(&path, &addrs, timeout))
+        .await
+        .map_err(|_| std::io::Error::other("the connecting thread ended without an answer"))?;
+    let stream = entered.map_err(|source| DialError::Namespace {
+        path: netns.to_owned(),
+        source,
     })??;
     stream.set_nonblocking(true)?;
     Ok(TcpStream::from_std(stream)?)
-}
-
-/// On the calling thread, which it moves for good: enters the namespace at
-/// `netns` and connects there to the first of `addrs` (`host`'s) that answers.
-fn connect_in(
-    netns: &Path,
-    host: &str,
-    addrs: &[std::net::SocketAddr],
-    timeout: Duration,
-) -> Result<std::net::TcpStream, DialError> {
-    enter(netns).map_err(|source| DialError::Namespace {
-        path: netns.to_owned(),
-        source,
-    })?;
-    // A zero timeout is refused by connect_timeout; a probe's is at least 1s.
-    let timeout = timeout.max(Duration::from_millis(1));
-    let mut last = None;
-    for addr in addrs {
-        match std::net::TcpStream::connect_timeout(addr, timeout) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(DialError::Connect(last.unwrap_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("lookup {host}: no such host"),
-        )
-    })))
 }
 
 #[cfg(test)]

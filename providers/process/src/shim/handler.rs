@@ -27,7 +27,8 @@ pub(super) enum Verdict {
     Warning(String),
     Failure(String),
     /// The action could not be run as asked (the kubelet's "probe errored
-    /// and resulted in <result> state"): a failure.
+    /// and resulted in <result> state"): a hook's failure; a probe's result
+    /// that counts neither way, as the kubelet's prober worker drops it.
     Errored {
         result: &'static str,
         why: String,
@@ -114,11 +115,7 @@ impl Shim {
                 let connect = dial(self.netns(), host, *port, timeout);
                 match tokio::time::timeout(timeout, connect).await {
                     Ok(Ok(_)) => Verdict::Success,
-                    Ok(Err(e)) => Verdict::Failure(format!(
-                        "dial tcp {}: {}",
-                        authority(host, *port),
-                        e.io().map_or_else(|| e.to_string(), io_text)
-                    )),
+                    Ok(Err(e)) => Verdict::Failure(e.go_text(host, *port)),
                     Err(_) => Verdict::Failure(format!(
                         "dial tcp {}: i/o timeout",
                         authority(host, *port)
@@ -159,7 +156,7 @@ impl Shim {
     /// without a Pod network (they connect from the host's, as the
     /// kubelet's prober does).
     fn netns(&self) -> Option<&std::path::Path> {
-        self.spec.netns.as_deref()
+        self.netns.as_deref()
     }
 
     /// An exec action: through the launcher as the container's processes

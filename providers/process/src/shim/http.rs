@@ -25,7 +25,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use super::dial::{DialError, dial};
+use super::dial::dial;
 
 mod headers;
 mod target;
@@ -189,14 +189,7 @@ async fn exchange(
     let request = request?;
     let tcp = dial(netns, &at.host, at.port, timeout)
         .await
-        .map_err(|e| match &e {
-            DialError::Namespace { .. } => e.to_string(),
-            DialError::Connect(io) => format!(
-                "dial tcp {}: {}",
-                super::handler::authority(&at.host, at.port),
-                super::handler::io_text(io)
-            ),
-        })?;
+        .map_err(|e| e.go_text(&at.host, at.port))?;
     if at.scheme == "https" {
         let tls = super::tls::connect(&at.host, tcp)
             .await

@@ -35,6 +35,28 @@ impl ProbeState {
         }
     }
 
+    /// Runs the probe once (`kind`: `Startup`, `Liveness`, `Readiness`),
+    /// gives its Event and records its result ([`ProbeState::record`]).
+    async fn run(
+        &mut self,
+        shim: &Shim,
+        launch: &Launch,
+        spec: &ContainerSpec,
+        kind: &str,
+    ) -> Option<bool> {
+        let verdict = shim
+            .handle(
+                &self.probe.handler,
+                launch,
+                spec,
+                self.probe.timeout,
+                Purpose::Probe,
+            )
+            .await;
+        shim.probe_event(spec, kind, &verdict);
+        self.record(&verdict)
+    }
+
     /// Records a result; `Some(passing)` when the probe's verdict changed or
     /// holds. A probe that errored (no request the kubelet would make, a body
     /// cut short) counts for nothing, as the kubelet's prober worker throws
@@ -112,17 +134,8 @@ impl Probes {
             if s.next > now {
                 return ProbeOutcome::Nothing;
             }
-            let verdict = shim
-                .handle(
-                    &s.probe.handler,
-                    launch,
-                    spec,
-                    s.probe.timeout,
-                    Purpose::Probe,
-                )
-                .await;
-            shim.probe_event(spec, "Startup", &verdict);
-            match s.record(&verdict) {
+            let result = s.run(shim, launch, spec, "Startup").await;
+            match result {
                 Some(true) => {
                     self.started = true;
                     let begin = Instant::now();
@@ -152,17 +165,8 @@ impl Probes {
         if let Some(l) = self.liveness.as_mut()
             && l.next <= now
         {
-            let verdict = shim
-                .handle(
-                    &l.probe.handler,
-                    launch,
-                    spec,
-                    l.probe.timeout,
-                    Purpose::Probe,
-                )
-                .await;
-            shim.probe_event(spec, "Liveness", &verdict);
-            if l.record(&verdict) == Some(false) {
+            let result = l.run(shim, launch, spec, "Liveness").await;
+            if result == Some(false) {
                 return ProbeOutcome::Restart(
                     format!(
                         "Container {} failed liveness probe, will be restarted",
@@ -175,17 +179,8 @@ impl Probes {
         if let Some(r) = self.readiness.as_mut()
             && r.next <= now
         {
-            let verdict = shim
-                .handle(
-                    &r.probe.handler,
-                    launch,
-                    spec,
-                    r.probe.timeout,
-                    Purpose::Probe,
-                )
-                .await;
-            shim.probe_event(spec, "Readiness", &verdict);
-            if let Some(v) = r.record(&verdict)
+            let result = r.run(shim, launch, spec, "Readiness").await;
+            if let Some(v) = result
                 && self.ready != Some(v)
             {
                 self.ready = Some(v);
