@@ -246,22 +246,19 @@ impl Provider for GrpcProvider {
     }
 
     async fn health(&self) -> Health {
-        let unreachable = |message: String| Health::Unhealthy {
+        // Unreachable, in the words of the refusal when the socket's
+        // listener is now a user vkd does not speak to.
+        let unreachable = async |message: String| Health::Unhealthy {
             reason: UNREACHABLE.into(),
-            message: format!("the provider plugin at {}: {message}", self.endpoint),
+            message: match peer_refused(&self.endpoint).await {
+                Some(refused) => refused.to_string(),
+                None => format!("the provider plugin at {}: {message}", self.endpoint),
+            },
         };
         if *lock(&self.lost) {
             match hello(&self.client, self.timeout).await {
                 Ok(said) => *lock(&self.said) = said,
-                Err(why) => {
-                    return match peer_refused(&self.endpoint).await {
-                        Some(refused) => Health::Unhealthy {
-                            reason: UNREACHABLE.into(),
-                            message: refused.to_string(),
-                        },
-                        None => unreachable(why),
-                    };
-                }
+                Err(why) => return unreachable(why).await,
             }
         }
         match self.client().health(self.request(pb::Empty {})).await {
@@ -271,13 +268,7 @@ impl Provider for GrpcProvider {
             }
             Err(s) => {
                 *lock(&self.lost) = true;
-                match peer_refused(&self.endpoint).await {
-                    Some(refused) => Health::Unhealthy {
-                        reason: UNREACHABLE.into(),
-                        message: refused.to_string(),
-                    },
-                    None => unreachable(format!("{:?}: {}", s.code(), s.message())),
-                }
+                unreachable(format!("{:?}: {}", s.code(), s.message())).await
             }
         }
     }
